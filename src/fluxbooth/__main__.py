@@ -1,0 +1,3 @@
+from fluxbooth.cli import main
+
+raise SystemExit(main())

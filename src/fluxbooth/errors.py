@@ -1,0 +1,54 @@
+"""The worker's error contract: stable codes and the JSON shape the caller receives."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorCode(StrEnum):
+    INVALID_INPUT = "invalid_input"
+    INVALID_DATASET = "invalid_dataset"
+    DOES_NOT_FIT = "does_not_fit"
+    CUDA_OOM = "cuda_oom"
+    HOST_OOM = "host_oom"
+    TRAINER_FAILED = "trainer_failed"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    UPLOAD_FAILED = "upload_failed"
+    INTERNAL = "internal"
+
+
+# Failures after which the GPU, the process table or host memory may be left in a bad state.
+CODES_THAT_REFRESH_WORKER = frozenset(
+    {ErrorCode.CUDA_OOM, ErrorCode.HOST_OOM, ErrorCode.TRAINER_FAILED, ErrorCode.TIMEOUT, ErrorCode.INTERNAL}
+)
+
+
+class FluxboothError(Exception):
+    """A failure the caller can act on. `message` names the field or file and says what to do."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        refresh_worker: bool | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = ErrorCode(code)
+        self.message = message
+        self.refresh_worker = (
+            self.code in CODES_THAT_REFRESH_WORKER if refresh_worker is None else refresh_worker
+        )
+        self.details = details or {}
+
+    def to_result(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.code.value, "message": self.message}
+        if self.details:
+            error["details"] = self.details
+        return {"error": error, "refresh_worker": self.refresh_worker}
+
+    def __repr__(self) -> str:
+        return f"FluxboothError({self.code.value!r}, {self.message!r})"

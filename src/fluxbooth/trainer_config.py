@@ -1,0 +1,90 @@
+"""The trainer's input (train.json): written by configs.py in the worker, read by fluxbooth.train.
+
+Plain data, no torch, so the worker can build it and tests can golden-file it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    rank: int = 16
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = (
+        "to_q", "to_k", "to_v", "to_out.0",
+        "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
+        "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2",
+        "proj_mlp", "proj_out",
+    )
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    # Where things are (absolute paths inside the job directory).
+    base_model: str
+    instance_dir: str
+    class_dir: str | None
+    output_dir: str
+    cache_dir: str
+    # What to learn.
+    instance_prompt: str
+    class_prompt: str | None
+    with_prior_preservation: bool
+    prior_loss_weight: float
+    num_class_images: int
+    resolution: tuple[int, int]  # (width, height)
+    # How to learn.
+    training_type: str  # "full" | "lora"
+    steps: int
+    learning_rate: float
+    batch_size: int
+    gradient_accumulation_steps: int
+    mixed_precision: str  # "bf16" | "fp16" | "no"
+    gradient_checkpointing: bool
+    seed: int
+    zero_stage: int
+    offload_optimizer: str  # "none" | "cpu" | "nvme"
+    offload_param: str
+    optimizer: str = "adamw"
+    lr_scheduler: str = "constant"
+    lr_warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    guidance_scale: float = 1.0
+    weighting_scheme: str = "none"  # timestep sampling: "none" (uniform sigmoid-normal) | "logit_normal" | "mode"
+    logit_mean: float = 0.0
+    logit_std: float = 1.0
+    mode_scale: float = 1.29
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    checkpointing_steps: int | None = None
+    checkpoint_dir: str | None = None
+    resume_from: str | None = None
+    validation_prompts: tuple[str, ...] = ()
+    export_formats: tuple[str, ...] = ("diffusers",)
+    max_sequence_length: int = 512
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self)))
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainerConfig:
+        values = dict(data)
+        values["resolution"] = tuple(values["resolution"])
+        values["lora"] = LoraSettings(
+            **{**values.get("lora", {}), "target_modules": tuple(values.get("lora", {}).get("target_modules", LoraSettings.target_modules))}
+        )
+        values["validation_prompts"] = tuple(values.get("validation_prompts", ()))
+        values["export_formats"] = tuple(values.get("export_formats", ("diffusers",)))
+        return cls(**values)
+
+    @classmethod
+    def read(cls, path: Path) -> TrainerConfig:
+        return cls.from_dict(json.loads(Path(path).read_text()))
