@@ -1,0 +1,308 @@
+"""Pure builders: a `Plan` and a `TrainerConfig` in, DeepSpeed JSON, accelerate YAML and the
+trainer's environment out. Nothing here touches the GPU or imports torch; `write_launch_files`
+is the only function that writes.
+
+Deviations from the reference guide (each explained in README "Differences from the guide"):
+- no `offload_param` below ZeRO stage 3: DeepSpeed ignores it there without a word;
+- `train_batch_size` = micro batch x accumulation x world size, as DeepSpeed asserts;
+- bf16 by default: FLUX overflows fp16;
+- `CUDA_LAUNCH_BLOCKING`, `PYTORCH_NO_CUDA_MEMORY_CACHING` only with `debug`, they serialise the GPU;
+- `OMP/MKL/NUMEXPR_NUM_THREADS` = the cores each process may use, not 1 (DeepSpeedCPUAdam is
+  an OpenMP kernel); `DS_REPORT_BUG_MODE` dropped, no library reads it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fluxbooth.plan import Plan
+from fluxbooth.trainer_config import LoraSettings, TrainerConfig
+
+# Parent-environment variables the trainer may inherit. Everything else (bucket keys above
+# all) stays in the worker: the trainer needs no object-storage credentials.
+INHERITED_ENV_NAMES = frozenset(
+    {
+        "PATH", "HOME", "USER", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM",
+        "VIRTUAL_ENV", "PYTHONPATH", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH",
+        "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE",
+        "NCCL_P2P_DISABLE", "MASTER_ADDR", "MASTER_PORT",
+        "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+        "HF_DATASETS_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN",
+        "TORCH_EXTENSIONS_DIR", "TORCH_HOME", "TRITON_CACHE_DIR", "CC", "CXX",
+    }
+)
+
+DEBUG_ONLY_ENV = {"CUDA_LAUNCH_BLOCKING": "1", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+
+# The guide's fp16 loss-scaling block, kept verbatim for requests that ask for fp16.
+GUIDE_FP16_SECTION: dict[str, Any] = {
+    "enabled": True,
+    "loss_scale": 0,
+    "loss_scale_window": 1000,
+    "initial_scale_power": 16,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+}
+
+
+@dataclass(frozen=True)
+class LaunchFiles:
+    deepspeed_config: Path | None
+    accelerate_config: Path
+    trainer_config: Path
+
+
+def _offload_section(device: str, plan: Plan, trainer: TrainerConfig) -> dict[str, Any]:
+    # Pinned host memory needs a CUDA driver; on the CPU accelerator it is meaningless.
+    section: dict[str, Any] = {"device": device, "pin_memory": plan.accelerator == "cuda"}
+    if device == "nvme":
+        section["nvme_path"] = plan.nvme_path or str(Path(trainer.output_dir).parent / "nvme-swap")
+    return section
+
+
+def zero_optimization_section(plan: Plan, trainer: TrainerConfig) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage": plan.zero_stage}
+    if plan.offload_optimizer != "none":
+        zero["offload_optimizer"] = _offload_section(plan.offload_optimizer, plan, trainer)
+    if plan.zero_stage == 3:
+        if plan.offload_param != "none":
+            zero["offload_param"] = _offload_section(plan.offload_param, plan, trainer)
+        # DiffSynth-Studio's low-VRAM ZeRO-3 settings (seed 004): small buckets, so the GPU
+        # holds little more than the layer being computed.
+        zero.update(
+            {
+                "overlap_comm": False,
+                "contiguous_gradients": True,
+                "sub_group_size": 1e9,
+                "reduce_bucket_size": 5e7,
+                "stage3_prefetch_bucket_size": 5e7,
+                "stage3_param_persistence_threshold": 1e5,
+                "stage3_max_live_parameters": 1e8,
+                "stage3_max_reuse_distance": 1e8,
+                "stage3_gather_16bit_weights_on_model_save": True,
+            }
+        )
+    else:
+        zero.update(
+            {
+                "allgather_partitions": True,
+                "allgather_bucket_size": 2e8,
+                "overlap_comm": plan.accelerator == "cuda",
+                "reduce_scatter": True,
+                "reduce_bucket_size": 2e8,
+                "contiguous_gradients": True,
+            }
+        )
+    return zero
+
+
+def scheduler_section(trainer: TrainerConfig) -> dict[str, Any] | None:
+    """DeepSpeed's own schedulers, so the engine steps them on accumulation boundaries."""
+    if trainer.lr_scheduler == "cosine":
+        return {
+            "type": "WarmupCosineLR",
+            "params": {
+                "total_num_steps": trainer.steps,
+                "warmup_num_steps": trainer.lr_warmup_steps,
+                "warmup_min_ratio": 0.0,
+                "cos_min_ratio": 0.0,
+            },
+        }
+    if trainer.lr_warmup_steps > 0:
+        return {
+            "type": "WarmupLR",
+            "params": {
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": trainer.learning_rate,
+                "warmup_num_steps": trainer.lr_warmup_steps,
+                "warmup_type": "linear",
+            },
+        }
+    return None
+
+
+def deepspeed_config(plan: Plan, trainer: TrainerConfig) -> dict[str, Any]:
+    """The reference guide's ZeRO config, corrected (see module docstring)."""
+    config: dict[str, Any] = {
+        "train_batch_size": trainer.batch_size * trainer.gradient_accumulation_steps * plan.num_processes,
+        "train_micro_batch_size_per_gpu": trainer.batch_size,
+        "gradient_accumulation_steps": trainer.gradient_accumulation_steps,
+        "gradient_clipping": trainer.max_grad_norm,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": trainer.learning_rate,
+                "betas": [0.9, 0.999],
+                "eps": 1e-8,
+                "weight_decay": 0.01,
+            },
+        },
+        "zero_optimization": zero_optimization_section(plan, trainer),
+        "steps_per_print": 1_000_000_000,
+        "wall_clock_breakdown": False,
+    }
+    if plan.mixed_precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif plan.mixed_precision == "fp16":
+        config["fp16"] = dict(GUIDE_FP16_SECTION)
+    scheduler = scheduler_section(trainer)
+    if scheduler is not None:
+        config["scheduler"] = scheduler
+    if "nvme" in (plan.offload_optimizer, plan.offload_param):
+        config["aio"] = {
+            "block_size": 1048576,
+            "queue_depth": 8,
+            "thread_count": 1,
+            "single_submit": False,
+            "overlap_events": True,
+        }
+    return config
+
+
+def accelerate_config(plan: Plan, deepspeed_config_path: Path | None) -> dict[str, Any]:
+    """The reference guide's accelerate YAML, with the stage, precision and process count of the plan."""
+    config: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "distributed_type": "NO",
+        "downcast_bf16": "no",
+        "gpu_ids": "all",
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "mixed_precision": plan.mixed_precision,
+        "num_machines": 1,
+        "num_processes": plan.num_processes,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "tpu_env": [],
+        "tpu_use_cluster": False,
+        "tpu_use_sudo": False,
+        "use_cpu": plan.accelerator == "cpu" and not plan.use_deepspeed,
+    }
+    if plan.use_deepspeed:
+        if deepspeed_config_path is None:
+            raise ValueError("a DeepSpeed plan needs the path of its DeepSpeed JSON")
+        config["distributed_type"] = "DEEPSPEED"
+        config["deepspeed_config"] = {
+            "deepspeed_config_file": str(deepspeed_config_path),
+            # ZeRO-3 must build the model partitioned; otherwise the whole model lands on one GPU first.
+            "zero3_init_flag": plan.zero_stage == 3,
+        }
+        # accelerate refuses a second source for what the DeepSpeed JSON already sets.
+        del config["mixed_precision"]
+    elif plan.num_processes > 1:
+        config["distributed_type"] = "MULTI_CPU" if plan.accelerator == "cpu" else "MULTI_GPU"
+    return config
+
+
+def threads_per_process(plan: Plan, cpu_count: int) -> int:
+    return max(1, cpu_count // max(1, plan.num_processes))
+
+
+def child_environment(
+    plan: Plan,
+    parent_env: Mapping[str, str],
+    *,
+    cpu_count: int,
+    torch_extensions_dir: Path,
+    debug: bool = False,
+) -> dict[str, str]:
+    """The trainer's whole environment: an allow-list of the parent's plus the guide's variables."""
+    env = {name: value for name, value in parent_env.items() if name in INHERITED_ENV_NAMES}
+    threads = str(threads_per_process(plan, cpu_count))
+    env.update(
+        {
+            "DS_ACCELERATOR": plan.accelerator,
+            "DS_SKIP_CUDA_CHECK": "0",
+            "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512,expandable_segments:True",
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+            "NUMEXPR_NUM_THREADS": threads,
+            "TOKENIZERS_PARALLELISM": "false",
+            "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir),
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "DO_NOT_TRACK": "1",
+        }
+    )
+    if plan.accelerator == "cuda" and "CUDA_VISIBLE_DEVICES" not in env:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(index) for index in range(plan.num_processes))
+    if debug:
+        env.update(DEBUG_ONLY_ENV)
+    return env
+
+
+def write_launch_files(job_dir: Path, plan: Plan, trainer: TrainerConfig) -> LaunchFiles:
+    """Write ds_config.json, accelerate.yaml and train.json into `job_dir/config/`."""
+    config_dir = job_dir / "config"
+    config_dir.mkdir(parents=True, exist_ok=True)
+    deepspeed_path: Path | None = None
+    if plan.use_deepspeed:
+        deepspeed_path = config_dir / "ds_config.json"
+        deepspeed_path.write_text(json.dumps(deepspeed_config(plan, trainer), indent=2) + "\n")
+    accelerate_path = config_dir / "accelerate.yaml"
+    accelerate_path.write_text(yaml.safe_dump(accelerate_config(plan, deepspeed_path), sort_keys=True))
+    trainer_path = config_dir / "train.json"
+    trainer.write(trainer_path)
+    return LaunchFiles(deepspeed_path, accelerate_path, trainer_path)
+
+
+def trainer_config_for(
+    request: Any,
+    plan: Plan,
+    *,
+    base_model: str,
+    instance_dir: Path,
+    class_dir: Path | None,
+    job_dir: Path,
+) -> TrainerConfig:
+    """The trainer's input for one job. `request` is a validated `TrainingRequest`."""
+    lora = LoraSettings(
+        rank=request.lora_rank,
+        alpha=float(request.lora_alpha if request.lora_alpha is not None else request.lora_rank),
+        target_modules=tuple(request.lora_target_modules or LoraSettings.target_modules),
+    )
+    default_formats = ("diffusers",) if plan.training_type == "full" else ("diffusers", "comfyui")
+    return TrainerConfig(
+        base_model=base_model,
+        instance_dir=str(instance_dir),
+        class_dir=str(class_dir) if class_dir else None,
+        output_dir=str(job_dir / "output"),
+        cache_dir=str(job_dir / "cache"),
+        instance_prompt=request.instance_prompt,
+        class_prompt=request.class_prompt,
+        with_prior_preservation=request.with_prior_preservation,
+        prior_loss_weight=request.prior_loss_weight,
+        num_class_images=request.num_class_images,
+        resolution=tuple(request.resolution),
+        training_type=plan.training_type,
+        steps=request.steps,
+        learning_rate=request.effective_learning_rate,
+        batch_size=request.batch_size,
+        gradient_accumulation_steps=request.gradient_accumulation_steps,
+        mixed_precision=plan.mixed_precision,
+        gradient_checkpointing=plan.gradient_checkpointing,
+        seed=request.seed,
+        zero_stage=plan.zero_stage,
+        offload_optimizer=plan.offload_optimizer,
+        offload_param=plan.offload_param,
+        optimizer=request.optimizer,
+        lr_scheduler=request.lr_scheduler,
+        lr_warmup_steps=request.lr_warmup_steps,
+        max_grad_norm=request.max_grad_norm,
+        guidance_scale=request.guidance_scale,
+        lora=lora,
+        checkpointing_steps=request.checkpointing_steps,
+        checkpoint_dir=str(job_dir / "checkpoints") if request.checkpointing_steps else None,
+        resume_from=request.resume_from,
+        validation_prompts=tuple(request.validation_prompts),
+        export_formats=tuple(request.output_formats or default_formats),
+    )

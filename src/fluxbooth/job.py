@@ -1,0 +1,268 @@
+"""One job, start to finish: validate, plan, prepare the dataset, train, verify, upload, report.
+
+Every failure becomes the error contract's shape; the job directory is always removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fluxbooth.configs import child_environment, trainer_config_for, write_launch_files
+from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.export import LocalArtifact, collect_artifacts
+from fluxbooth.launch import Redactor, classify_outcome, run_trainer, trainer_command
+from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
+
+ProgressSink = Callable[[dict[str, Any]], None]
+PROGRESS_MIN_INTERVAL_SECONDS = 2.0
+TINY_BUILD_TIMEOUT_SECONDS = 600
+
+logger = logging.getLogger(__name__)
+
+
+def safe_job_id(job_id: str | None) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9_-]", "-", job_id or "")[:64].strip("-")
+    return cleaned or uuid.uuid4().hex
+
+
+@dataclass
+class ProgressReporter:
+    """Forwards stage changes at once and step updates at most every couple of seconds."""
+
+    sink: ProgressSink | None
+    min_interval: float = PROGRESS_MIN_INTERVAL_SECONDS
+    _last_sent: float = field(default=0.0, init=False)
+    _stage: str = field(default="", init=False)
+
+    def stage(self, name: str, **extra: Any) -> None:
+        self._stage = name
+        self._send({"stage": name, **extra}, force=True)
+
+    def trainer_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "stage":
+            self.stage(str(event.get("stage")))
+        elif kind == "step":
+            step, total = int(event["step"]), int(event["total"])
+            seconds = float(event.get("seconds_per_step") or 0.0)
+            self._send(
+                {
+                    "stage": "train",
+                    "step": step,
+                    "total": total,
+                    "loss": event.get("loss"),
+                    "eta_seconds": round(seconds * (total - step), 1),
+                },
+                force=step == total,
+            )
+
+    def _send(self, payload: dict[str, Any], *, force: bool) -> None:
+        now = time.monotonic()
+        if self.sink is None or (not force and now - self._last_sent < self.min_interval):
+            return
+        self._last_sent = now
+        try:
+            self.sink(payload)
+        except Exception:  # progress is best effort; a failing sink must never fail the job
+            logger.warning("progress update failed", exc_info=True)
+
+
+def ensure_tiny_model(cache_dir: Path) -> Path:
+    """Build the tiny FLUX pipeline once per cache dir, in a subprocess (this process stays torch-free)."""
+    target = cache_dir / "models" / "tiny-flux"
+    if (target / "model_index.json").is_file():
+        return target
+    completed = subprocess.run(
+        [sys.executable, "-m", "fluxbooth.tiny", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=TINY_BUILD_TIMEOUT_SECONDS,
+        start_new_session=True,
+    )
+    if completed.returncode != 0 or not (target / "model_index.json").is_file():
+        raise FluxboothError(
+            ErrorCode.INTERNAL, f"building the tiny model failed: {completed.stderr.strip()[-2000:]}"
+        )
+    return target
+
+
+def resolve_base_model(requested: str | None, settings: WorkerSettings) -> str:
+    """A local folder for the built-in tiny model and for paths; hub ids pass through to the trainer."""
+    name = requested or settings.default_base_model
+    if name == TINY_MODEL_NAME:
+        return str(ensure_tiny_model(settings.cache_dir))
+    if name.startswith("/"):
+        path = Path(name)
+        if not (path / "transformer" / "config.json").is_file():
+            raise FluxboothError(
+                ErrorCode.INVALID_INPUT,
+                f"input.base_model: {name} is not a diffusers FLUX folder (no transformer/config.json)",
+            )
+        return str(path)
+    return name
+
+
+def _elapsed(since: float) -> float:
+    return round(time.monotonic() - since, 3)
+
+
+def _upload_all(
+    artifacts: list[LocalArtifact], settings: WorkerSettings, model_name: str, job_id: str
+) -> list[dict[str, Any]]:
+    from fluxbooth.storage import open_store, preserve_on_volume
+
+    store = open_store(settings, model_name, job_id)
+    try:
+        return [store.upload(artifact.path, artifact.name, sha256=artifact.sha256).to_dict() for artifact in artifacts]
+    except FluxboothError as error:
+        keep_dir = settings.volume_dir
+        if keep_dir is None:
+            raise FluxboothError(
+                error.code,
+                f"{error.message}. No persistent volume is mounted (FLUXBOOTH_VOLUME_DIR), so the weights "
+                "could not be kept; mount a network volume to keep them on upload failures",
+                refresh_worker=error.refresh_worker,
+            ) from error
+        kept = preserve_on_volume([artifact.path for artifact in artifacts], keep_dir, model_name, job_id)
+        raise FluxboothError(
+            error.code,
+            f"{error.message}. The trained weights were kept at {kept} on the persistent volume",
+            refresh_worker=error.refresh_worker,
+            details={"kept_at": str(kept)},
+        ) from error
+
+
+async def _run(
+    job_input: Any, job_id: str, settings: WorkerSettings, reporter: ProgressReporter, job_dir: Path
+) -> dict[str, Any]:
+    from fluxbooth.dataset import prepare_dataset
+    from fluxbooth.hardware import probe_hardware
+    from fluxbooth.plan import choose_plan, model_size
+    from fluxbooth.request import parse_request
+
+    started = time.monotonic()
+    seconds: dict[str, float] = {}
+    request = parse_request(job_input)
+    warnings = list(request.warnings())
+    for warning in warnings:
+        logger.warning("job %s: %s", job_id, warning)
+    deadline = float(request.timeout_seconds or settings.job_deadline_seconds)
+
+    reporter.stage("plan")
+    base_model = resolve_base_model(request.base_model, settings)
+    job_dir.mkdir(parents=True, exist_ok=False)
+    hardware = probe_hardware(job_dir, settings.environ)
+    plan = choose_plan(request, hardware, model_size(base_model))
+    warnings.extend(plan.warnings)
+    seconds["plan"] = _elapsed(started)
+
+    reporter.stage("dataset")
+    stage_started = time.monotonic()
+    dataset = prepare_dataset(request, job_dir, settings.dataset_limits)
+    seconds["dataset"] = _elapsed(stage_started)
+
+    trainer = trainer_config_for(
+        request, plan, base_model=base_model, instance_dir=dataset.instance_dir,
+        class_dir=dataset.class_dir, job_dir=job_dir,
+    )
+    files = write_launch_files(job_dir, plan, trainer)
+    env = child_environment(
+        plan,
+        settings.environ,
+        cpu_count=hardware.cpu_count,
+        torch_extensions_dir=Path(settings.environ.get("TORCH_EXTENSIONS_DIR") or settings.cache_dir / "torch_extensions"),
+        debug=request.debug,
+    )
+    # Leave time to verify and upload after training; the rest of the deadline goes to the trainer.
+    upload_reserve = min(300.0, 0.1 * deadline)
+    trainer_deadline = deadline - (time.monotonic() - started) - upload_reserve
+    if trainer_deadline <= 0:
+        raise FluxboothError(ErrorCode.TIMEOUT, f"the job deadline of {deadline:.0f} s was used up before training began")
+
+    reporter.stage("train", total=request.steps)
+    outcome = await run_trainer(
+        trainer_command(files, plan, hardware.cpu_count),
+        env=env,
+        cwd=job_dir,
+        deadline_seconds=trainer_deadline,
+        redact=Redactor(settings.secret_values),
+        on_event=reporter.trainer_event,
+        log_path=job_dir / "trainer.log",
+    )
+    seconds["train"] = round(outcome.seconds, 3)
+    failure = classify_outcome(outcome, plan, trainer_deadline)
+    if failure is not None:
+        raise failure
+    assert outcome.done is not None
+
+    reporter.stage("upload")
+    stage_started = time.monotonic()
+    artifacts = collect_artifacts(Path(trainer.output_dir), outcome.done.get("artifacts", []))
+    stored = _upload_all(artifacts, settings, request.model_name, job_id)
+    seconds["upload"] = _elapsed(stage_started)
+    seconds["total"] = _elapsed(started)
+
+    trainer_metrics = dict(outcome.done.get("metrics", {}))
+    trainer_warnings = [event.get("message", "") for event in outcome.events if event.get("event") == "warning"]
+    return {
+        "model_name": request.model_name,
+        "artifacts": stored,
+        "plan": {**plan.to_dict(), "export_formats": list(trainer.export_formats)},
+        "metrics": {**trainer_metrics, "seconds": {**trainer_metrics.get("seconds", {}), **seconds}},
+        "dataset": dataset.summary(),
+        "warnings": warnings + trainer_warnings,
+    }
+
+
+async def run_job(
+    job_input: Any,
+    *,
+    job_id: str | None,
+    settings: WorkerSettings,
+    progress: ProgressSink | None = None,
+) -> dict[str, Any]:
+    """Run one job and return the result or error dict. Raises only `asyncio.CancelledError`."""
+    safe_id = safe_job_id(job_id)
+    job_dir = settings.work_root / f"job-{safe_id}"
+    redact = Redactor(settings.secret_values)
+    try:
+        settings.work_root.mkdir(parents=True, exist_ok=True)
+        if job_dir.exists():  # a retried job id: never reuse a previous attempt's files
+            shutil.rmtree(job_dir)
+        result = await _run(job_input, safe_id, settings, ProgressReporter(progress), job_dir)
+        return _redact_tree(result, redact)
+    except FluxboothError as error:
+        logger.error("job %s failed: %s", safe_id, redact(f"{error.code.value}: {error.message}"))
+        return _redact_tree(error.to_result(), redact)
+    except asyncio.CancelledError:
+        logger.warning("job %s cancelled", safe_id)
+        raise
+    except Exception as error:  # the caller must get the contract's shape, never a traceback
+        logger.error("job %s crashed:\n%s", safe_id, redact(traceback.format_exc()))
+        return FluxboothError(
+            ErrorCode.INTERNAL, redact(f"internal error ({type(error).__name__}): {error}")
+        ).to_result()
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def _redact_tree(value: Any, redact: Redactor) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list):
+        return [_redact_tree(item, redact) for item in value]
+    if isinstance(value, dict):
+        return {key: _redact_tree(item, redact) for key, item in value.items()}
+    return value

@@ -1,0 +1,198 @@
+"""configs.py: the files the worker hands to accelerate and DeepSpeed, golden-file tested."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fluxbooth.configs import (
+    INHERITED_ENV_NAMES,
+    accelerate_config,
+    child_environment,
+    deepspeed_config,
+    write_launch_files,
+)
+from fluxbooth.plan import Plan
+from fluxbooth.trainer_config import TrainerConfig
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+
+GUIDE_DEFAULT_PLAN = Plan(
+    accelerator="cuda",
+    num_processes=1,
+    training_type="full",
+    use_deepspeed=True,
+    zero_stage=2,
+    offload_optimizer="cpu",
+    offload_param="none",
+    mixed_precision="bf16",
+    gradient_checkpointing=True,
+    optimizer="DeepSpeedCPUAdam",
+    predicted_gpu_bytes=0,
+    predicted_host_bytes=0,
+    predicted_disk_bytes=0,
+)
+
+GUIDE_TRAINER = TrainerConfig(
+    base_model="/models/flux",
+    instance_dir="/job/data/instance",
+    class_dir=None,
+    output_dir="/job/output",
+    cache_dir="/job/cache",
+    instance_prompt="a photo of sks person",
+    class_prompt="a photo of a person",
+    with_prior_preservation=False,
+    prior_loss_weight=1.0,
+    num_class_images=50,
+    resolution=(1024, 1024),
+    training_type="full",
+    steps=2000,
+    learning_rate=2e-6,
+    batch_size=1,
+    gradient_accumulation_steps=1,
+    mixed_precision="bf16",
+    gradient_checkpointing=True,
+    seed=42,
+    zero_stage=2,
+    offload_optimizer="cpu",
+    offload_param="none",
+)
+
+
+def assert_matches_golden(name: str, actual: object) -> None:
+    path = GOLDEN_DIR / name
+    text = json.dumps(actual, indent=2, sort_keys=True) + "\n"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} differs from its golden file (UPDATE_GOLDEN=1 rewrites it)"
+
+
+def test_default_plan_writes_the_guides_zero2_cpu_offload_config() -> None:
+    assert_matches_golden("deepspeed_zero2_cpu_offload.json", deepspeed_config(GUIDE_DEFAULT_PLAN, GUIDE_TRAINER))
+
+
+def test_zero2_never_carries_offload_param_because_deepspeed_ignores_it_there() -> None:
+    plan = replace(GUIDE_DEFAULT_PLAN, offload_param="cpu")
+    assert "offload_param" not in deepspeed_config(plan, GUIDE_TRAINER)["zero_optimization"]
+
+
+def test_train_batch_size_is_micro_batch_times_accumulation_times_world_size() -> None:
+    plan = replace(GUIDE_DEFAULT_PLAN, num_processes=4)
+    trainer = replace(GUIDE_TRAINER, batch_size=2, gradient_accumulation_steps=3)
+    config = deepspeed_config(plan, trainer)
+    assert (config["train_batch_size"], config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (24, 2, 3)
+
+
+def test_zero3_parameter_offload_config_matches_golden() -> None:
+    plan = replace(GUIDE_DEFAULT_PLAN, zero_stage=3, offload_param="cpu")
+    assert_matches_golden("deepspeed_zero3_cpu_offload.json", deepspeed_config(plan, GUIDE_TRAINER))
+
+
+def test_nvme_offload_adds_the_swap_path_and_aio_section() -> None:
+    plan = replace(GUIDE_DEFAULT_PLAN, zero_stage=3, offload_optimizer="nvme", offload_param="nvme", nvme_path="/nvme/job-1")
+    config = deepspeed_config(plan, GUIDE_TRAINER)
+    assert config["zero_optimization"]["offload_param"] == {"device": "nvme", "pin_memory": True, "nvme_path": "/nvme/job-1"}
+    assert config["zero_optimization"]["offload_optimizer"]["nvme_path"] == "/nvme/job-1"
+    assert config["aio"]["block_size"] == 1048576
+
+
+def test_fp16_requests_get_the_guides_loss_scaling_block() -> None:
+    config = deepspeed_config(replace(GUIDE_DEFAULT_PLAN, mixed_precision="fp16"), GUIDE_TRAINER)
+    assert config["fp16"] == {
+        "enabled": True, "loss_scale": 0, "loss_scale_window": 1000,
+        "initial_scale_power": 16, "hysteresis": 2, "min_loss_scale": 1,
+    }
+    assert "bf16" not in config
+
+
+def test_cpu_accelerator_does_not_ask_for_pinned_memory() -> None:
+    config = deepspeed_config(replace(GUIDE_DEFAULT_PLAN, accelerator="cpu"), GUIDE_TRAINER)
+    assert config["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": False}
+
+
+def test_warmup_becomes_deepspeeds_warmuplr_and_cosine_its_warmupcosinelr() -> None:
+    warm = deepspeed_config(GUIDE_DEFAULT_PLAN, replace(GUIDE_TRAINER, lr_warmup_steps=100))
+    cosine = deepspeed_config(GUIDE_DEFAULT_PLAN, replace(GUIDE_TRAINER, lr_scheduler="cosine", lr_warmup_steps=10))
+    assert warm["scheduler"] == {
+        "type": "WarmupLR",
+        "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 2e-6, "warmup_num_steps": 100, "warmup_type": "linear"},
+    }
+    assert cosine["scheduler"]["type"] == "WarmupCosineLR"
+    assert cosine["scheduler"]["params"]["total_num_steps"] == 2000
+    assert "scheduler" not in deepspeed_config(GUIDE_DEFAULT_PLAN, GUIDE_TRAINER)
+
+
+def test_accelerate_yaml_is_the_guides_with_the_deepspeed_file(tmp_path: Path) -> None:
+    config = accelerate_config(GUIDE_DEFAULT_PLAN, tmp_path / "ds_config.json")
+    expected = json.loads((GOLDEN_DIR / "accelerate_zero2.json").read_text())
+    expected["deepspeed_config"]["deepspeed_config_file"] = str(tmp_path / "ds_config.json")
+    assert config == expected
+
+
+def test_zero3_turns_on_partitioned_model_construction(tmp_path: Path) -> None:
+    config = accelerate_config(replace(GUIDE_DEFAULT_PLAN, zero_stage=3, offload_param="cpu"), tmp_path / "ds.json")
+    assert config["deepspeed_config"]["zero3_init_flag"] is True
+
+
+def test_plain_accelerate_without_deepspeed_keeps_mixed_precision_in_the_yaml() -> None:
+    plan = replace(GUIDE_DEFAULT_PLAN, use_deepspeed=False, zero_stage=0, offload_optimizer="none", optimizer="AdamW")
+    config = accelerate_config(plan, None)
+    assert (config["distributed_type"], config["mixed_precision"]) == ("NO", "bf16")
+    assert "deepspeed_config" not in config
+
+
+def test_environment_drops_the_guides_debug_switches_unless_asked(tmp_path: Path) -> None:
+    env = child_environment(GUIDE_DEFAULT_PLAN, {"PATH": "/bin"}, cpu_count=8, torch_extensions_dir=tmp_path)
+    assert "CUDA_LAUNCH_BLOCKING" not in env
+    assert "PYTORCH_NO_CUDA_MEMORY_CACHING" not in env
+    assert "DS_REPORT_BUG_MODE" not in env
+    debug_env = child_environment(GUIDE_DEFAULT_PLAN, {}, cpu_count=8, torch_extensions_dir=tmp_path, debug=True)
+    assert (debug_env["CUDA_LAUNCH_BLOCKING"], debug_env["PYTORCH_NO_CUDA_MEMORY_CACHING"]) == ("1", "1")
+
+
+def test_environment_keeps_the_guides_useful_variables(tmp_path: Path) -> None:
+    env = child_environment(GUIDE_DEFAULT_PLAN, {}, cpu_count=8, torch_extensions_dir=tmp_path)
+    assert {name: env[name] for name in (
+        "DS_ACCELERATOR", "DS_SKIP_CUDA_CHECK", "CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF",
+        "TOKENIZERS_PARALLELISM", "CUDA_DEVICE_ORDER",
+    )} == {
+        "DS_ACCELERATOR": "cuda", "DS_SKIP_CUDA_CHECK": "0", "CUDA_VISIBLE_DEVICES": "0",
+        "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512,expandable_segments:True",
+        "TOKENIZERS_PARALLELISM": "false", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
+
+
+def test_cpu_threads_are_the_cores_per_process_not_one(tmp_path: Path) -> None:
+    env = child_environment(replace(GUIDE_DEFAULT_PLAN, num_processes=2), {}, cpu_count=16, torch_extensions_dir=tmp_path)
+    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"], env["NUMEXPR_NUM_THREADS"]) == ("8", "8", "8")
+
+
+def test_environment_inherits_only_the_allow_list(tmp_path: Path) -> None:
+    parent = {"PATH": "/usr/bin", "BUCKET_SECRET_ACCESS_KEY": "canary-secret", "BUCKET_ACCESS_KEY_ID": "canary-id", "RANDOM_VAR": "x"}
+    env = child_environment(GUIDE_DEFAULT_PLAN, parent, cpu_count=2, torch_extensions_dir=tmp_path)
+    assert env["PATH"] == "/usr/bin"
+    assert not {"BUCKET_SECRET_ACCESS_KEY", "BUCKET_ACCESS_KEY_ID", "RANDOM_VAR"} & env.keys()
+    assert not any(name.startswith(("BUCKET_", "AWS_")) for name in INHERITED_ENV_NAMES)
+
+
+def test_launch_files_are_written_and_read_back_identically(tmp_path: Path) -> None:
+    files = write_launch_files(tmp_path, GUIDE_DEFAULT_PLAN, GUIDE_TRAINER)
+    assert files.deepspeed_config is not None
+    assert json.loads(files.deepspeed_config.read_text()) == deepspeed_config(GUIDE_DEFAULT_PLAN, GUIDE_TRAINER)
+    assert yaml.safe_load(files.accelerate_config.read_text()) == accelerate_config(GUIDE_DEFAULT_PLAN, files.deepspeed_config)
+    assert TrainerConfig.read(files.trainer_config) == GUIDE_TRAINER
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_every_stage_produces_a_config_deepspeed_accepts(stage: int) -> None:
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    plan = replace(GUIDE_DEFAULT_PLAN, zero_stage=stage, offload_param="cpu" if stage == 3 else "none")
+    parsed = DeepSpeedConfig(deepspeed_config(plan, GUIDE_TRAINER), mpu=None)
+    assert parsed.zero_optimization_stage == stage
+    assert parsed.train_batch_size == 1

@@ -1,0 +1,160 @@
+"""launch.py: running the trainer in its own session, streaming, deadlines, cancellation, classification."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fluxbooth.configs import LaunchFiles
+from fluxbooth.errors import ErrorCode
+from fluxbooth.launch import Redactor, TrainerOutcome, classify_outcome, run_trainer, trainer_command
+from fluxbooth.plan import Plan
+from tests.fake_trainer import fake_trainer_command
+
+PLAN = Plan(
+    accelerator="cuda", num_processes=1, training_type="full", use_deepspeed=True, zero_stage=2,
+    offload_optimizer="cpu", offload_param="none", mixed_precision="bf16", gradient_checkpointing=True,
+    optimizer="DeepSpeedCPUAdam", predicted_gpu_bytes=24 * 2**30, predicted_host_bytes=200 * 2**30,
+    predicted_disk_bytes=0,
+)
+
+
+def run(command: list[str], tmp_path: Path, *, deadline: float = 60.0, env: dict[str, str] | None = None,
+        secrets: tuple[str, ...] = ()) -> tuple[TrainerOutcome, list[dict[str, Any]]]:
+    events: list[dict[str, Any]] = []
+    outcome = asyncio.run(
+        run_trainer(
+            command, env={"PATH": os.environ["PATH"], **(env or {})}, cwd=tmp_path,
+            deadline_seconds=deadline, redact=Redactor(secrets), on_event=events.append,
+            log_path=tmp_path / "trainer.log",
+        )
+    )
+    return outcome, events
+
+
+def process_is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie has exited; only its parent has not reaped it yet.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def test_command_is_accelerate_launch_of_the_trainer_module_with_the_written_files(tmp_path: Path) -> None:
+    files = LaunchFiles(tmp_path / "ds.json", tmp_path / "accelerate.yaml", tmp_path / "train.json")
+    command = trainer_command(files, PLAN, cpu_count=8)
+    assert command[1:] == [
+        "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "accelerate.yaml"),
+        "--num_cpu_threads_per_process", "8", "-m", "fluxbooth.train", "--config", str(tmp_path / "train.json"),
+    ]
+
+
+def test_clean_run_forwards_every_event_and_is_not_an_error(tmp_path: Path) -> None:
+    outcome, events = run(fake_trainer_command(tmp_path, "ok"), tmp_path)
+    assert [event["event"] for event in events] == ["stage", "step", "step", "done"]
+    assert outcome.returncode == 0
+    assert outcome.last_step == {"event": "step", "step": 2, "total": 2, "loss": 0.25, "lr": 1e-4, "seconds_per_step": 0.01}
+    assert classify_outcome(outcome, PLAN, 60) is None
+
+
+def test_crash_is_trainer_failed_with_exit_status_and_last_log_lines(tmp_path: Path) -> None:
+    outcome, _ = run(fake_trainer_command(tmp_path, "crash"), tmp_path)
+    error = classify_outcome(outcome, PLAN, 60)
+    assert error is not None and error.code == ErrorCode.TRAINER_FAILED
+    assert "exited with status 1 after step 2/2" in error.message
+    assert "RuntimeError: something broke in the trainer" in error.message
+    assert error.details["exit_status"] == 1
+    assert error.refresh_worker is True
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "torch.cuda.OutOfMemoryError: CUDA out of memory.",
+        "RuntimeError: CUDA error: out of memory",
+        "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+        "RuntimeError: cudaErrorMemoryAllocation",
+    ],
+)
+def test_every_spelling_of_cuda_oom_is_cuda_oom_with_advice_from_the_plan(tmp_path: Path, spelling: str) -> None:
+    outcome, _ = run(fake_trainer_command(tmp_path, f"cuda_oom:{spelling}"), tmp_path)
+    error = classify_outcome(outcome, PLAN, 60)
+    assert error is not None and error.code == ErrorCode.CUDA_OOM
+    assert "ZeRO-2 keeps every transformer parameter on the GPU" in error.message
+
+
+def test_sigkill_without_traceback_is_host_oom(tmp_path: Path) -> None:
+    outcome, _ = run(fake_trainer_command(tmp_path, "sigkill"), tmp_path)
+    error = classify_outcome(outcome, PLAN, 60)
+    assert outcome.returncode == -9
+    assert error is not None and error.code == ErrorCode.HOST_OOM
+    assert "the plan predicted 200.0 GiB" in error.message
+
+
+def test_cpu_allocator_failure_is_host_oom(tmp_path: Path) -> None:
+    outcome, _ = run(fake_trainer_command(tmp_path, "host_oom_message"), tmp_path)
+    error = classify_outcome(outcome, PLAN, 60)
+    assert error is not None and error.code == ErrorCode.HOST_OOM
+
+
+def test_nan_loss_event_is_trainer_failed_naming_the_cause(tmp_path: Path) -> None:
+    outcome, _ = run(fake_trainer_command(tmp_path, "nan"), tmp_path)
+    error = classify_outcome(outcome, PLAN, 60)
+    assert error is not None and error.code == ErrorCode.TRAINER_FAILED
+    assert error.message == "trainer stopped (nan_loss): loss became nan at step 3; lower learning_rate"
+
+
+def test_exit_zero_without_weights_is_trainer_failed(tmp_path: Path) -> None:
+    outcome, _ = run(fake_trainer_command(tmp_path, "silent_exit0"), tmp_path)
+    error = classify_outcome(outcome, PLAN, 60)
+    assert error is not None and error.code == ErrorCode.TRAINER_FAILED
+    assert "finished without reporting its weights" in error.message
+
+
+def test_hang_past_the_deadline_is_timeout_and_kills_grandchildren(tmp_path: Path) -> None:
+    outcome, _ = run(fake_trainer_command(tmp_path, "hang_with_grandchild"), tmp_path, deadline=3)
+    error = classify_outcome(outcome, PLAN, 3)
+    assert error is not None and error.code == ErrorCode.TIMEOUT
+    assert "within the job deadline of 3 s after step 2/2" in error.message
+    grandchild = int((tmp_path / "grandchild.pid").read_text())
+    assert not process_is_alive(grandchild)
+
+
+def test_cancellation_kills_the_process_group_and_reraises(tmp_path: Path) -> None:
+    command = fake_trainer_command(tmp_path, "hang_with_grandchild")
+
+    async def cancel_soon() -> None:
+        task = asyncio.create_task(
+            run_trainer(command, env={"PATH": os.environ["PATH"]}, cwd=tmp_path, deadline_seconds=600,
+                        redact=Redactor(()), on_event=lambda event: None)
+        )
+        while not (tmp_path / "grandchild.pid").exists():
+            await asyncio.sleep(0.05)
+        task.cancel()
+        await task
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(cancel_soon())
+    assert not process_is_alive(int((tmp_path / "grandchild.pid").read_text()))
+
+
+def test_secrets_are_redacted_from_the_log_tail_and_log_file(tmp_path: Path) -> None:
+    canary = "canary-8f3e1d2c"
+    outcome, _ = run(fake_trainer_command(tmp_path, "leak_secret:HF_TOKEN"), tmp_path,
+                     env={"HF_TOKEN": canary}, secrets=(canary,))
+    assert "token is [REDACTED]" in outcome.log_tail
+    assert canary not in (tmp_path / "trainer.log").read_text()
+    error = classify_outcome(outcome, PLAN, 60)
+    assert error is not None and canary not in error.message
+
+
+def test_redactor_masks_the_longest_secret_first() -> None:
+    redact = Redactor(["abcd", "abcdefgh"])
+    assert redact("x abcdefgh y abcd") == "x [REDACTED] y [REDACTED]"
