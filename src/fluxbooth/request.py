@@ -1,0 +1,352 @@
+"""The training request (**contract**): `job["input"]`, validated before any file is written.
+
+Field names and meaning follow the reference guide's Basic and Advanced requests; the additions
+(`dataset_url`, `base_model`, `seed`, LoRA and DeepSpeed knobs, ...) are flat and documented in the README.
+
+Validation is strict about types (JSON numbers for numbers, JSON booleans for booleans): a value that
+pydantic would otherwise coerce (`"steps": "2000"`, `"use_deepspeed": "no"`) is refused, so a typo never
+silently becomes a different training run. `resolution` is the one field with several spellings, because
+the guide writes it as a string (`"1024x1024"`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.settings import TINY_MODEL_NAME
+
+DEFAULT_FULL_LEARNING_RATE = 2e-6
+DEFAULT_LORA_LEARNING_RATE = 1e-4
+MAX_PROMPT_CHARS = 2000
+MIN_RESOLUTION_SIDE = 64
+MAX_RESOLUTION_SIDE = 2048
+RESOLUTION_MULTIPLE = 16
+MAX_REPORTED_ERRORS = 10
+MAX_REPORTED_CHARS = 200
+
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+_RESOLUTION_TEXT = re.compile(r"^\s*(\d{1,5})\s*(?:[xX×]\s*(\d{1,5})\s*)?$")
+_DATA_URI_PREFIX = re.compile(r"^data:[^,]{0,200};base64,", re.IGNORECASE)
+
+Prompt = Annotated[str, StringConstraints(max_length=MAX_PROMPT_CHARS)]
+LoraModuleName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.]+$")]
+OutputFormat = Literal["diffusers", "single_file", "comfyui"]
+LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_target_modules")
+
+
+def parse_resolution(value: object) -> tuple[int, int]:
+    """`512`, `"512"`, `"1024x1024"`, `"768x1024"` (width x height) or `[768, 1024]` → (width, height)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a number like 1024 or a string like '1024x1024'")
+    if isinstance(value, int):
+        width = height = value
+    elif isinstance(value, str):
+        match = _RESOLUTION_TEXT.match(value)
+        if match is None:
+            raise ValueError("expected a number like 1024 or a string like '768x1024' (width x height)")
+        width = int(match.group(1))
+        height = int(match.group(2) or match.group(1))
+    elif isinstance(value, list | tuple) and len(value) == 2 and all(
+        isinstance(side, int) and not isinstance(side, bool) for side in value
+    ):
+        width, height = value
+    else:
+        raise ValueError("expected a number like 1024 or a string like '768x1024' (width x height)")
+    for side in (width, height):
+        if not MIN_RESOLUTION_SIDE <= side <= MAX_RESOLUTION_SIDE or side % RESOLUTION_MULTIPLE:
+            raise ValueError(
+                f"each side must be a multiple of {RESOLUTION_MULTIPLE} between "
+                f"{MIN_RESOLUTION_SIDE} and {MAX_RESOLUTION_SIDE}, got {width}x{height}"
+            )
+    return (width, height)
+
+
+def _has_parent_reference(path: str) -> bool:
+    return ".." in PurePosixPath(path).parts
+
+
+class TrainingRequest(BaseModel):
+    """`job["input"]`: what to train, on what, and how."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    # What to train, on what (the guide's fields, plus dataset_url and base_model).
+    model_name: str = Field(min_length=1, max_length=64)
+    # Kept out of repr(): the zip is megabytes, and a presigned URL carries a signature.
+    dataset: str | None = Field(default=None, repr=False)
+    dataset_url: str | None = Field(default=None, max_length=8192, repr=False)
+    instance_prompt: Prompt
+    class_prompt: Prompt | None = None
+    base_model: str | None = Field(default=None, max_length=1024)
+
+    # How long and how fast.
+    steps: int = Field(default=1000, ge=1, le=100_000)
+    learning_rate: float | None = Field(default=None, gt=0, le=1e-2)
+    batch_size: int = Field(default=1, ge=1, le=64)
+    gradient_accumulation_steps: int = Field(default=1, ge=1, le=1024)
+    resolution: tuple[int, int] = (1024, 1024)
+    seed: int = Field(default=42, ge=0, le=2**32 - 1)
+
+    # DreamBooth prior preservation.
+    with_prior_preservation: bool = False
+    prior_loss_weight: float = Field(default=1.0, ge=0, le=1000)
+    num_class_images: int = Field(default=50, ge=1, le=10_000)
+
+    # Memory strategy ("auto": the planner decides from the hardware).
+    use_deepspeed: bool = True
+    mixed_precision: Literal["bf16", "fp16", "no"] = "bf16"
+    gradient_checkpointing: bool = True
+    zero_stage: Literal["auto", 1, 2, 3] = "auto"
+    offload: Literal["auto", "none", "cpu", "nvme"] = "auto"
+
+    # Full fine-tune or LoRA.
+    training_type: Literal["full", "lora"] = "full"
+    lora_rank: int = Field(default=16, ge=1, le=512)
+    lora_alpha: float | None = Field(default=None, gt=0, le=100_000)
+    lora_target_modules: list[LoraModuleName] | None = Field(default=None, min_length=1, max_length=64)
+
+    # Optimisation details.
+    optimizer: str = Field(default="adamw", min_length=1, max_length=32, pattern=r"^[a-z0-9_]+$")
+    lr_scheduler: Literal["constant", "cosine"] = "constant"
+    lr_warmup_steps: int = Field(default=0, ge=0, le=100_000)
+    max_grad_norm: float = Field(default=1.0, gt=0, le=1e6)
+    guidance_scale: float = Field(default=1.0, ge=0, le=100)
+
+    # Checkpoints, outputs, limits.
+    checkpointing_steps: int | None = Field(default=None, ge=1, le=100_000)
+    resume_from: str | None = Field(default=None, min_length=1, max_length=1024)
+    validation_prompts: list[Prompt] = Field(default_factory=list, max_length=8)
+    output_formats: list[OutputFormat] | None = Field(default=None, min_length=1, max_length=3)
+    timeout_seconds: int | None = Field(default=None, ge=60, le=86_400)
+    debug: bool = False
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_not_empty(cls, value: str | None) -> str | None:
+        if value is not None and not _DATA_URI_PREFIX.sub("", value, count=1).strip():
+            raise ValueError("is empty; send the dataset zip as base64, or use dataset_url")
+        return value
+
+    @field_validator("dataset_url")
+    @classmethod
+    def _dataset_url_is_http(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip()
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError on a malformed port
+        except ValueError:
+            raise ValueError("is not a valid URL") from None
+        if parts.scheme.lower() not in {"http", "https"}:
+            raise ValueError("only http:// and https:// URLs are accepted")
+        if not parts.hostname:
+            raise ValueError("has no host name")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("must not carry credentials (user:password@); use a presigned URL instead")
+        if _CONTROL_CHARACTERS.search(value) or " " in value:
+            raise ValueError("contains spaces or control characters; percent-encode them")
+        return value
+
+    @field_validator("model_name")
+    @classmethod
+    def _model_name_is_a_safe_key(cls, value: str) -> str:
+        if not _MODEL_NAME.fullmatch(value):
+            raise ValueError(
+                "use letters, digits, '.', '_' and '-' only, starting with a letter or digit "
+                "(it becomes part of storage keys and paths)"
+            )
+        if ".." in value:
+            raise ValueError("must not contain '..' (it becomes part of storage keys and paths)")
+        return value
+
+    @field_validator("instance_prompt", "class_prompt")
+    @classmethod
+    def _prompt_not_blank(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value.strip()
+
+    @field_validator("validation_prompts")
+    @classmethod
+    def _validation_prompts_not_blank(cls, value: list[str]) -> list[str]:
+        if any(not prompt.strip() for prompt in value):
+            raise ValueError("must not contain blank prompts")
+        return [prompt.strip() for prompt in value]
+
+    @field_validator("resolution", mode="before")
+    @classmethod
+    def _parse_resolution(cls, value: object) -> tuple[int, int]:
+        return parse_resolution(value)
+
+    @field_validator("zero_stage", mode="before")
+    @classmethod
+    def _zero_stage_not_bool(cls, value: object) -> object:
+        # Literal[1] would otherwise accept `true`.
+        if isinstance(value, bool):
+            raise ValueError("expected 'auto', 1, 2 or 3")
+        return value
+
+    @field_validator("base_model")
+    @classmethod
+    def _base_model_is_path_or_hub_id(cls, value: str | None) -> str | None:
+        if value is None or value == TINY_MODEL_NAME:
+            return value
+        if _CONTROL_CHARACTERS.search(value):
+            raise ValueError("contains control characters")
+        if value.startswith("/"):
+            if _has_parent_reference(value):
+                raise ValueError("must not contain '..'; give the model directory's absolute path")
+            return value
+        if _HUB_ID.fullmatch(value) and ".." not in value:
+            return value
+        raise ValueError(
+            "expected an absolute local path (/models/flux), a Hugging Face id (org/name) "
+            f"or '{TINY_MODEL_NAME}'"
+        )
+
+    @field_validator("resume_from")
+    @classmethod
+    def _resume_from_has_no_traversal(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if _CONTROL_CHARACTERS.search(value):
+            raise ValueError("contains control characters")
+        if _has_parent_reference(value.replace("\\", "/")):
+            raise ValueError("must not contain '..'")
+        return value
+
+    @field_validator("output_formats")
+    @classmethod
+    def _output_formats_unique(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else list(dict.fromkeys(value))
+
+    @model_validator(mode="after")
+    def _fields_agree(self) -> TrainingRequest:
+        problems: list[str] = []
+        if (self.dataset is None) == (self.dataset_url is None):
+            problems.append(
+                "input.dataset, input.dataset_url: give exactly one of them "
+                "(base64 zip in dataset, or a link in dataset_url)"
+            )
+        if self.with_prior_preservation and self.class_prompt is None:
+            problems.append(
+                "input.class_prompt: required when input.with_prior_preservation is true "
+                "(e.g. 'a photo of a person')"
+            )
+        if self.training_type == "full":
+            lora_settings = [name for name in LORA_FIELDS if name in self.model_fields_set]
+            if lora_settings:
+                named = ", ".join(f"input.{name}" for name in lora_settings)
+                problems.append(
+                    f"{named}: only apply when input.training_type is 'lora'; "
+                    "remove them or set training_type 'lora'"
+                )
+        if not self.use_deepspeed:
+            forced = [
+                f"input.{name}"
+                for name, setting in (("zero_stage", self.zero_stage), ("offload", self.offload))
+                if setting != "auto"
+            ]
+            if forced:
+                problems.append(
+                    f"{', '.join(forced)}: need input.use_deepspeed true; leave them 'auto' or enable DeepSpeed"
+                )
+        if self.offload == "nvme" and self.zero_stage in (1, 2):
+            problems.append(
+                "input.offload, input.zero_stage: 'nvme' offload needs ZeRO stage 3; at stages 1 and 2 "
+                "DeepSpeed silently keeps the optimizer in CPU RAM instead. Use zero_stage 3 or offload 'cpu'"
+            )
+        if self.lr_warmup_steps > self.steps:
+            problems.append(
+                f"input.lr_warmup_steps, input.steps: warmup ({self.lr_warmup_steps}) is longer "
+                f"than the run ({self.steps} steps)"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def effective_learning_rate(self) -> float:
+        if self.learning_rate is not None:
+            return self.learning_rate
+        return DEFAULT_LORA_LEARNING_RATE if self.training_type == "lora" else DEFAULT_FULL_LEARNING_RATE
+
+    @property
+    def effective_lora_alpha(self) -> float:
+        return float(self.lora_rank) if self.lora_alpha is None else self.lora_alpha
+
+    def warnings(self) -> list[str]:
+        """Accepted but questionable settings; carried into the log and the result."""
+        notes: list[str] = []
+        if self.mixed_precision == "fp16":
+            notes.append(
+                "mixed_precision 'fp16': FLUX activations overflow fp16 (expect NaN or inf losses); "
+                "'bf16' is recommended on any GPU that supports it"
+            )
+        if self.class_prompt is not None and not self.with_prior_preservation:
+            notes.append("class_prompt is ignored because with_prior_preservation is false")
+        return notes
+
+
+def _field_label(location: tuple[int | str, ...]) -> str:
+    label = "input"
+    for part in location:
+        if isinstance(part, int):
+            label += f"[{part}]"
+        else:
+            label += f".{str(part)[:64]}"
+    return label
+
+
+def _describe_error(error: dict[str, Any]) -> str:
+    location = tuple(error.get("loc", ()))
+    if error.get("type") == "extra_forbidden":
+        return f"{_field_label(location)}: unknown field"
+    reason = str(error.get("msg", "invalid value"))
+    reason = reason.removeprefix("Value error, ")
+    reason = reason[:MAX_REPORTED_CHARS]
+    if not location:
+        # Cross-field rules name their fields themselves.
+        return reason
+    return f"{_field_label(location)}: {reason}"
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """One short line naming every failing field, never echoing values."""
+    problems = [_describe_error(item) for item in error.errors(include_url=False, include_input=False)]
+    shown = problems[:MAX_REPORTED_ERRORS]
+    if len(problems) > len(shown):
+        shown.append(f"and {len(problems) - len(shown)} more")
+    return "invalid request: " + "; ".join(shown)
+
+
+def parse_request(raw: object) -> TrainingRequest:
+    """Validate `job["input"]`; every refusal is `invalid_input` naming the fields."""
+    if not isinstance(raw, dict):
+        raise FluxboothError(
+            ErrorCode.INVALID_INPUT,
+            f"input: expected a JSON object with the training fields, got {type(raw).__name__}",
+        )
+    try:
+        return TrainingRequest.model_validate(raw)
+    except ValidationError as error:
+        raise FluxboothError(ErrorCode.INVALID_INPUT, describe_validation_error(error)) from None

@@ -1,0 +1,462 @@
+"""The request contract: what `job["input"]` accepts, what it refuses, and how refusals read."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.factories import make_dataset_zip, to_base64
+
+from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.request import TrainingRequest, parse_request
+from fluxbooth.settings import TINY_MODEL_NAME
+
+
+@pytest.fixture(scope="module")
+def dataset_b64() -> str:
+    return to_base64(make_dataset_zip(count=3))
+
+
+def guide_basic_request(dataset: str) -> dict[str, Any]:
+    """The reference guide's "Basic Training Request", verbatim except for the placeholder."""
+    return {
+        "model_name": "my_dreambooth_model",
+        "dataset": dataset,
+        "instance_prompt": "a photo of sks person",
+        "class_prompt": "a photo of a person",
+        "steps": 2000,
+        "learning_rate": 2e-6,
+        "batch_size": 1,
+        "use_deepspeed": True,
+    }
+
+
+def guide_advanced_request(dataset: str) -> dict[str, Any]:
+    """The reference guide's "Advanced Configuration", verbatim except for the placeholder."""
+    return {
+        "model_name": "my_dreambooth_model",
+        "dataset": dataset,
+        "instance_prompt": "a photo of sks person",
+        "class_prompt": "a photo of a person",
+        "steps": 2000,
+        "learning_rate": 2e-6,
+        "batch_size": 1,
+        "gradient_accumulation_steps": 2,
+        "resolution": "1024x1024",
+        "with_prior_preservation": True,
+        "prior_loss_weight": 1.0,
+        "num_class_images": 50,
+        "use_deepspeed": True,
+        "mixed_precision": "fp16",
+        "gradient_checkpointing": True,
+    }
+
+
+def minimal(dataset: str, **fields: Any) -> dict[str, Any]:
+    return {"model_name": "sks-dog", "dataset": dataset, "instance_prompt": "a photo of sks dog", **fields}
+
+
+def refusal(raw: object) -> str:
+    with pytest.raises(FluxboothError) as caught:
+        parse_request(raw)
+    assert caught.value.code is ErrorCode.INVALID_INPUT
+    return caught.value.message
+
+
+# ------------------------------------------------------------------------------------------ the guide
+
+
+def test_guide_basic_request_validates_as_written(dataset_b64: str) -> None:
+    request = parse_request(guide_basic_request(dataset_b64))
+
+    assert request.steps == 2000
+    assert request.learning_rate == 2e-6
+    assert request.class_prompt == "a photo of a person"
+    assert request.use_deepspeed is True
+
+
+def test_guide_advanced_request_validates_as_written(dataset_b64: str) -> None:
+    request = parse_request(guide_advanced_request(dataset_b64))
+
+    assert request.resolution == (1024, 1024)
+    assert request.gradient_accumulation_steps == 2
+    assert request.with_prior_preservation is True
+    assert request.mixed_precision == "fp16"
+
+
+def test_guide_advanced_request_warns_that_fp16_overflows_flux(dataset_b64: str) -> None:
+    warnings = parse_request(guide_advanced_request(dataset_b64)).warnings()
+
+    assert any("fp16" in warning and "bf16" in warning and "overflow" in warning for warning in warnings)
+
+
+def test_guide_basic_request_notes_that_class_prompt_is_unused_without_prior_preservation(
+    dataset_b64: str,
+) -> None:
+    warnings = parse_request(guide_basic_request(dataset_b64)).warnings()
+
+    assert warnings == ["class_prompt is ignored because with_prior_preservation is false"]
+
+
+# ------------------------------------------------------------------------------------------- defaults
+
+
+def test_defaults_follow_the_design(dataset_b64: str) -> None:
+    request = parse_request(minimal(dataset_b64))
+
+    assert request.mixed_precision == "bf16"
+    assert request.resolution == (1024, 1024)
+    assert request.steps == 1000
+    assert request.seed == 42
+    assert request.training_type == "full"
+    assert request.zero_stage == "auto"
+    assert request.offload == "auto"
+    assert request.base_model is None
+    assert request.validation_prompts == []
+    assert request.warnings() == []
+
+
+def test_effective_learning_rate_defaults_to_2e_6_for_full_fine_tune(dataset_b64: str) -> None:
+    assert parse_request(minimal(dataset_b64)).effective_learning_rate == 2e-6
+
+
+def test_effective_learning_rate_defaults_to_1e_4_for_lora(dataset_b64: str) -> None:
+    assert parse_request(minimal(dataset_b64, training_type="lora")).effective_learning_rate == 1e-4
+
+
+def test_explicit_learning_rate_wins_over_the_default(dataset_b64: str) -> None:
+    request = parse_request(minimal(dataset_b64, training_type="lora", learning_rate=5e-5))
+
+    assert request.effective_learning_rate == 5e-5
+
+
+def test_lora_alpha_defaults_to_the_rank(dataset_b64: str) -> None:
+    request = parse_request(minimal(dataset_b64, training_type="lora", lora_rank=32))
+
+    assert request.effective_lora_alpha == 32.0
+
+
+def test_dataset_url_alone_is_accepted() -> None:
+    request = parse_request(
+        {"model_name": "m", "dataset_url": "https://example.com/d.zip?sig=1", "instance_prompt": "sks"}
+    )
+
+    assert request.dataset is None
+    assert request.dataset_url == "https://example.com/d.zip?sig=1"
+
+
+def test_data_uri_prefix_is_accepted(dataset_b64: str) -> None:
+    request = parse_request(minimal("data:application/zip;base64," + dataset_b64))
+
+    assert request.dataset is not None
+
+
+# ----------------------------------------------------------------------------------------- resolution
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [(512, (512, 512)), ("512", (512, 512)), ("1024x1024", (1024, 1024)), ("768x1024", (768, 1024))],
+)
+def test_resolution_spellings_normalise_to_width_height(
+    dataset_b64: str, given: object, expected: tuple[int, int]
+) -> None:
+    assert parse_request(minimal(dataset_b64, resolution=given)).resolution == expected
+
+
+def test_resolution_not_a_multiple_of_16_is_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, resolution=1000))
+
+    assert "input.resolution: each side must be a multiple of 16 between 64 and 2048, got 1000x1000" in message
+
+
+def test_resolution_too_large_is_refused(dataset_b64: str) -> None:
+    assert "input.resolution:" in refusal(minimal(dataset_b64, resolution="4096x4096"))
+
+
+def test_resolution_garbage_is_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, resolution="big"))
+
+    assert "input.resolution: expected a number like 1024 or a string like '768x1024'" in message
+
+
+def test_resolution_boolean_is_refused(dataset_b64: str) -> None:
+    assert "input.resolution:" in refusal(minimal(dataset_b64, resolution=True))
+
+
+# ------------------------------------------------------------------------------ types, ranges, unknowns
+
+
+def test_non_object_input_is_refused() -> None:
+    assert refusal(["model_name", "x"]) == "input: expected a JSON object with the training fields, got list"
+
+
+def test_missing_required_fields_are_each_named() -> None:
+    message = refusal({"dataset": "UEsFBg=="})
+
+    assert "input.model_name: Field required" in message
+    assert "input.instance_prompt: Field required" in message
+
+
+def test_unknown_field_is_refused_by_name(dataset_b64: str) -> None:
+    assert "input.learning_rat: unknown field" in refusal(minimal(dataset_b64, learning_rat=1e-5))
+
+
+def test_out_of_range_steps_names_the_field_and_pydantic_reason(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, steps=0))
+
+    assert "input.steps: Input should be greater than or equal to 1" in message
+
+
+def test_absurd_batch_size_is_refused(dataset_b64: str) -> None:
+    assert "input.batch_size: Input should be less than or equal to 64" in refusal(
+        minimal(dataset_b64, batch_size=100_000)
+    )
+
+
+def test_number_sent_as_string_is_refused(dataset_b64: str) -> None:
+    assert "input.steps: Input should be a valid integer" in refusal(minimal(dataset_b64, steps="2000"))
+
+
+def test_boolean_sent_as_string_is_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, use_deepspeed="no"))
+
+    assert "input.use_deepspeed: Input should be a valid boolean" in message
+
+
+def test_not_a_number_learning_rate_is_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, learning_rate=float("nan")))
+
+    assert "input.learning_rate: Input should be a finite number" in message
+
+
+def test_learning_rate_above_1e_2_is_refused(dataset_b64: str) -> None:
+    assert "input.learning_rate: Input should be less than or equal to 0.01" in refusal(
+        minimal(dataset_b64, learning_rate=0.5)
+    )
+
+
+def test_unknown_mixed_precision_is_refused(dataset_b64: str) -> None:
+    assert "input.mixed_precision: Input should be 'bf16', 'fp16' or 'no'" in refusal(
+        minimal(dataset_b64, mixed_precision="fp8")
+    )
+
+
+def test_zero_stage_true_is_not_taken_for_stage_1(dataset_b64: str) -> None:
+    assert "input.zero_stage: expected 'auto', 1, 2 or 3" in refusal(minimal(dataset_b64, zero_stage=True))
+
+
+def test_blank_instance_prompt_is_refused(dataset_b64: str) -> None:
+    assert "input.instance_prompt: must not be blank" in refusal(minimal(dataset_b64, instance_prompt="   "))
+
+
+def test_overlong_instance_prompt_is_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, instance_prompt="x" * 2001))
+
+    assert "input.instance_prompt: String should have at most 2000 characters" in message
+
+
+def test_more_than_eight_validation_prompts_are_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, validation_prompts=["sks dog"] * 9))
+
+    assert "input.validation_prompts: List should have at most 8 items" in message
+
+
+def test_nested_list_error_names_the_item(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, validation_prompts=["ok", 3]))
+
+    assert "input.validation_prompts[1]: Input should be a valid string" in message
+
+
+def test_timeout_below_a_minute_is_refused(dataset_b64: str) -> None:
+    assert "input.timeout_seconds: Input should be greater than or equal to 60" in refusal(
+        minimal(dataset_b64, timeout_seconds=5)
+    )
+
+
+def test_every_failing_field_is_named_in_one_message(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, steps=-1, seed=-1, foo=1))
+
+    assert message.startswith("invalid request: ")
+    assert "input.steps:" in message
+    assert "input.seed:" in message
+    assert "input.foo: unknown field" in message
+
+
+def test_message_stays_short_with_many_problems(dataset_b64: str) -> None:
+    raw = minimal(dataset_b64, **{f"junk_{index}": index for index in range(50)})
+
+    message = refusal(raw)
+
+    assert "and 40 more" in message
+    assert len(message) < 600
+
+
+def test_message_never_echoes_the_dataset(dataset_b64: str) -> None:
+    raw = minimal(dataset_b64 + "CANARYCANARY", steps=0)
+
+    message = refusal(raw)
+
+    assert "CANARY" not in message
+    assert dataset_b64[:40] not in message
+
+
+def test_message_never_echoes_a_wrongly_typed_dataset() -> None:
+    message = refusal({"model_name": "m", "instance_prompt": "sks", "dataset": {"CANARY": "x" * 1000}})
+
+    assert message == "invalid request: input.dataset: Input should be a valid string"
+
+
+def test_repr_leaves_out_the_dataset_and_its_url(dataset_b64: str) -> None:
+    request = parse_request(minimal(dataset_b64))
+    by_url = parse_request({"model_name": "m", "instance_prompt": "sks", "dataset_url": "https://x.io/d?sig=CANARY"})
+
+    assert dataset_b64[:40] not in repr(request)
+    assert "CANARY" not in repr(by_url)
+
+
+def test_refusal_writes_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    refusal({"model_name": "../../etc", "dataset": "!!", "instance_prompt": ""})
+
+    assert os.listdir(tmp_path) == []
+
+
+# --------------------------------------------------------------------------------------- model_name
+
+
+@pytest.mark.parametrize("name", ["../evil", "a/b", "a\\b", ".hidden", "-flag", "name\n", "a b"])
+def test_model_name_with_path_characters_is_refused(dataset_b64: str, name: str) -> None:
+    message = refusal(minimal(dataset_b64, model_name=name))
+
+    assert "input.model_name: use letters, digits, '.', '_' and '-' only" in message
+
+
+def test_model_name_with_double_dot_is_refused(dataset_b64: str) -> None:
+    assert "input.model_name: must not contain '..'" in refusal(minimal(dataset_b64, model_name="a..b"))
+
+
+def test_model_name_longer_than_64_is_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, model_name="m" * 65))
+
+    assert "input.model_name: String should have at most 64 characters" in message
+
+
+# --------------------------------------------------------------------------------- dataset, dataset_url
+
+
+def test_dataset_and_dataset_url_together_are_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, dataset_url="https://example.com/d.zip"))
+
+    assert "input.dataset, input.dataset_url: give exactly one of them" in message
+
+
+def test_neither_dataset_nor_dataset_url_is_refused() -> None:
+    message = refusal({"model_name": "m", "instance_prompt": "sks"})
+
+    assert "input.dataset, input.dataset_url: give exactly one of them" in message
+
+
+def test_empty_dataset_is_refused() -> None:
+    message = refusal(minimal("data:application/zip;base64,"))
+
+    assert "input.dataset: is empty" in message
+
+
+@pytest.mark.parametrize("url", ["ftp://example.com/d.zip", "file:///etc/passwd", "gopher://x/d.zip"])
+def test_dataset_url_other_than_http_is_refused(url: str) -> None:
+    message = refusal({"model_name": "m", "instance_prompt": "sks", "dataset_url": url})
+
+    assert "input.dataset_url: only http:// and https:// URLs are accepted" in message
+
+
+def test_dataset_url_with_credentials_is_refused() -> None:
+    message = refusal(
+        {"model_name": "m", "instance_prompt": "sks", "dataset_url": "https://user:pw@example.com/d.zip"}
+    )
+
+    assert "input.dataset_url: must not carry credentials" in message
+    assert "pw@" not in message
+
+
+# --------------------------------------------------------------------------------------- base_model
+
+
+@pytest.mark.parametrize(
+    "model", ["/runpod-volume/models/flux-dev", "black-forest-labs/FLUX.1-dev", TINY_MODEL_NAME]
+)
+def test_base_model_accepts_absolute_paths_hub_ids_and_the_tiny_model(dataset_b64: str, model: str) -> None:
+    assert parse_request(minimal(dataset_b64, base_model=model)).base_model == model
+
+
+@pytest.mark.parametrize("model", ["./models/flux", "flux", "~/flux", "org/../etc", "https://hf.co/x/y"])
+def test_base_model_relative_or_odd_is_refused(dataset_b64: str, model: str) -> None:
+    message = refusal(minimal(dataset_b64, base_model=model))
+
+    assert "input.base_model: expected an absolute local path" in message
+
+
+def test_base_model_absolute_path_with_parent_reference_is_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, base_model="/models/../etc/shadow"))
+
+    assert "input.base_model: must not contain '..'" in message
+
+
+# ------------------------------------------------------------------------------------- cross-field
+
+
+def test_prior_preservation_without_class_prompt_is_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, with_prior_preservation=True))
+
+    assert "input.class_prompt: required when input.with_prior_preservation is true" in message
+
+
+def test_lora_settings_with_full_training_are_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, lora_rank=8, lora_alpha=8.0))
+
+    assert "input.lora_rank, input.lora_alpha: only apply when input.training_type is 'lora'" in message
+
+
+def test_lora_settings_with_lora_training_are_accepted(dataset_b64: str) -> None:
+    request = parse_request(
+        minimal(dataset_b64, training_type="lora", lora_rank=8, lora_target_modules=["to_q", "to_k"])
+    )
+
+    assert request.lora_target_modules == ["to_q", "to_k"]
+
+
+def test_zero_stage_without_deepspeed_is_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, use_deepspeed=False, zero_stage=2))
+
+    assert "input.zero_stage: need input.use_deepspeed true" in message
+
+
+def test_offload_without_deepspeed_is_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, use_deepspeed=False, offload="cpu"))
+
+    assert "input.offload: need input.use_deepspeed true" in message
+
+
+def test_nvme_offload_below_stage_3_is_refused_saying_deepspeed_falls_back_to_ram(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, offload="nvme", zero_stage=2))
+
+    assert "input.offload, input.zero_stage: 'nvme' offload needs ZeRO stage 3" in message
+    assert "CPU RAM" in message
+
+
+def test_nvme_offload_at_stage_3_is_accepted(dataset_b64: str) -> None:
+    assert parse_request(minimal(dataset_b64, offload="nvme", zero_stage=3)).zero_stage == 3
+
+
+def test_warmup_longer_than_the_run_is_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, steps=100, lr_warmup_steps=101))
+
+    assert "input.lr_warmup_steps, input.steps: warmup (101) is longer than the run (100 steps)" in message
+
+
+def test_request_model_refuses_directly_too(dataset_b64: str) -> None:
+    with pytest.raises(ValueError, match="input.class_prompt: required"):
+        TrainingRequest.model_validate(minimal(dataset_b64, with_prior_preservation=True))
