@@ -1,0 +1,493 @@
+"""Where trained artifacts go: an S3-compatible bucket, or a local directory when no bucket is set.
+
+Both stores verify what they wrote (size and sha256) before reporting an artifact, and turn every
+storage fault into `FluxboothError(ErrorCode.UPLOAD_FAILED, ...)` with a message that says what
+to fix and never contains a credential.
+
+boto3 is imported inside `S3Store` only: it costs a few hundred milliseconds to import, and the
+handler's cold start should not pay for it when artifacts stay on local disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from urllib.parse import urlsplit
+
+from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.settings import BucketSettings, WorkerSettings
+
+if TYPE_CHECKING:
+    from boto3.s3.transfer import TransferConfig
+    from botocore.client import BaseClient
+
+logger = logging.getLogger(__name__)
+
+COPY_CHUNK_BYTES = 8 * 1024 * 1024
+MULTIPART_PART_BYTES = 64 * 1024 * 1024
+MULTIPART_CONCURRENCY = 4
+DEFAULT_TOTAL_ATTEMPTS = 6
+DEFAULT_CONNECT_TIMEOUT_SECONDS = 10.0
+DEFAULT_READ_TIMEOUT_SECONDS = 120.0
+# SigV4 presigned URLs are refused by S3 beyond seven days.
+MAX_PRESIGN_SECONDS = 7 * 24 * 3600
+UNUPLOADED_DIR_NAME = "fluxbooth-unuploaded"
+
+_CREDENTIAL_ERROR_CODES = frozenset(
+    {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "AuthorizationHeaderMalformed"}
+)
+_PERMISSION_ERROR_CODES = frozenset({"AccessDenied", "AllAccessDisabled", "AccountProblem"})
+_MISSING_BUCKET_ERROR_CODES = frozenset({"NoSuchBucket"})
+
+
+@dataclass(frozen=True)
+class StoredArtifact:
+    """One artifact as the result reports it."""
+
+    name: str
+    uri: str  # "s3://bucket/key" or "file:///abs/path"
+    url: str | None  # presigned GET URL for S3, None for local files
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, "uri": self.uri, "url": self.url, "bytes": self.bytes, "sha256": self.sha256}
+
+
+@runtime_checkable
+class ArtifactStore(Protocol):
+    def upload(self, local_path: Path, name: str, *, sha256: str) -> StoredArtifact: ...
+
+    def describe(self) -> str: ...
+
+
+def sha256_of_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(COPY_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def open_store(settings: WorkerSettings, model_name: str, job_id: str) -> ArtifactStore:
+    """The bucket when one is configured, else `<output_dir>/<model_name>/<job_id>/`."""
+    _check_path_segment(model_name, "model_name")
+    _check_path_segment(job_id, "job id")
+    if settings.bucket is not None:
+        key_prefix = "/".join(part for part in (settings.bucket.prefix.strip("/"), model_name, job_id) if part)
+        return S3Store(settings.bucket, key_prefix)
+    return LocalStore(settings.output_dir / model_name / job_id)
+
+
+def preserve_on_volume(paths: list[Path], volume_dir: Path, model_name: str, job_id: str) -> Path:
+    """Copy artifacts that could not be uploaded to `<volume>/fluxbooth-unuploaded/<model>/<job>/`.
+
+    Files keep their layout relative to their common folder, so sharded model folders stay loadable.
+    """
+    _check_path_segment(model_name, "model_name")
+    _check_path_segment(job_id, "job id")
+    destination = volume_dir / UNUPLOADED_DIR_NAME / model_name / job_id
+    files = _files_with_relative_names(paths)
+    needed_bytes = sum(source.stat().st_size for source, _ in files)
+    try:
+        destination.mkdir(parents=True, exist_ok=True)
+        free_bytes = shutil.disk_usage(destination).free
+        if free_bytes < needed_bytes:
+            raise OSError(
+                f"{_gib(needed_bytes)} needed but only {_gib(free_bytes)} free; free space on the volume"
+            )
+        for source, relative_name in files:
+            target = destination / relative_name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _copy_atomically(source, target)
+    except OSError as error:
+        raise FluxboothError(
+            ErrorCode.UPLOAD_FAILED,
+            f"the upload failed, and keeping the trained weights on the persistent volume at {destination} "
+            f"failed too: {_os_reason(error)}",
+        ) from error
+    logger.warning("kept %d unuploaded artifact file(s) at %s", len(files), destination)
+    return destination
+
+
+class S3Store:
+    """Uploads to `s3://<bucket>/<key_prefix>/<name>` on AWS S3 or any S3-compatible service.
+
+    Checksum headers are sent only where an operation requires them: boto3 >= 1.36 adds CRC32
+    headers to every upload by default, which Cloudflare R2, Backblaze B2 and older MinIO refuse.
+    Integrity comes instead from SigV4 payload signing (every request carries the SHA-256 of its body
+    in `x-amz-content-sha256`, which every S3-compatible service checks) and from reading the object
+    back afterwards (its size and the sha256 kept in its metadata).
+    """
+
+    def __init__(
+        self,
+        bucket: BucketSettings,
+        key_prefix: str,
+        *,
+        transfer_config: TransferConfig | None = None,
+        total_attempts: int = DEFAULT_TOTAL_ATTEMPTS,
+        connect_timeout_seconds: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
+        read_timeout_seconds: float = DEFAULT_READ_TIMEOUT_SECONDS,
+    ) -> None:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
+
+        self._bucket_settings = bucket
+        self._key_prefix = key_prefix.strip("/")
+        self._total_attempts = total_attempts
+        self._transfer_config = transfer_config or TransferConfig(
+            multipart_threshold=MULTIPART_PART_BYTES,
+            multipart_chunksize=MULTIPART_PART_BYTES,
+            max_concurrency=MULTIPART_CONCURRENCY,
+            use_threads=True,
+            # The CRT transfer client ignores the checksum policy below and always sends CRC32.
+            preferred_transfer_client="classic",
+        )
+        config = Config(
+            signature_version="s3v4",
+            region_name=bucket.region or None,
+            # botocore's `max_attempts` counts retries only; `total_max_attempts` includes the first try.
+            retries={"mode": "standard", "total_max_attempts": total_attempts},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            connect_timeout=connect_timeout_seconds,
+            read_timeout=read_timeout_seconds,
+            max_pool_connections=max(10, self._transfer_config.max_request_concurrency),
+            s3={
+                # S3-compatible services rarely have per-bucket DNS names.
+                "addressing_style": "path" if bucket.endpoint_url else "auto",
+                # Without checksum headers, the signed body hash is what guards each part in transit.
+                "payload_signing_enabled": True,
+            },
+        )
+        try:
+            # A private session: the worker's settings decide the credentials, not a host profile.
+            session = boto3.session.Session(
+                aws_access_key_id=bucket.access_key_id or None,
+                aws_secret_access_key=bucket.secret_access_key or None,
+                region_name=bucket.region or None,
+            )
+            self._client: BaseClient = session.client("s3", endpoint_url=bucket.endpoint_url or None, config=config)
+        except ValueError as error:
+            raise FluxboothError(
+                ErrorCode.UPLOAD_FAILED,
+                f"BUCKET_ENDPOINT_URL {_public_endpoint(bucket.endpoint_url)!r} is not a usable URL "
+                f"({type(error).__name__}); set it to the service's https:// address",
+            ) from error
+
+    @property
+    def client(self) -> BaseClient:
+        """The boto3 S3 client, for benchmarks and for tests that hook its events."""
+        return self._client
+
+    @property
+    def transfer_config(self) -> TransferConfig:
+        return self._transfer_config
+
+    def key_for(self, name: str) -> str:
+        _check_artifact_name(name)
+        return f"{self._key_prefix}/{name}" if self._key_prefix else name
+
+    def describe(self) -> str:
+        return f"s3://{self._bucket_settings.bucket}/{self._key_prefix}".rstrip("/")
+
+    def upload(self, local_path: Path, name: str, *, sha256: str) -> StoredArtifact:
+        key = self.key_for(name)
+        size = _existing_file_size(local_path, name)
+        _check_sha256(sha256)
+        bucket = self._bucket_settings.bucket
+        uri = f"s3://{bucket}/{key}"
+        try:
+            self._transfer(local_path, key, {"Metadata": {"sha256": sha256}})
+        except Exception as error:
+            if size >= self._transfer_config.multipart_threshold and not _is_connection_error(error):
+                self._abort_unfinished_multipart_uploads(key)
+            raise self._upload_error(error, uri) from error
+        try:
+            head = self._client.head_object(Bucket=bucket, Key=key)
+        except Exception as error:
+            raise self._upload_error(error, uri, doing="checking the uploaded object") from error
+        _verify_stored_object(uri, head, size, sha256)
+        logger.info("uploaded %s (%d bytes)", uri, size)
+        return StoredArtifact(name=name, uri=uri, url=self._presigned_url(key), bytes=size, sha256=sha256)
+
+    def _transfer(self, local_path: Path, key: str, extra_args: dict[str, object]) -> None:
+        # The transfer manager, unlike client.upload_file, raises the original botocore error
+        # (with its error code and retry count) instead of a flattened S3UploadFailedError.
+        from boto3.s3.transfer import create_transfer_manager
+
+        with create_transfer_manager(self._client, self._transfer_config) as manager:
+            future = manager.upload(str(local_path), self._bucket_settings.bucket, key, extra_args=extra_args)
+            future.result()
+
+    def _abort_unfinished_multipart_uploads(self, key: str) -> None:
+        """Second chance at removing parts: s3transfer aborts a failed upload, but that abort can fail too."""
+        bucket = self._bucket_settings.bucket
+        try:
+            listing = self._client.list_multipart_uploads(Bucket=bucket, Prefix=key)
+            for unfinished in listing.get("Uploads", []):
+                if unfinished.get("Key") == key:
+                    self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=unfinished["UploadId"])
+                    logger.warning("aborted unfinished multipart upload of s3://%s/%s", bucket, key)
+        except Exception as error:  # best effort: the upload error itself is what the caller needs
+            logger.warning(
+                "could not check s3://%s/%s for unfinished multipart uploads (%s); a bucket lifecycle rule "
+                "'AbortIncompleteMultipartUpload' removes leftover parts",
+                bucket,
+                key,
+                type(error).__name__,
+            )
+
+    def _presigned_url(self, key: str) -> str | None:
+        seconds = self._bucket_settings.presign_seconds
+        if seconds <= 0:
+            return None
+        return self._client.generate_presigned_url(
+            "get_object",
+            Params={"Bucket": self._bucket_settings.bucket, "Key": key},
+            ExpiresIn=min(seconds, MAX_PRESIGN_SECONDS),
+        )
+
+    def _upload_error(self, error: Exception, uri: str, *, doing: str = "uploading") -> FluxboothError:
+        reason = _describe_s3_failure(error, self._bucket_settings, self._total_attempts)
+        message = f"{doing} {uri} failed: {reason}"
+        return FluxboothError(ErrorCode.UPLOAD_FAILED, _without_secrets(message, self._bucket_settings))
+
+
+class LocalStore:
+    """Copies artifacts into a directory (the default when no bucket is configured)."""
+
+    def __init__(self, directory: Path) -> None:
+        self._directory = Path(directory).resolve()
+
+    @property
+    def directory(self) -> Path:
+        return self._directory
+
+    def describe(self) -> str:
+        return self._directory.as_uri()
+
+    def upload(self, local_path: Path, name: str, *, sha256: str) -> StoredArtifact:
+        _check_artifact_name(name)
+        _existing_file_size(local_path, name)
+        _check_sha256(sha256)
+        target = self._directory / name
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # `name` has no ".." segments, but a symlinked folder inside the directory could still lead out.
+            if not target.parent.resolve().is_relative_to(self._directory):
+                raise OSError(f"{target.parent} leads outside {self._directory}")
+            copied_bytes, copied_sha256 = _copy_atomically(source=local_path, target=target, expected_sha256=sha256)
+        except OSError as error:
+            raise FluxboothError(
+                ErrorCode.UPLOAD_FAILED,
+                f"writing artifact {name} to {self._directory} failed: {_os_reason(error)}; "
+                "check that FLUXBOOTH_OUTPUT_DIR is writable and has free space",
+            ) from error
+        except _ContentMismatch as mismatch:
+            raise FluxboothError(
+                ErrorCode.UPLOAD_FAILED,
+                f"artifact {name} changed while it was being stored: {mismatch}; nothing was written",
+            ) from mismatch
+        return StoredArtifact(name=name, uri=target.as_uri(), url=None, bytes=copied_bytes, sha256=copied_sha256)
+
+
+class _ContentMismatch(Exception):
+    pass
+
+
+def _copy_atomically(source: Path, target: Path, expected_sha256: str | None = None) -> tuple[int, str]:
+    """Copy through a temporary name in the target's folder, then rename, so readers never see half a file.
+
+    Hashing happens on the bytes as they are copied, so verification costs no second read.
+    """
+    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.partial")
+    digest = hashlib.sha256()
+    copied = 0
+    try:
+        with source.open("rb") as reader, temporary.open("xb") as writer:
+            while chunk := reader.read(COPY_CHUNK_BYTES):
+                digest.update(chunk)
+                writer.write(chunk)
+                copied += len(chunk)
+            writer.flush()
+            os.fsync(writer.fileno())
+        actual_sha256 = digest.hexdigest()
+        if expected_sha256 is not None and actual_sha256 != expected_sha256:
+            raise _ContentMismatch(f"sha256 of the copied bytes is {actual_sha256}, expected {expected_sha256}")
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return copied, actual_sha256
+
+
+def _files_with_relative_names(paths: list[Path]) -> list[tuple[Path, Path]]:
+    """Every file under `paths` (folders are walked), named relative to the paths' common folder."""
+    if not paths:
+        return []
+    absolute = [Path(path).absolute() for path in paths]
+    common = Path(os.path.commonpath([path.parent for path in absolute]))
+    files: list[tuple[Path, Path]] = []
+    for path in absolute:
+        if path.is_dir():
+            files.extend((file, file.relative_to(common)) for file in sorted(path.rglob("*")) if file.is_file())
+        else:
+            files.append((path, path.relative_to(common)))
+    return files
+
+
+def _check_artifact_name(name: str) -> None:
+    segments = name.split("/")
+    if not name or "\\" in name or "\x00" in name or any(segment in {"", ".", ".."} for segment in segments):
+        raise FluxboothError(
+            ErrorCode.INTERNAL,
+            f"artifact name {name[:200]!r} is not a relative path of plain segments "
+            "(like 'transformer/config.json'); fix the exporter that produced it",
+        )
+
+
+def _check_path_segment(value: str, what: str) -> None:
+    if not value or value in {".", ".."} or "/" in value or "\\" in value or "\x00" in value:
+        raise FluxboothError(
+            ErrorCode.INTERNAL, f"{what} {value[:200]!r} cannot be used as a folder or key segment"
+        )
+
+
+def _check_sha256(value: str) -> None:
+    if len(value) != 64 or any(character not in "0123456789abcdef" for character in value):
+        raise FluxboothError(
+            ErrorCode.INTERNAL, f"sha256 {value[:80]!r} is not 64 lowercase hex digits; pass hashlib's hexdigest()"
+        )
+
+
+def _existing_file_size(local_path: Path, name: str) -> int:
+    try:
+        if not local_path.is_file():
+            raise FileNotFoundError(f"{local_path} is not a file")
+        return local_path.stat().st_size
+    except OSError as error:
+        raise FluxboothError(
+            ErrorCode.INTERNAL, f"artifact {name} cannot be read from {local_path}: {_os_reason(error)}"
+        ) from error
+
+
+def _verify_stored_object(uri: str, head: dict[str, object], expected_bytes: int, expected_sha256: str) -> None:
+    stored_bytes = head.get("ContentLength")
+    metadata = head.get("Metadata") or {}
+    stored_sha256 = metadata.get("sha256") if isinstance(metadata, dict) else None
+    if stored_bytes != expected_bytes:
+        problem = f"the stored object has {stored_bytes} bytes, the local file {expected_bytes}"
+    elif stored_sha256 is None:
+        problem = "the stored object has no sha256 metadata (x-amz-meta-sha256); the service dropped it"
+    elif stored_sha256 != expected_sha256:
+        problem = f"the stored object's sha256 metadata is {stored_sha256}, the local file's {expected_sha256}"
+    else:
+        return
+    raise FluxboothError(
+        ErrorCode.UPLOAD_FAILED,
+        f"verifying {uri} after upload failed: {problem}. Another writer may have replaced it, or the "
+        "service altered it; run the job again, with a BUCKET_PREFIX of its own",
+    )
+
+
+def _is_connection_error(error: BaseException) -> bool:
+    from botocore.exceptions import ConnectionError as BotocoreConnectionError
+
+    return isinstance(error, BotocoreConnectionError)
+
+
+def _describe_s3_failure(error: BaseException, bucket: BucketSettings, total_attempts: int) -> str:
+    """Why the storage service failed, and what to change; never the service's raw response."""
+    from botocore.exceptions import (
+        ClientError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        PartialCredentialsError,
+        ReadTimeoutError,
+    )
+    from botocore.exceptions import ConnectionError as BotocoreConnectionError
+
+    endpoint = _public_endpoint(bucket.endpoint_url)
+    if isinstance(error, (NoCredentialsError, PartialCredentialsError)):
+        return "no credentials were found; set BUCKET_ACCESS_KEY_ID and BUCKET_SECRET_ACCESS_KEY"
+    if isinstance(error, ConnectTimeoutError):
+        return (
+            f"connecting to {endpoint} timed out after {total_attempts} attempts; check BUCKET_ENDPOINT_URL "
+            "and that the storage service is reachable from the worker"
+        )
+    if isinstance(error, ReadTimeoutError):
+        return (
+            f"{endpoint} stopped answering (read timeout) after {total_attempts} attempts; "
+            "the storage service is overloaded or down, retry the job later"
+        )
+    if isinstance(error, (EndpointConnectionError, BotocoreConnectionError)):
+        return (
+            f"cannot connect to the storage endpoint {endpoint} (connection refused or dropped) after "
+            f"{total_attempts} attempts; check BUCKET_ENDPOINT_URL and that the service is up"
+        )
+    if isinstance(error, ClientError):
+        details = error.response.get("Error", {})
+        code = str(details.get("Code", "unknown"))
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        attempts = error.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) + 1
+        if code in _CREDENTIAL_ERROR_CODES:
+            return (
+                f"the storage service rejected the credentials ({code}); check BUCKET_ACCESS_KEY_ID and "
+                "BUCKET_SECRET_ACCESS_KEY"
+            )
+        if code in _PERMISSION_ERROR_CODES or status == 403:
+            return (
+                f"access denied to bucket {bucket.bucket!r} ({code}); give the key in BUCKET_ACCESS_KEY_ID "
+                "permission to put, get and list objects and multipart uploads in it"
+            )
+        if code in _MISSING_BUCKET_ERROR_CODES:
+            return f"bucket {bucket.bucket!r} does not exist at {endpoint}; create it, or fix BUCKET_NAME"
+        if code in {"NoSuchKey", "404"}:
+            return (
+                "the object is missing right after the upload; another writer may have deleted it, "
+                "run the job again"
+            )
+        if isinstance(status, int) and (status >= 500 or status == 429 or code in {"SlowDown", "Throttling"}):
+            return (
+                f"the storage service kept answering HTTP {status} ({code}) after {attempts} attempts; "
+                "it is overloaded or down, retry the job later"
+            )
+        return f"the storage service refused the request: HTTP {status} ({code})"
+    if isinstance(error, OSError):
+        return f"reading the local file failed: {_os_reason(error)}"
+    return f"{type(error).__name__}: {error}"
+
+
+def _public_endpoint(endpoint_url: str | None) -> str:
+    """The endpoint without any user:password part, for messages."""
+    if not endpoint_url:
+        return "AWS S3"
+    parts = urlsplit(endpoint_url)
+    # netloc may carry "user:password@"; keep only what follows it.
+    host_and_port = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{host_and_port}{parts.path}" if parts.scheme else endpoint_url.rpartition("@")[2]
+
+
+def _without_secrets(message: str, bucket: BucketSettings) -> str:
+    for secret in (bucket.secret_access_key, bucket.access_key_id):
+        if secret:
+            message = message.replace(secret, "[redacted]")
+    return message
+
+
+def _os_reason(error: OSError) -> str:
+    return error.strerror or str(error) or type(error).__name__
+
+
+def _gib(byte_count: int) -> str:
+    return f"{byte_count / 1024**3:.2f} GiB"
