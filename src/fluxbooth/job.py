@@ -193,7 +193,7 @@ async def _run(
 
     reporter.stage("train", total=request.steps)
     outcome = await run_trainer(
-        trainer_command(files, plan, hardware.cpu_count),
+        trainer_command(files, plan, hardware.cpu_count, settings.trainer_module),
         env=env,
         cwd=job_dir,
         deadline_seconds=trainer_deadline,
@@ -258,11 +258,15 @@ async def run_job(
         shutil.rmtree(job_dir, ignore_errors=True)
 
 
+# A SigV4 presigned URL must carry the access key ID (never the secret): masking it would break the URL.
+UNREDACTED_KEYS = frozenset({"url"})
+
+
 def _redact_tree(value: Any, redact: Redactor) -> Any:
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, list):
         return [_redact_tree(item, redact) for item in value]
     if isinstance(value, dict):
-        return {key: _redact_tree(item, redact) for key, item in value.items()}
+        return {key: item if key in UNREDACTED_KEYS else _redact_tree(item, redact) for key, item in value.items()}
     return value

@@ -75,7 +75,9 @@ class TrainerOutcome:
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
-def trainer_command(files: LaunchFiles, plan: Plan, cpu_count: int) -> list[str]:
+def trainer_command(
+    files: LaunchFiles, plan: Plan, cpu_count: int, trainer_module: str = "fluxbooth.train"
+) -> list[str]:
     """`accelerate launch` of the trainer module with exactly the files the worker wrote."""
     return [
         sys.executable,
@@ -86,7 +88,7 @@ def trainer_command(files: LaunchFiles, plan: Plan, cpu_count: int) -> list[str]
         "--num_cpu_threads_per_process",
         str(threads_per_process(plan, cpu_count)),
         "-m",
-        "fluxbooth.train",
+        trainer_module,
         "--config",
         str(files.trainer_config),
     ]

@@ -77,6 +77,9 @@ class WorkerSettings:
     bucket: BucketSettings | None
     job_deadline_seconds: int
     volume_dir: Path | None
+    # The module `accelerate launch` runs. Replaceable so a deployment can ship its own trainer
+    # (and tests can launch fault-injecting ones) through the very same launcher.
+    trainer_module: str = "fluxbooth.train"
     dataset_limits: DatasetLimits = field(default_factory=DatasetLimits)
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
 
@@ -122,6 +125,7 @@ class WorkerSettings:
             bucket=bucket,
             job_deadline_seconds=_int(env, "FLUXBOOTH_JOB_DEADLINE_SECONDS", 3300),
             volume_dir=Path(volume) if volume and Path(volume).is_dir() else None,
+            trainer_module=env.get("FLUXBOOTH_TRAINER_MODULE") or "fluxbooth.train",
             dataset_limits=limits,
             environ=env,
         )

@@ -1,0 +1,50 @@
+"""Shared test setup: the S3 server fixtures, and one DeepSpeed op-build cache for every trainer run."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["tests.s3server"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def default_torch_extensions_dir() -> Path:
+    # Outside any temporary directory on purpose: building DeepSpeed's CPU ops takes minutes,
+    # and CI reuses this cache between runs on the same machine.
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cache_home / "fluxbooth" / "torch_extensions")
+
+
+@pytest.fixture(scope="session")
+def torch_extensions_dir() -> Path:
+    path = default_torch_extensions_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def model_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache (the tiny model) for the whole session, so it is built once."""
+    return tmp_path_factory.mktemp("fluxbooth-cache")
+
+
+@pytest.fixture
+def worker_env(tmp_path: Path, model_cache_dir: Path, torch_extensions_dir: Path) -> Iterator[dict[str, str]]:
+    """A clean environment for a worker (in-process or subprocess) that writes only under tmp_path."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+        "FLUXBOOTH_WORK_DIR": str(tmp_path / "work"),
+        "FLUXBOOTH_OUTPUT_DIR": str(tmp_path / "outputs"),
+        "FLUXBOOTH_CACHE_DIR": str(model_cache_dir),
+        "FLUXBOOTH_VOLUME_DIR": str(tmp_path / "no-volume"),
+        "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    yield env
