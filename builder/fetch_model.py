@@ -1,0 +1,37 @@
+"""Bake a base model into the image at build time: `python builder/fetch_model.py REPO_ID TARGET_DIR`.
+
+Gated models (FLUX.1-dev) need HF_TOKEN, passed as a build secret, never as a build arg, so it is
+not stored in an image layer. Only the diffusers components the trainer uses are fetched.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+COMPONENT_PATTERNS = [
+    "model_index.json",
+    "scheduler/*",
+    "transformer/*",
+    "vae/*",
+    "text_encoder/*",
+    "text_encoder_2/*",
+    "tokenizer/*",
+    "tokenizer_2/*",
+]
+
+
+def fetch(repo_id: str, target: Path) -> Path:
+    from huggingface_hub import snapshot_download
+
+    token_file = Path("/run/secrets/hf_token")
+    token = token_file.read_text().strip() if token_file.is_file() else os.environ.get("HF_TOKEN")
+    snapshot_download(repo_id, local_dir=target, allow_patterns=COMPONENT_PATTERNS, token=token)
+    return target
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: fetch_model.py REPO_ID TARGET_DIR")
+    print(fetch(sys.argv[1], Path(sys.argv[2])))
