@@ -76,7 +76,7 @@ MAX_REDIRECTS = 5
 # A server that trickles bytes can stay under the idle timeout forever; the whole download gets this
 # many idle timeouts in total unless the caller says otherwise.
 TOTAL_TIMEOUT_FACTOR = 30
-PNG_COMPRESS_LEVEL = 1  # the trainer reads each file once; level 1 is several times faster than 6
+PNG_COMPRESS_LEVEL = 0  # stored, not deflated: the trainer reads each file once, and deflate was 80 % of preparation time (bench/overhead.py)
 WHITE = (255, 255, 255)
 
 _DATA_URI_PREFIX = re.compile(rb"^data:[^,]{0,200};base64,", re.IGNORECASE)
