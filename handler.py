@@ -3,21 +3,30 @@
 `python handler.py` starts the worker; the runpod SDK's local modes work as documented:
 `python handler.py --test_input "$(cat test_input.json)"` and `python handler.py --rp_serve_api`.
 This process never imports torch: the trainer runs in a subprocess.
+
+The handler is async so the SDK can stop one job: it cancels the handler's task, `run_job` kills the
+trainer's whole process tree and removes the job directory, and the CancelledError goes back up to
+the SDK, as it requires. Every other ending is a result or an error dict, never an exception (the
+SDK would send the traceback to the caller).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import IO, Any
 
 import runpod
 
-from fluxbooth.job import run_job
+from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.job import ProgressSink, run_job
+from fluxbooth.launch import Redactor
 from fluxbooth.settings import WorkerSettings
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-def progress_sink_for(job: dict[str, Any]) -> Any:
+
+def progress_sink_for(job: dict[str, Any]) -> ProgressSink:
     """RunPod's progress_update only has somewhere to go on RunPod itself; locally we just log."""
     if not os.environ.get("RUNPOD_WEBHOOK_POST_OUTPUT"):
         return lambda payload: logging.getLogger("fluxbooth.progress").info("progress %s", payload)
@@ -25,12 +34,13 @@ def progress_sink_for(job: dict[str, Any]) -> Any:
 
 
 async def handler(job: dict[str, Any]) -> dict[str, Any]:
-    return await run_job(
-        job.get("input"),
-        job_id=job.get("id"),
-        settings=WorkerSettings.from_environ(),
-        progress=progress_sink_for(job),
-    )
+    try:
+        settings = WorkerSettings.from_environ()
+    except ValueError as error:
+        return FluxboothError(
+            ErrorCode.INTERNAL, f"worker configuration: {error}; fix the endpoint's environment variables"
+        ).to_result()
+    return await run_job(job.get("input"), job_id=job.get("id"), settings=settings, progress=progress_sink_for(job))
 
 
 def one_job_at_a_time(current_concurrency: int) -> int:
@@ -38,6 +48,36 @@ def one_job_at_a_time(current_concurrency: int) -> int:
     return 1
 
 
+def worker_config() -> dict[str, Any]:
+    """What `runpod.serverless.start` gets."""
+    return {"handler": handler, "concurrency_modifier": one_job_at_a_time}
+
+
+class RedactingFilter(logging.Filter):
+    """Masks secret values in every record a handler writes, third-party libraries' included:
+    botocore's DEBUG log prints the SigV4 Authorization header, which names the access key ID."""
+
+    def __init__(self, redact: Redactor) -> None:
+        super().__init__()
+        self._redact = redact
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = self._redact(record.getMessage())
+        record.args = None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self._redact(record.exc_text)
+        return True
+
+
+def configure_logging(settings: WorkerSettings, stream: IO[str] | None = None, level: int = logging.INFO) -> None:
+    output = logging.StreamHandler(stream)
+    output.setFormatter(logging.Formatter(LOG_FORMAT))
+    output.addFilter(RedactingFilter(Redactor(settings.secret_values)))
+    logging.basicConfig(level=level, handlers=[output], force=True)
+
+
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    runpod.serverless.start({"handler": handler, "concurrency_modifier": one_job_at_a_time})
+    configure_logging(WorkerSettings.from_environ())
+    runpod.serverless.start(worker_config())

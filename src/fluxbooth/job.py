@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -17,15 +18,18 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fluxbooth.configs import child_environment, trainer_config_for, write_launch_files
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.export import LocalArtifact, collect_artifacts
+from fluxbooth.hardware import format_bytes, free_disk_bytes
 from fluxbooth.launch import Redactor, classify_outcome, run_trainer, trainer_command
+from fluxbooth.plan import Plan
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
 
 ProgressSink = Callable[[dict[str, Any]], None]
+Result = TypeVar("Result")
 PROGRESS_MIN_INTERVAL_SECONDS = 2.0
 TINY_BUILD_TIMEOUT_SECONDS = 600
 
@@ -118,6 +122,62 @@ def _elapsed(since: float) -> float:
     return round(time.monotonic() - since, 3)
 
 
+async def _in_thread(function: Callable[..., Result], *args: Any) -> Result:
+    """Blocking work (model build, downloads, image decoding, hashing, uploads) runs in a thread, so the
+    event loop keeps serving the runpod SDK's job-stop channel. When the job is cancelled meanwhile,
+    the thread is waited for before re-raising: it writes into the job directory, which goes next."""
+    work = asyncio.ensure_future(asyncio.to_thread(function, *args))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await asyncio.wait([work])
+        raise
+
+
+def _fresh_job_dir(settings: WorkerSettings, safe_id: str) -> Path:
+    """`<work_root>/job-<id>`, not yet created; a retried job id never reuses a previous attempt's files."""
+    job_dir = settings.work_root / f"job-{safe_id}"
+    try:
+        settings.work_root.mkdir(parents=True, exist_ok=True)
+        if job_dir.exists():
+            shutil.rmtree(job_dir)
+    except OSError as error:
+        raise FluxboothError(
+            ErrorCode.INTERNAL,
+            f"the work directory {settings.work_root} cannot be used ({error.strerror or error}); "
+            "set FLUXBOOTH_WORK_DIR to a writable directory",
+        ) from error
+    return job_dir
+
+
+def _filesystem_free_bytes(paths: list[Path]) -> int:
+    """Free bytes summed over the distinct filesystems holding `paths` (or their nearest existing parents)."""
+    free_by_device: dict[int, int] = {}
+    for path in paths:
+        existing = path.absolute()
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        free_by_device[os.stat(existing).st_dev] = free_disk_bytes(existing)
+    return sum(free_by_device.values())
+
+
+def ensure_disk_for_training(plan: Plan, work_root: Path) -> None:
+    """The planner checked the disk before the dataset was unpacked; the dataset now takes its share, so
+    check again, right before training, against what the trainer will write (caches, checkpoints,
+    exported weights, offload swap)."""
+    places = [work_root] + ([Path(plan.nvme_path)] if plan.nvme_path else [])
+    free = _filesystem_free_bytes(places)
+    if plan.predicted_disk_bytes > free:
+        where = " and ".join(str(place) for place in places)
+        raise FluxboothError(
+            ErrorCode.DOES_NOT_FIT,
+            f"disk: training needs about {format_bytes(plan.predicted_disk_bytes)} (caches, checkpoints and the "
+            f"exported weights) but only {format_bytes(free)} are free under {where}; free disk space or "
+            "give the worker a bigger volume (FLUXBOOTH_WORK_DIR)",
+            details={"needed_bytes": plan.predicted_disk_bytes, "free_bytes": free},
+        )
+
+
 def _upload_all(
     artifacts: list[LocalArtifact], settings: WorkerSettings, model_name: str, job_id: str
 ) -> list[dict[str, Any]]:
@@ -161,17 +221,18 @@ async def _run(
     deadline = float(request.timeout_seconds or settings.job_deadline_seconds)
 
     reporter.stage("plan")
-    base_model = resolve_base_model(request.base_model, settings)
+    base_model = await _in_thread(resolve_base_model, request.base_model, settings)
     job_dir.mkdir(parents=True, exist_ok=False)
-    hardware = probe_hardware(job_dir, settings.environ)
-    plan = choose_plan(request, hardware, model_size(base_model))
+    hardware = await _in_thread(probe_hardware, job_dir, settings.environ)
+    plan = choose_plan(request, hardware, model_size(base_model), deadline_seconds=deadline)
     warnings.extend(plan.warnings)
     seconds["plan"] = _elapsed(started)
 
     reporter.stage("dataset")
     stage_started = time.monotonic()
-    dataset = prepare_dataset(request, job_dir, settings.dataset_limits)
+    dataset = await _in_thread(prepare_dataset, request, job_dir, settings.dataset_limits)
     seconds["dataset"] = _elapsed(stage_started)
+    ensure_disk_for_training(plan, settings.work_root)
 
     trainer = trainer_config_for(
         request, plan, base_model=base_model, instance_dir=dataset.instance_dir,
@@ -202,15 +263,15 @@ async def _run(
         log_path=job_dir / "trainer.log",
     )
     seconds["train"] = round(outcome.seconds, 3)
-    failure = classify_outcome(outcome, plan, trainer_deadline)
+    failure = classify_outcome(outcome, plan, deadline)
     if failure is not None:
         raise failure
     assert outcome.done is not None
 
     reporter.stage("upload")
     stage_started = time.monotonic()
-    artifacts = collect_artifacts(Path(trainer.output_dir), outcome.done.get("artifacts", []))
-    stored = _upload_all(artifacts, settings, request.model_name, job_id)
+    artifacts = await _in_thread(collect_artifacts, Path(trainer.output_dir), outcome.done.get("artifacts", []))
+    stored = await _in_thread(_upload_all, artifacts, settings, request.model_name, job_id)
     seconds["upload"] = _elapsed(stage_started)
     seconds["total"] = _elapsed(started)
 
@@ -235,12 +296,10 @@ async def run_job(
 ) -> dict[str, Any]:
     """Run one job and return the result or error dict. Raises only `asyncio.CancelledError`."""
     safe_id = safe_job_id(job_id)
-    job_dir = settings.work_root / f"job-{safe_id}"
+    job_dir: Path | None = None
     redact = Redactor(settings.secret_values)
     try:
-        settings.work_root.mkdir(parents=True, exist_ok=True)
-        if job_dir.exists():  # a retried job id: never reuse a previous attempt's files
-            shutil.rmtree(job_dir)
+        job_dir = _fresh_job_dir(settings, safe_id)
         result = await _run(job_input, safe_id, settings, ProgressReporter(progress), job_dir)
         return _redact_tree(result, redact)
     except FluxboothError as error:
@@ -255,7 +314,8 @@ async def run_job(
             ErrorCode.INTERNAL, redact(f"internal error ({type(error).__name__}): {error}")
         ).to_result()
     finally:
-        shutil.rmtree(job_dir, ignore_errors=True)
+        if job_dir is not None:
+            shutil.rmtree(job_dir, ignore_errors=True)
 
 
 # A SigV4 presigned URL must carry the access key ID (never the secret): masking it would break the URL.

@@ -67,6 +67,13 @@ class TrainerConfig:
     validation_prompts: tuple[str, ...] = ()
     export_formats: tuple[str, ...] = ("diffusers",)
     max_sequence_length: int = 512
+    # Added by the trainer (defaults keep older train.json files valid):
+    ema_decay: float | None = None  # keep an EMA of the trained weights on the CPU and export it too
+    validation_inference_steps: int = 28
+    validation_guidance_scale: float = 3.5
+    class_image_inference_steps: int = 28  # prior preservation: steps per generated class image
+    max_shard_size: str = "5GB"  # safetensors shard size of the exported transformer
+    checkpoints_keep: int = 2  # local checkpoint-N folders kept (older ones are deleted once uploaded)
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))

@@ -1,0 +1,299 @@
+"""Predicted vs measured host-RAM peak on the CPU, for every strategy that runs on DeepSpeed's CPU
+accelerator, through the real path: the worker's config files, `accelerate launch`, the trainer.
+
+Two models, both FLUX.1 architecture with random weights, built here (no download):
+- `tiny`: fluxbooth.tiny's pipeline (135 k transformer parameters) — the process baseline dominates;
+- `scaled`: the same encoders and VAE with a wider, deeper transformer (about 70 M parameters),
+  so the model states the planner predicts (weights, fp32 master, Adam, gradients) are a large
+  part of the peak.
+
+The measured peak is the largest sum of proportional set sizes (PSS: resident memory with pages
+shared between processes, such as torch's libraries, counted once) over the launched process tree
+(`accelerate launch` and the trainer it starts), sampled every 20 ms. The predicted number is
+`Plan.predicted_host_bytes`, which covers the same two processes.
+
+Usage: python bench/memory.py [--models tiny,scaled] [--steps 3] [--write bench/RESULTS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from fluxbooth.configs import child_environment, trainer_config_for, write_launch_files
+from fluxbooth.hardware import format_bytes, probe_hardware
+from fluxbooth.launch import trainer_command
+from fluxbooth.modelsize import model_size
+from fluxbooth.plan import Strategy, plan_for_strategy
+from fluxbooth.request import parse_request
+
+SECTION_BEGIN = "<!-- memory:begin -->"
+SECTION_END = "<!-- memory:end -->"
+SAMPLE_SECONDS = 0.02
+RUN_TIMEOUT_SECONDS = 900
+
+# The scaled transformer: FLUX.1's head dim and block types, 4 heads, 4 + 8 blocks.
+SCALED_TRANSFORMER = {
+    "num_layers": 4,
+    "num_single_layers": 8,
+    "attention_head_dim": 128,
+    "num_attention_heads": 4,
+    "axes_dims_rope": [16, 56, 56],
+}
+
+STRATEGIES = (
+    Strategy("full", False, 0, "none", "none"),
+    Strategy("full", True, 2, "none", "none"),
+    Strategy("full", True, 2, "cpu", "none"),
+    Strategy("full", True, 3, "none", "none"),
+    Strategy("full", True, 3, "cpu", "none"),
+    Strategy("full", True, 3, "cpu", "cpu"),
+    Strategy("lora", True, 2, "cpu", "none"),
+    Strategy("lora", True, 3, "cpu", "cpu"),
+)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    model: str
+    strategy: Strategy
+    resolution: int
+    predicted_bytes: int
+    measured_bytes: int
+    largest_process_bytes: int
+    seconds: float
+    returncode: int
+    log_tail: str
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_bytes - self.measured_bytes) / self.measured_bytes
+
+
+def build_models(root: Path) -> dict[str, Path]:
+    import torch
+    from diffusers import FluxTransformer2DModel
+
+    from fluxbooth.tiny import TRANSFORMER_CONFIG, build_tiny_pipeline
+
+    tiny = build_tiny_pipeline(root / "tiny")
+    scaled = root / "scaled"
+    if not (scaled / "transformer" / "config.json").is_file():
+        staging = root / "scaled.building"
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(tiny, staging)
+        shutil.rmtree(staging / "transformer")
+        torch.manual_seed(0)
+        FluxTransformer2DModel(**{**TRANSFORMER_CONFIG, **SCALED_TRANSFORMER}).save_pretrained(staging / "transformer")
+        staging.rename(scaled)
+    return {"tiny": tiny, "scaled": scaled}
+
+
+def make_images(folder: Path, count: int, side: int) -> None:
+    import numpy as np
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    generator = np.random.default_rng(0)
+    for index in range(count):
+        pixels = generator.integers(0, 256, size=(side, side, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"image_{index}.png")
+
+
+class TreeSampler:
+    """Samples the summed RSS of a process and all its descendants until stopped."""
+
+    def __init__(self, pid: int) -> None:
+        self._root = psutil.Process(pid)
+        self.peak = 0
+        self.largest = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> TreeSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                processes = [self._root, *self._root.children(recursive=True)]
+            except psutil.Error:
+                return
+            sizes = []
+            for process in processes:
+                try:
+                    # PSS: shared library pages (torch is mapped by both processes) count once in the sum.
+                    sizes.append(process.memory_full_info().pss)
+                except psutil.Error:
+                    continue
+            if sizes:
+                self.peak = max(self.peak, sum(sizes))
+                self.largest = max(self.largest, max(sizes))
+            time.sleep(SAMPLE_SECONDS)
+
+
+def run_one(model_name: str, model_dir: Path, strategy: Strategy, resolution: int, steps: int, work: Path) -> Measurement:
+    job_dir = work / f"{model_name}-{strategy.training_type}-z{strategy.zero_stage}-{strategy.offload_optimizer}-{strategy.offload_param}"
+    shutil.rmtree(job_dir, ignore_errors=True)
+    instance_dir = job_dir / "data" / "instance"
+    make_images(instance_dir, 4, resolution)
+    request = parse_request(
+        {
+            "model_name": "bench",
+            "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==",
+            "instance_prompt": "a photo of sks dog",
+            "resolution": resolution,
+            "steps": steps,
+            "training_type": strategy.training_type,
+            "use_deepspeed": strategy.use_deepspeed,
+            **({"lora_rank": 4} if strategy.training_type == "lora" else {}),
+        }
+    )
+    hardware = probe_hardware(job_dir, {"PATH": os.environ.get("PATH", "")})
+    plan = plan_for_strategy(strategy, request, hardware, model_size(str(model_dir)))
+    trainer = trainer_config_for(
+        request, plan, base_model=str(model_dir), instance_dir=instance_dir, class_dir=None, job_dir=job_dir
+    )
+    files = write_launch_files(job_dir, plan, trainer)
+    extensions = Path(
+        os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "fluxbooth" / "torch_extensions"
+    )
+    env = child_environment(plan, os.environ, cpu_count=hardware.cpu_count, torch_extensions_dir=extensions)
+    command = trainer_command(files, plan, hardware.cpu_count)
+    started = time.monotonic()
+    with (job_dir / "trainer.log").open("w") as log:
+        process = subprocess.Popen(
+            command, cwd=job_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        with TreeSampler(process.pid) as sampler:
+            try:
+                returncode = process.wait(timeout=RUN_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, 9)
+                returncode = process.wait()
+    lines = (job_dir / "trainer.log").read_text(errors="replace").splitlines()
+    return Measurement(
+        model=model_name,
+        strategy=strategy,
+        resolution=resolution,
+        predicted_bytes=plan.predicted_host_bytes,
+        measured_bytes=sampler.peak,
+        largest_process_bytes=sampler.largest,
+        seconds=time.monotonic() - started,
+        returncode=returncode,
+        log_tail="\n".join(lines[-5:]),
+    )
+
+
+def describe(strategy: Strategy) -> str:
+    if not strategy.use_deepspeed:
+        return f"{strategy.training_type}, no DeepSpeed"
+    return f"{strategy.training_type}, ZeRO-{strategy.zero_stage}, offload {strategy.offload_optimizer}/{strategy.offload_param}"
+
+
+def section(measurements: list[Measurement], sizes: dict[str, Any]) -> str:
+    import torch
+
+    machine = (
+        f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, "
+        f"{format_bytes(psutil.virtual_memory().total)} RAM, torch {torch.__version__}, no GPU"
+    )
+    lines = [
+        SECTION_BEGIN,
+        "### Host RAM on the CPU: predicted vs measured (bench/memory.py)",
+        "",
+        f"Machine: {machine}. Real `accelerate launch` of the trainer (DeepSpeed CPU accelerator, bf16, "
+        "gradient checkpointing), measured = peak summed PSS of the launcher and trainer processes "
+        "(20 ms sampling), predicted = `Plan.predicted_host_bytes`.",
+        "",
+        "| model | transformer params | strategy | resolution | predicted | measured | error | exit |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for item in measurements:
+        lines.append(
+            f"| {item.model} | {sizes[item.model]:,} | {describe(item.strategy)} | {item.resolution}² | "
+            f"{format_bytes(item.predicted_bytes)} | {format_bytes(item.measured_bytes)} | "
+            f"{item.error * 100:+.1f} % | {item.returncode} |"
+        )
+    ok = [item for item in measurements if item.returncode == 0]
+    if ok:
+        worst = max(ok, key=lambda item: abs(item.error))
+        lines += ["", f"Largest error over the runs that finished: {worst.error * 100:+.1f} % ({worst.model}, {describe(worst.strategy)})."]
+    lines += [
+        "",
+        "GPU rows (full-size FLUX.1 with random weights at 512² and 1024², emulated 8/16/24 GiB cards, "
+        "the cost of CUDA_LAUNCH_BLOCKING / PYTORCH_NO_CUDA_MEMORY_CACHING): not measured — no GPU was "
+        "available to this work. The GPU column of `python -m fluxbooth plan` is a prediction only.",
+        SECTION_END,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="tiny,scaled")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "fluxbooth-bench-memory")
+    parser.add_argument("--only", default=None, help="comma-separated indices into the strategy list")
+    parser.add_argument("--write", type=Path, help="replace the memory section of this markdown file")
+    arguments = parser.parse_args()
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    arguments.work_dir.mkdir(parents=True, exist_ok=True)
+    models = build_models(arguments.work_dir / "models")
+    resolutions = {"tiny": 64, "scaled": 256}
+    strategies = STRATEGIES
+    if arguments.only:
+        strategies = tuple(STRATEGIES[int(index)] for index in arguments.only.split(","))
+    measurements = []
+    sizes = {}
+    for name in arguments.models.split(","):
+        sizes[name] = model_size(str(models[name])).transformer_params
+        for strategy in strategies:
+            item = run_one(name, models[name], strategy, resolutions[name], arguments.steps, arguments.work_dir / "jobs")
+            measurements.append(item)
+            print(
+                json.dumps(
+                    {
+                        "model": name,
+                        "strategy": describe(strategy),
+                        "predicted": item.predicted_bytes,
+                        "measured": item.measured_bytes,
+                        "largest_process": item.largest_process_bytes,
+                        "error_percent": round(item.error * 100, 1),
+                        "seconds": round(item.seconds, 1),
+                        "exit": item.returncode,
+                    }
+                ),
+                flush=True,
+            )
+            if item.returncode != 0:
+                print(item.log_tail, file=sys.stderr, flush=True)
+    text = section(measurements, sizes)
+    print(text)
+    if arguments.write:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from activations import replace_section
+
+        replace_section(arguments.write, SECTION_BEGIN, SECTION_END, text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,489 @@
+"""What this worker really has: GPUs, the host memory the container may use, CPUs, disk.
+
+No torch: GPUs are read with `nvidia-smi` (the handler process must stay light, and torch
+would create a CUDA context). Host memory honours cgroup v1 and v2 limits, because
+/proc/meminfo shows the whole host, not the container. Every reader takes the filesystem
+root as an argument so tests can build /proc and /sys trees in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+GIB = 1024**3
+MIB = 1024**2
+
+# cgroup v1 reports "no limit" as a page-aligned huge number; anything above this is no limit.
+_CGROUP_V1_UNLIMITED = 1 << 60
+_NVIDIA_SMI_QUERY = "index,name,memory.total,memory.free,compute_cap"
+_NVIDIA_SMI_TIMEOUT_SECONDS = 20
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    total_bytes: int
+    free_bytes: int
+    compute_capability: tuple[int, int] | None
+
+    @property
+    def bf16_supported(self) -> bool:
+        # bf16 tensor cores arrived with Ampere (sm_80); older cards emulate it slowly or not at all.
+        return self.compute_capability is not None and self.compute_capability >= (8, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["compute_capability"] = (
+            f"{self.compute_capability[0]}.{self.compute_capability[1]}" if self.compute_capability else None
+        )
+        data["bf16_supported"] = self.bf16_supported
+        return data
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The machine as the planner sees it. `source` is "probe" or "hypothetical" (CLI flags)."""
+
+    gpus: tuple[GpuInfo, ...]
+    host_total_bytes: int
+    host_available_bytes: int
+    cpu_count: int
+    work_dir: str
+    disk_free_bytes: int
+    nvme_path: str | None = None
+    nvme_free_bytes: int | None = None
+    cgroup_memory_limit_bytes: int | None = None
+    source: str = "probe"
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def accelerator(self) -> str:
+        return "cuda" if self.gpus else "cpu"
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def gpu_memory_bytes(self) -> int:
+        """Per-GPU memory a plan may use: the smallest card decides (0 without a GPU)."""
+        return min((gpu.total_bytes for gpu in self.gpus), default=0)
+
+    @property
+    def gpu_free_bytes(self) -> int:
+        return min((gpu.free_bytes for gpu in self.gpus), default=0)
+
+    @property
+    def bf16_supported(self) -> bool:
+        return bool(self.gpus) and all(gpu.bf16_supported for gpu in self.gpus)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "accelerator": self.accelerator,
+            "gpus": [gpu.to_dict() for gpu in self.gpus],
+            "host_total_bytes": self.host_total_bytes,
+            "host_available_bytes": self.host_available_bytes,
+            "cgroup_memory_limit_bytes": self.cgroup_memory_limit_bytes,
+            "cpu_count": self.cpu_count,
+            "work_dir": self.work_dir,
+            "disk_free_bytes": self.disk_free_bytes,
+            "nvme_path": self.nvme_path,
+            "nvme_free_bytes": self.nvme_free_bytes,
+            "notes": list(self.notes),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Byte sizes as people write them
+# ---------------------------------------------------------------------------------------------
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """"8GiB", "80 GB", "512MiB", "1.5TiB", "1234" → bytes. Raises ValueError with the text."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"{text!r} is not a size; write it like 8GiB, 80GB or 512MiB")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def format_bytes(count: int | float) -> str:
+    """Bytes for people, binary units: 23807475712 → "22.2 GiB"."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+# ---------------------------------------------------------------------------------------------
+# GPUs
+# ---------------------------------------------------------------------------------------------
+
+
+def _visible_indices(environ: Mapping[str, str]) -> set[str] | None:
+    """CUDA_VISIBLE_DEVICES as a set of indices or UUIDs; None when every GPU is visible."""
+    raw = environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    return {item.strip() for item in raw.split(",") if item.strip() and item.strip() != "-1"}
+
+
+def parse_nvidia_smi_csv(text: str) -> list[GpuInfo]:
+    """Rows of `nvidia-smi --query-gpu=index,name,memory.total,memory.free,compute_cap
+    --format=csv,noheader,nounits` (memory in MiB)."""
+    gpus = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) < 4:
+            continue
+        index, name, total, free = parts[:4]
+        capability = None
+        if len(parts) >= 5 and re.fullmatch(r"\d+\.\d+", parts[4]):
+            major, minor = parts[4].split(".")
+            capability = (int(major), int(minor))
+        try:
+            gpus.append(
+                GpuInfo(
+                    index=int(index),
+                    name=name,
+                    total_bytes=int(float(total) * MIB),
+                    free_bytes=int(float(free) * MIB),
+                    compute_capability=capability,
+                )
+            )
+        except ValueError:
+            # "[N/A]" memory on MIG parents or broken drivers: such a GPU cannot be planned on.
+            continue
+    return gpus
+
+
+def probe_gpus(environ: Mapping[str, str], nvidia_smi: str | None = None) -> tuple[list[GpuInfo], str | None]:
+    """GPUs visible to this process, and a note when none could be read (why)."""
+    executable = nvidia_smi or shutil.which("nvidia-smi", path=environ.get("PATH"))
+    if not executable:
+        return [], "nvidia-smi not found: no NVIDIA driver in this container"
+    try:
+        completed = subprocess.run(
+            [executable, f"--query-gpu={_NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=_NVIDIA_SMI_TIMEOUT_SECONDS,
+            check=False,
+            env=dict(environ),
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return [], f"nvidia-smi failed to run ({error.__class__.__name__})"
+    if completed.returncode != 0:
+        first_line = (completed.stderr or completed.stdout).strip().splitlines()[:1]
+        return [], f"nvidia-smi exited {completed.returncode}: {first_line[0][:200] if first_line else ''}"
+    gpus = parse_nvidia_smi_csv(completed.stdout)
+    visible = _visible_indices(environ)
+    if visible is not None:
+        gpus = [gpu for gpu in gpus if str(gpu.index) in visible]
+    return gpus, None
+
+
+# ---------------------------------------------------------------------------------------------
+# Host memory and CPUs (cgroup aware)
+# ---------------------------------------------------------------------------------------------
+
+
+def read_meminfo(root: Path) -> dict[str, int]:
+    """/proc/meminfo in bytes."""
+    values: dict[str, int] = {}
+    try:
+        text = (root / "proc" / "meminfo").read_text()
+    except OSError:
+        return values
+    for line in text.splitlines():
+        match = re.match(r"(\w+):\s+(\d+)\s*(kB)?", line)
+        if match:
+            values[match.group(1)] = int(match.group(2)) * (1024 if match.group(3) else 1)
+    return values
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text == "max" or not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _read_stat(path: Path) -> dict[str, int]:
+    values: dict[str, int] = {}
+    try:
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1].isdigit():
+                values[parts[0]] = int(parts[1])
+    except OSError:
+        pass
+    return values
+
+
+def _own_cgroup_paths(root: Path) -> tuple[str | None, str | None]:
+    """(v2 path, v1 memory path) of this process from /proc/self/cgroup."""
+    v2_path = v1_path = None
+    try:
+        lines = (root / "proc" / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return None, None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hierarchy, controllers, path = parts
+        if hierarchy == "0" and controllers == "":
+            v2_path = path
+        elif "memory" in controllers.split(","):
+            v1_path = path
+    return v2_path, v1_path
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    limit_bytes: int | None
+    usage_bytes: int | None  # without reclaimable page cache
+
+
+def _candidate_dirs(base: Path, own_path: str | None) -> list[Path]:
+    # Inside a container the own path is usually "/" (a cgroup namespace); on a host it is the
+    # full path. Walk from the own cgroup up to the root: the tightest limit wins.
+    dirs = []
+    if own_path and own_path != "/":
+        current = base / own_path.lstrip("/")
+        while True:
+            dirs.append(current)
+            if current == base:
+                break
+            current = current.parent
+    else:
+        dirs.append(base)
+    return dirs
+
+
+def read_cgroup_memory(root: Path) -> CgroupMemory:
+    """The memory limit that applies to this process and what its cgroup uses now."""
+    v2_path, v1_path = _own_cgroup_paths(root)
+    cgroup_root = root / "sys" / "fs" / "cgroup"
+    if (cgroup_root / "cgroup.controllers").exists():
+        limit = usage = None
+        for directory in _candidate_dirs(cgroup_root, v2_path):
+            value = _read_int(directory / "memory.max")
+            if value is not None and (limit is None or value < limit):
+                limit = value
+            if usage is None and (directory / "memory.current").exists():
+                current = _read_int(directory / "memory.current")
+                if current is not None:
+                    stat = _read_stat(directory / "memory.stat")
+                    usage = max(0, current - stat.get("inactive_file", 0))
+        return CgroupMemory(limit, usage)
+    memory_root = cgroup_root / "memory"
+    if memory_root.is_dir():
+        limit = usage = None
+        for directory in _candidate_dirs(memory_root, v1_path):
+            value = _read_int(directory / "memory.limit_in_bytes")
+            if value is not None and value < _CGROUP_V1_UNLIMITED and (limit is None or value < limit):
+                limit = value
+            if usage is None and (directory / "memory.usage_in_bytes").exists():
+                current = _read_int(directory / "memory.usage_in_bytes")
+                if current is not None:
+                    stat = _read_stat(directory / "memory.stat")
+                    usage = max(0, current - stat.get("total_inactive_file", stat.get("inactive_file", 0)))
+        return CgroupMemory(limit, usage)
+    return CgroupMemory(None, None)
+
+
+def host_memory(root: Path) -> tuple[int, int, int | None]:
+    """(total the container may use, available now, cgroup limit or None)."""
+    meminfo = read_meminfo(root)
+    total = meminfo.get("MemTotal", 0)
+    available = meminfo.get("MemAvailable", meminfo.get("MemFree", 0))
+    cgroup = read_cgroup_memory(root)
+    if cgroup.limit_bytes is not None:
+        total = min(total, cgroup.limit_bytes) if total else cgroup.limit_bytes
+        if cgroup.usage_bytes is not None:
+            available = min(available, max(0, cgroup.limit_bytes - cgroup.usage_bytes)) if available else max(
+                0, cgroup.limit_bytes - cgroup.usage_bytes
+            )
+        else:
+            available = min(available, cgroup.limit_bytes) if available else cgroup.limit_bytes
+    return total, available, cgroup.limit_bytes
+
+
+def cpu_quota(root: Path) -> float | None:
+    """CPUs allowed by the cgroup CPU quota (v2 cpu.max, v1 cfs_quota/cfs_period), or None."""
+    cgroup_root = root / "sys" / "fs" / "cgroup"
+    try:
+        quota_text = (cgroup_root / "cpu.max").read_text().split()
+        if len(quota_text) == 2 and quota_text[0] != "max":
+            return int(quota_text[0]) / int(quota_text[1])
+        if quota_text:
+            return None
+    except (OSError, ValueError):
+        pass
+    for directory in (cgroup_root / "cpu", cgroup_root / "cpu,cpuacct"):
+        quota = _read_int(directory / "cpu.cfs_quota_us")
+        period = _read_int(directory / "cpu.cfs_period_us")
+        if quota is not None and period and quota > 0:
+            return quota / period
+    return None
+
+
+def allowed_cpus(root: Path) -> int:
+    """CPU cores this process may use: affinity mask, capped by the cgroup quota."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 1
+    quota = cpu_quota(root)
+    if quota is not None:
+        count = min(count, max(1, math.ceil(quota)))
+    return count
+
+
+# ---------------------------------------------------------------------------------------------
+# Disk
+# ---------------------------------------------------------------------------------------------
+
+
+def free_disk_bytes(path: Path) -> int:
+    """Free bytes on the filesystem that holds `path` (or its nearest existing parent)."""
+    current = path.expanduser().absolute()
+    while not current.exists() and current != current.parent:
+        current = current.parent
+    try:
+        return shutil.disk_usage(current).free
+    except OSError:
+        return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points
+# ---------------------------------------------------------------------------------------------
+
+
+def probe_hardware(
+    work_dir: Path,
+    environ: Mapping[str, str],
+    *,
+    root: Path = Path("/"),
+    nvidia_smi: str | None = None,
+) -> Hardware:
+    """Probe this machine. `environ` supplies CUDA_VISIBLE_DEVICES, PATH (to find nvidia-smi)
+    and FLUXBOOTH_NVME_PATH (where DeepSpeed may offload to disk)."""
+    notes: list[str] = []
+    gpus, gpu_note = probe_gpus(environ, nvidia_smi)
+    if gpu_note:
+        notes.append(gpu_note)
+    total, available, limit = host_memory(root)
+    nvme_raw = environ.get("FLUXBOOTH_NVME_PATH", "").strip()
+    nvme_path = Path(nvme_raw) if nvme_raw else None
+    return Hardware(
+        gpus=tuple(gpus),
+        host_total_bytes=total,
+        host_available_bytes=available,
+        cpu_count=allowed_cpus(root),
+        work_dir=str(work_dir),
+        disk_free_bytes=free_disk_bytes(work_dir),
+        nvme_path=str(nvme_path) if nvme_path else None,
+        nvme_free_bytes=free_disk_bytes(nvme_path) if nvme_path else None,
+        cgroup_memory_limit_bytes=limit,
+        source="probe",
+        notes=tuple(notes),
+    )
+
+
+def hypothetical_hardware(
+    *,
+    gpus: int,
+    gpu_memory_bytes: int,
+    host_memory_bytes: int,
+    disk_bytes: int,
+    cpu_count: int = 16,
+    gpu_name: str = "hypothetical GPU",
+    compute_capability: tuple[int, int] = (9, 0),
+    nvme_path: str | None = None,
+    work_dir: str = "(hypothetical)",
+) -> Hardware:
+    """A machine described by numbers, for sizing an endpoint before deploying it."""
+    cards = tuple(
+        GpuInfo(
+            index=index,
+            name=gpu_name,
+            total_bytes=gpu_memory_bytes,
+            free_bytes=gpu_memory_bytes,
+            compute_capability=compute_capability,
+        )
+        for index in range(gpus)
+    )
+    return Hardware(
+        gpus=cards,
+        host_total_bytes=host_memory_bytes,
+        host_available_bytes=host_memory_bytes,
+        cpu_count=cpu_count,
+        work_dir=work_dir,
+        disk_free_bytes=disk_bytes,
+        nvme_path=nvme_path,
+        nvme_free_bytes=disk_bytes if nvme_path else None,
+        source="hypothetical",
+    )
+
+
+def with_overrides(
+    hardware: Hardware,
+    *,
+    gpus: int | None = None,
+    gpu_memory_bytes: int | None = None,
+    host_memory_bytes: int | None = None,
+    disk_bytes: int | None = None,
+) -> Hardware:
+    """The probed machine with some numbers replaced (CLI flags given only in part)."""
+    cards: Sequence[GpuInfo] = hardware.gpus
+    if gpu_memory_bytes is not None:
+        cards = [replace(gpu, total_bytes=gpu_memory_bytes, free_bytes=gpu_memory_bytes) for gpu in cards]
+    if gpus is not None:
+        template = cards[0] if cards else GpuInfo(0, "hypothetical GPU", gpu_memory_bytes or 0, gpu_memory_bytes or 0, (9, 0))
+        cards = [replace(template, index=index) for index in range(gpus)]
+    changed = replace(hardware, gpus=tuple(cards), source="hypothetical")
+    if host_memory_bytes is not None:
+        changed = replace(changed, host_total_bytes=host_memory_bytes, host_available_bytes=host_memory_bytes)
+    if disk_bytes is not None:
+        changed = replace(changed, disk_free_bytes=disk_bytes)
+    return changed

@@ -1,0 +1,5 @@
+import sys
+
+from fluxbooth.train.main import main
+
+sys.exit(main())

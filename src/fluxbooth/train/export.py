@@ -1,0 +1,224 @@
+"""Saving what was trained, from any ZeRO stage, and checking each file by loading it back.
+
+Functions marked *collective* must be called by every rank (ZeRO-3 gathers partitioned parameters
+with collectives); only the main process writes files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.train.formats import (
+    comfyui_lora_effects,
+    diffusers_effects_as_comfyui,
+    diffusers_lora_effects,
+    diffusers_lora_to_comfyui,
+    diffusers_to_original_transformer,
+    fused_split_sizes,
+    original_to_diffusers_transformer,
+)
+from fluxbooth.trainer_config import LoraSettings
+
+WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
+WEIGHTS_INDEX_NAME = "diffusion_pytorch_model.safetensors.index.json"
+LORA_WEIGHTS_NAME = "pytorch_lora_weights.safetensors"
+SAMPLE_TENSORS_TO_COMPARE = 6
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    name: str
+    path: str  # relative to the output directory
+    kind: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "path": self.path, "kind": self.kind}
+
+
+def parse_size(size: str | int) -> int:
+    """"5GB" → 5 * 1000**3 (diffusers' and huggingface_hub's convention); ints pass through."""
+    if isinstance(size, int):
+        return size
+    match = _SIZE.match(size)
+    if match is None:
+        raise TrainerFailure("invalid_config", f"max_shard_size {size!r} is not a size like '5GB'")
+    return int(float(match.group(1)) * 1000 ** " KMGT".index((match.group(2) or " ").upper()))
+
+
+def _is_partitioned(parameter: torch.nn.Parameter) -> bool:
+    return hasattr(parameter, "ds_id")
+
+
+def _gathered(parameters: list[torch.nn.Parameter]) -> Any:
+    if parameters and any(_is_partitioned(parameter) for parameter in parameters):
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(parameters, modifier_rank=None)
+    return nullcontext()
+
+
+def _plan_shards(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list[str]]:
+    shards: list[list[str]] = [[]]
+    current = 0
+    for name, size in sizes:
+        if shards[-1] and current + size > max_shard_bytes:
+            shards.append([])
+            current = 0
+        shards[-1].append(name)
+        current += size
+    return shards
+
+
+def _shard_file_name(index: int, count: int) -> str:
+    return WEIGHTS_NAME if count == 1 else WEIGHTS_NAME.replace(".safetensors", f"-{index + 1:05d}-of-{count:05d}.safetensors")
+
+
+def save_transformer(model: Any, out_dir: Path, *, is_main_process: bool, max_shard_size: str) -> dict[str, torch.Tensor]:
+    """*Collective.* Write `model` (a FluxTransformer2DModel, possibly ZeRO-3 partitioned) in the diffusers
+    layout: config.json plus safetensors shards and their index. Returns, on the main process, a few
+    of the written tensors (for the load-back check).
+
+    Parameters are gathered one at a time and each shard is written as soon as it is full, so the
+    peak extra memory is one shard on the host and one parameter on the GPU, whatever the model size.
+    """
+    named = list(model.named_parameters())
+    persistent_buffers = [(name, buffer) for name, buffer in model.named_buffers() if name in model.state_dict()]
+    sizes = [(name, int(getattr(p, "ds_numel", p.numel())) * p.element_size()) for name, p in named]
+    sizes += [(name, buffer.numel() * buffer.element_size()) for name, buffer in persistent_buffers]
+    tensors_by_name = dict(named) | dict(persistent_buffers)
+    shards = _plan_shards(sizes, parse_size(max_shard_size))
+    wanted_samples = set(sample_names([name for name, _ in sizes]))
+    samples: dict[str, torch.Tensor] = {}
+    weight_map: dict[str, str] = {}
+    if is_main_process:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        model.save_config(out_dir)
+    for index, names in enumerate(shards):
+        file_name = _shard_file_name(index, len(shards))
+        shard: dict[str, torch.Tensor] = {}
+        for name in names:
+            tensor = tensors_by_name[name]
+            with _gathered([tensor] if isinstance(tensor, torch.nn.Parameter) else []):
+                if is_main_process:
+                    shard[name] = tensor.detach().to("cpu", copy=True).contiguous()
+        if is_main_process:
+            save_file(shard, str(out_dir / file_name), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(names, file_name))
+            samples.update({name: shard[name] for name in names if name in wanted_samples})
+        del shard
+    if is_main_process and len(shards) > 1:
+        index_content = {"metadata": {"total_size": sum(size for _, size in sizes)}, "weight_map": weight_map}
+        (out_dir / WEIGHTS_INDEX_NAME).write_text(json.dumps(index_content, indent=2, sort_keys=True) + "\n")
+    return samples
+
+
+def sample_names(names: list[str]) -> list[str]:
+    if len(names) <= SAMPLE_TENSORS_TO_COMPARE:
+        return names
+    step = (len(names) - 1) / (SAMPLE_TENSORS_TO_COMPARE - 1)
+    return [names[round(index * step)] for index in range(SAMPLE_TENSORS_TO_COMPARE)]
+
+
+def verify_saved_transformer(folder: Path, samples: dict[str, torch.Tensor]) -> None:
+    """Load `folder` with FluxTransformer2DModel.from_pretrained and compare the sampled tensors exactly."""
+    from diffusers import FluxTransformer2DModel
+
+    try:
+        reloaded = FluxTransformer2DModel.from_pretrained(str(folder), torch_dtype=None)
+    except Exception as error:  # any failure to load is an export failure, whatever diffusers raises
+        raise TrainerFailure("export_failed", f"the saved transformer in {folder.name}/ does not load in diffusers: {error}") from error
+    state = reloaded.state_dict()
+    for name, expected in samples.items():
+        if name not in state or not torch.equal(state[name].cpu(), expected):
+            raise TrainerFailure("export_failed", f"the saved transformer's {name} differs from the trained weights")
+
+
+def load_diffusers_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    files = sorted(folder.glob("diffusion_pytorch_model*.safetensors"))
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        state.update(load_file(str(path)))
+    return state
+
+
+def export_single_file(transformer_folder: Path, out_file: Path) -> None:
+    """The saved diffusers transformer → one safetensors file in the original FLUX layout (ComfyUI's
+    diffusion_models folder, `FluxTransformer2DModel.from_single_file`); checked by converting it back."""
+    state = load_diffusers_state_dict(transformer_folder)
+    original = diffusers_to_original_transformer(state)
+    save_file({key: value.contiguous() for key, value in original.items()}, str(out_file), metadata={"format": "pt"})
+    config = json.loads((transformer_folder / "config.json").read_text())
+    round_trip = original_to_diffusers_transformer(load_file(str(out_file)), fused_split_sizes(config))
+    if set(round_trip) != set(state) or any(not torch.equal(round_trip[key], state[key]) for key in state):
+        raise TrainerFailure("export_failed", f"{out_file.name} does not convert back to the trained weights")
+
+
+def lora_state_dict(model: Any, *, is_main_process: bool) -> dict[str, torch.Tensor]:
+    """*Collective.* The peft LoRA weights of `model` (unwrapped, possibly ZeRO-3 partitioned), with
+    diffusers' module keys: no `module.` prefix from DeepSpeed, no `.default` adapter name from peft.
+    Only the LoRA parameters are gathered, never the frozen base."""
+    from peft.utils import get_peft_model_state_dict
+
+    lora_parameters = [parameter for name, parameter in model.named_parameters() if ".lora_" in name]
+    state: dict[str, torch.Tensor] = {}
+    with _gathered(lora_parameters):
+        if is_main_process:
+            state = {key: value.detach().to("cpu", copy=True).contiguous() for key, value in get_peft_model_state_dict(model).items()}
+    if is_main_process:
+        bad = [key for key in state if key.startswith("module.") or ".default" in key or "lora_" not in key]
+        if bad or not state:
+            raise TrainerFailure("export_failed", f"LoRA state dict has unexpected keys, e.g. {bad[:3]}")
+    return state
+
+
+def save_lora_diffusers(state: dict[str, torch.Tensor], out_dir: Path, settings: LoraSettings, metadata: dict[str, Any]) -> Path:
+    """diffusers/peft format: `FluxPipeline.load_lora_weights(out_dir)` loads it; checked by parsing it
+    back with diffusers' own `FluxPipeline.lora_state_dict` and comparing every tensor."""
+    from diffusers import FluxPipeline
+
+    FluxPipeline.save_lora_weights(
+        str(out_dir), transformer_lora_layers=state, transformer_lora_adapter_metadata=metadata, safe_serialization=True
+    )
+    path = out_dir / LORA_WEIGHTS_NAME
+    try:
+        parsed = FluxPipeline.lora_state_dict(str(out_dir), weight_name=LORA_WEIGHTS_NAME)
+    except Exception as error:  # whatever diffusers raises, the export is unusable
+        raise TrainerFailure("export_failed", f"{path.name} does not parse in diffusers: {error}") from error
+    parsed_state = parsed[0] if isinstance(parsed, tuple) else parsed
+    expected = {f"transformer.{key}": value for key, value in state.items()}
+    if set(parsed_state) != set(expected) or any(not torch.equal(parsed_state[key], expected[key]) for key in expected):
+        raise TrainerFailure("export_failed", f"{path.name} does not read back as the trained LoRA weights")
+    return path
+
+
+def save_lora_comfyui(
+    state: dict[str, torch.Tensor], out_file: Path, settings: LoraSettings, transformer_config: dict[str, Any]
+) -> Path:
+    """kohya/ComfyUI format (`lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight`, ...); checked by
+    recomputing every module's change from the file and comparing it with the trained adapter's."""
+    split_sizes = fused_split_sizes(transformer_config)
+    converted = diffusers_lora_to_comfyui(state, alpha=settings.alpha, rank=settings.rank, fused_out_features=split_sizes)
+    save_file(converted, str(out_file), metadata={"format": "pt", "ss_network_module": "networks.lora_flux"})
+    file_effects = comfyui_lora_effects(load_file(str(out_file)))
+    trained = diffusers_effects_as_comfyui(diffusers_lora_effects(state, alpha=settings.alpha, rank=settings.rank), split_sizes)
+    if set(file_effects) != set(trained):
+        raise TrainerFailure("export_failed", f"{out_file.name} has different modules than the trained LoRA")
+    for name, effect in trained.items():
+        tolerance = 1e-5 + 2e-3 * float(effect.abs().max())
+        if not torch.allclose(file_effects[name], effect, rtol=2e-3, atol=tolerance):
+            raise TrainerFailure("export_failed", f"{out_file.name} changes {name} differently from the trained LoRA")
+    return out_file
+
+
+def write_json(path: Path, content: dict[str, Any]) -> None:
+    path.write_text(json.dumps(content, indent=2, sort_keys=True, allow_nan=False) + "\n")

@@ -1,0 +1,815 @@
+"""`python -m fluxbooth.train --config train.json`, run by `accelerate launch`: FLUX DreamBooth.
+
+Stages: load (accelerator, configs) → cache (class images if needed, text embeddings, latents; the
+encoders and VAE are freed afterwards) → train (DeepSpeed engine built only now) → save → export
+(+ validate). Progress goes to stdout as `fluxbooth.events` lines from the main process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.train.names import (
+    EXIT_FAILED,
+    FULL_EXPORT_FORMATS,
+    LORA_EXPORT_FORMATS,
+    SUPPORTED_WEIGHTING_SCHEMES,
+)
+from fluxbooth.trainer_config import TrainerConfig
+
+CHECKPOINT_PREFIX = "checkpoint-"
+CHECKPOINT_STATE_NAME = "fluxbooth_state.json"
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m fluxbooth.train", description="FLUX DreamBooth trainer (run under accelerate launch)")
+    parser.add_argument("--config", type=Path, required=True, help="train.json written by the worker (fluxbooth.trainer_config)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = parse_arguments(argv)
+    try:
+        config = TrainerConfig.read(arguments.config)
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        print(f"cannot read trainer config {arguments.config}: {error}", file=sys.stderr, flush=True)
+        from fluxbooth.events import format_event
+
+        print(format_event("error", code="invalid_config", message=f"cannot read {arguments.config.name}: {error}"), flush=True)
+        return 2
+    # Imported only now: everything below needs torch.
+    from fluxbooth.train.runtime import EventReporter
+
+    reporter = EventReporter(enabled=_is_main_process_from_environment())
+    try:
+        Trainer(config, reporter).run()
+    except TrainerFailure as failure:
+        reporter.error(failure.code, failure.message, **failure.details)
+        print(f"fluxbooth trainer: {failure.code}: {failure.message}", file=sys.stderr, flush=True)
+        return failure.exit_status
+    except Exception as error:  # classify what we can; the traceback goes to the log
+        import torch
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        if isinstance(error, torch.cuda.OutOfMemoryError):
+            failure = TrainerFailure("cuda_oom", f"the GPU ran out of memory: {str(error).splitlines()[0][:300]}")
+        else:
+            failure = TrainerFailure("trainer_failed", f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}")
+        reporter.error(failure.code, failure.message)
+        return failure.exit_status
+    return 0
+
+
+def _is_main_process_from_environment() -> bool:
+    # Before the Accelerator exists; accelerate launch sets RANK for every process.
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _seed_for(*parts: object) -> int:
+    """A 63-bit seed mixed from `parts`: the same parts always give the same stream, on any rank or resume."""
+    digest = hashlib.sha256(json.dumps([str(part) for part in parts]).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+@contextlib.contextmanager
+def _without_transformers_zero3_init() -> Any:
+    """transformers partitions every model it loads while accelerate's HfDeepSpeedConfig says ZeRO-3, which
+    would shard the text encoders we only run once. accelerate's `zero3_init_context_manager(enable=False)`
+    re-registers a config that still says stage 3, so the registration itself is hidden for the duration."""
+    import transformers.integrations.deepspeed as transformers_deepspeed
+
+    saved = transformers_deepspeed._hf_deepspeed_config_weak_ref
+    transformers_deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        transformers_deepspeed._hf_deepspeed_config_weak_ref = saved
+
+
+@dataclass
+class Precision:
+    """How the transformer is held and fed. Under DeepSpeed the engine casts the module to bf16/fp16
+    itself and keeps fp32 master weights in the optimizer; without it, accelerate autocasts."""
+
+    load_dtype: Any
+    input_dtype: Any
+    text_dtype: Any
+    name: str
+
+
+class Trainer:
+    def __init__(self, config: TrainerConfig, reporter: Any) -> None:
+        self.config = config
+        self.reporter = reporter
+
+    # ---------------------------------------------------------------- setup
+
+    def run(self) -> None:
+        from accelerate import Accelerator
+        from accelerate.utils import set_seed
+
+        from fluxbooth.train.runtime import StageClock
+
+        config = self.config
+        self.clock = StageClock(self.reporter)
+        self._validate_config()
+        with self.clock.stage("load"):
+            uses_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+            accelerator_arguments: dict[str, Any] = {}
+            if not uses_deepspeed:
+                accelerator_arguments["gradient_accumulation_steps"] = config.gradient_accumulation_steps
+            accelerator = Accelerator(**accelerator_arguments)
+            self.accelerator = accelerator
+            self.reporter.enabled = accelerator.is_main_process
+            self.deepspeed_config = self._deepspeed_config()
+            self.zero_stage = int((self.deepspeed_config or {}).get("zero_optimization", {}).get("stage", 0))
+            self._check_batch_sizes()
+            self.precision = self._precision()
+            set_seed(config.seed)
+            Path(config.output_dir).mkdir(parents=True, exist_ok=True)
+            Path(config.cache_dir).mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        with self.clock.stage("cache"):
+            instance_set, class_set = self._build_caches()
+        self._free_memory()
+        with self.clock.stage("load", what="transformer"):
+            transformer = self._load_transformer()
+        final_loss, optimizer_name = self._train(transformer, instance_set, class_set)
+        del instance_set, class_set
+        artifacts = self._save_and_export()
+        metrics = {
+            "steps": config.steps,
+            "final_loss": final_loss,
+            "optimizer": optimizer_name,
+            "zero_stage": self.zero_stage,
+            "training_type": config.training_type,
+            "mixed_precision": self.precision.name,
+            "num_processes": accelerator.num_processes,
+            "seconds_per_stage": dict(self.clock.seconds),
+            "seconds_total": round(time.perf_counter() - started, 3),
+            "peak_host_rss_bytes": self._peak_host_rss(),
+            "transformer_loading": self.loading_report,
+        }
+        from fluxbooth.train.runtime import peak_gpu_bytes
+
+        gpu_peak = peak_gpu_bytes()
+        if gpu_peak is not None:
+            metrics["peak_gpu_bytes"] = gpu_peak
+        if self.start_step:
+            metrics["resumed_from_step"] = self.start_step
+        if accelerator.is_main_process:
+            from fluxbooth.train.export import write_json
+
+            payload = {"metrics": metrics, "artifacts": [artifact.to_dict() for artifact in artifacts]}
+            write_json(Path(config.output_dir) / "metrics.json", payload)
+            payload["artifacts"].append({"name": "metrics", "path": "metrics.json", "kind": "metrics"})
+            self.reporter.emit("done", **payload)
+        accelerator.wait_for_everyone()
+        accelerator.end_training()
+
+    def _validate_config(self) -> None:
+        config = self.config
+        if config.training_type not in ("full", "lora"):
+            raise TrainerFailure("invalid_config", f"training_type {config.training_type!r} must be 'full' or 'lora'")
+        if config.weighting_scheme not in SUPPORTED_WEIGHTING_SCHEMES:
+            raise TrainerFailure(
+                "invalid_config", f"weighting_scheme {config.weighting_scheme!r} must be one of {list(SUPPORTED_WEIGHTING_SCHEMES)}"
+            )
+        allowed = FULL_EXPORT_FORMATS if config.training_type == "full" else LORA_EXPORT_FORMATS
+        wrong = [name for name in config.export_formats if name not in allowed]
+        if wrong or not config.export_formats:
+            raise TrainerFailure(
+                "invalid_config", f"export_formats {list(config.export_formats)} for {config.training_type} training must be from {list(allowed)}"
+            )
+        width, height = config.resolution
+        if width % 16 or height % 16:
+            raise TrainerFailure("invalid_config", f"resolution {width}x{height}: both sides must be multiples of 16")
+        if config.with_prior_preservation and not config.class_prompt:
+            raise TrainerFailure("invalid_config", "with_prior_preservation needs a class_prompt")
+        if config.steps < 1:
+            raise TrainerFailure("invalid_config", "steps must be at least 1")
+
+    def _deepspeed_config(self) -> dict[str, Any] | None:
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        return None if plugin is None else plugin.deepspeed_config
+
+    def _check_batch_sizes(self) -> None:
+        """The DeepSpeed JSON and train.json must agree; a silent mismatch changes what is trained."""
+        if self.deepspeed_config is None:
+            return
+        micro = self.deepspeed_config.get("train_micro_batch_size_per_gpu")
+        accumulation = self.deepspeed_config.get("gradient_accumulation_steps")
+        for name, declared, expected in (
+            ("train_micro_batch_size_per_gpu", micro, self.config.batch_size),
+            ("gradient_accumulation_steps", accumulation, self.config.gradient_accumulation_steps),
+        ):
+            if declared not in (None, "auto") and int(declared) != expected:
+                raise TrainerFailure(
+                    "invalid_config", f"DeepSpeed JSON has {name}={declared} but train.json asks for {expected}; make them agree"
+                )
+
+    def _precision(self) -> Precision:
+        import torch
+
+        dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "no": torch.float32}
+        if self.deepspeed_config is not None:
+            if str(self.deepspeed_config.get("bf16", {}).get("enabled", False)).lower() == "true":
+                name = "bf16"
+            elif str(self.deepspeed_config.get("fp16", {}).get("enabled", False)).lower() == "true":
+                name = "fp16"
+            else:
+                name = "no"
+            return Precision(load_dtype=dtypes[name], input_dtype=dtypes[name], text_dtype=dtypes[name], name=name)
+        name = self.accelerator.mixed_precision if self.accelerator.mixed_precision in dtypes else "no"
+        # Without DeepSpeed: trainable weights stay fp32 under autocast; a frozen LoRA base can live in half precision.
+        frozen_base = dtypes[name] if self.config.training_type == "lora" else torch.float32
+        return Precision(load_dtype=frozen_base, input_dtype=frozen_base, text_dtype=dtypes[name], name=name)
+
+    def _free_memory(self) -> None:
+        from fluxbooth.train.cache import free_accelerator_memory
+
+        free_accelerator_memory()
+
+    def _peak_host_rss(self) -> int:
+        from fluxbooth.train.runtime import peak_host_rss_bytes
+
+        return peak_host_rss_bytes()
+
+    def _plain_loading(self) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+        """A context in which transformers builds models whole, not under ZeRO-3's zero.Init."""
+        return _without_transformers_zero3_init
+
+    # ---------------------------------------------------------------- cache
+
+    def _build_caches(self) -> tuple[Any, Any]:
+        from fluxbooth.train.cache import (
+            cache_fingerprint,
+            cache_path,
+            encode_image_set,
+            load_encoded,
+            load_vae,
+            save_encoded,
+        )
+        from fluxbooth.train.data import discover_images
+
+        config = self.config
+        accelerator = self.accelerator
+        instance_images = discover_images(Path(config.instance_dir), config.instance_prompt)
+        if not instance_images:
+            raise TrainerFailure(
+                "invalid_dataset", f"no images in the instance folder {Path(config.instance_dir).name}/; add PNG or JPEG files"
+            )
+        class_images = []
+        if config.with_prior_preservation:
+            class_images = self._class_images()
+        sets: list[tuple[str, list[Any]]] = [("instance", instance_images)]
+        if class_images:
+            sets.append(("class", class_images))
+        text_dtype_name = str(self.precision.text_dtype).removeprefix("torch.")
+        paths = {
+            name: cache_path(
+                Path(config.cache_dir),
+                name,
+                cache_fingerprint(config.base_model, images, config.resolution, config.max_sequence_length, text_dtype_name),
+            )
+            for name, images in sets
+        }
+        # One process per machine encodes (the cache folder is per machine); the others wait and read.
+        if accelerator.is_local_main_process and not all(path.is_file() for path in paths.values()):
+            vae = load_vae(config.base_model, self._plain_loading())
+            try:
+                for name, images in sets:
+                    if paths[name].is_file():
+                        continue
+                    encoded = encode_image_set(
+                        config.base_model,
+                        images,
+                        vae=vae,
+                        resolution=config.resolution,
+                        device=accelerator.device,
+                        text_dtype=self.precision.text_dtype,
+                        max_sequence_length=config.max_sequence_length,
+                        loading_context=self._plain_loading(),
+                    )
+                    save_encoded(encoded, paths[name])
+            finally:
+                del vae
+        accelerator.wait_for_everyone()
+        loaded = {name: load_encoded(path) for name, path in paths.items()}
+        self.reporter.emit(
+            "stage",
+            stage="cache",
+            instance_images=len(loaded["instance"]),
+            class_images=len(loaded["class"]) if "class" in loaded else 0,
+            status="ready",
+        )
+        return loaded["instance"], loaded.get("class")
+
+    def _class_images(self) -> list[Any]:
+        """Supplied class images (class_dir), topped up with images generated by the base pipeline."""
+        from fluxbooth.train.data import TrainingImage, list_image_files
+
+        config = self.config
+        supplied_dir = Path(config.class_dir) if config.class_dir else None
+        supplied = list_image_files(supplied_dir) if supplied_dir else []
+        supplied = supplied[: config.num_class_images]
+        missing = config.num_class_images - len(supplied)
+        generated_dir = Path(config.cache_dir) / "class_images"
+        if missing > 0:
+            self._generate_class_images(generated_dir, missing)
+        generated = list_image_files(generated_dir)[: max(0, missing)]
+        return [TrainingImage(path=path, prompt=config.class_prompt or "") for path in supplied + generated]
+
+    def _generate_class_images(self, folder: Path, count: int) -> None:
+        """Render `count` class images from class_prompt with the base pipeline (seeded per image), once per
+        machine; images already in `folder` are kept, so an interrupted job resumes generation."""
+        import torch
+        from diffusers import FluxPipeline
+
+        from fluxbooth.train.data import list_image_files
+
+        config = self.config
+        accelerator = self.accelerator
+        folder.mkdir(parents=True, exist_ok=True)
+        if accelerator.is_local_main_process and len(list_image_files(folder)) < count:
+            self.reporter.emit("stage", stage="cache", status="generating_class_images", count=count)
+            with self._plain_loading()():
+                pipeline = FluxPipeline.from_pretrained(config.base_model, torch_dtype=self.precision.text_dtype)
+            if accelerator.device.type == "cuda":
+                pipeline.enable_model_cpu_offload(device=accelerator.device)
+            pipeline.set_progress_bar_config(disable=True)
+            width, height = config.resolution
+            for index in range(count):
+                target = folder / f"class_{index:05d}.png"
+                if target.is_file():
+                    continue
+                generator = torch.Generator("cpu").manual_seed(_seed_for(config.seed, "class_image", index))
+                image = pipeline(
+                    prompt=config.class_prompt,
+                    width=width,
+                    height=height,
+                    num_inference_steps=config.class_image_inference_steps,
+                    guidance_scale=config.validation_guidance_scale,
+                    generator=generator,
+                    max_sequence_length=config.max_sequence_length,
+                ).images[0]
+                staging = target.with_name(f".{target.name}.tmp.png")
+                image.save(staging)
+                os.replace(staging, target)
+            del pipeline
+            self._free_memory()
+        accelerator.wait_for_everyone()
+
+    # ---------------------------------------------------------------- model
+
+    def _load_transformer(self) -> Any:
+        from fluxbooth.train.model import add_lora_adapter, load_transformer, load_transformer_zero3, partitioning_report
+
+        config = self.config
+        self.loading_report: dict[str, Any] = {"method": "from_pretrained"}
+        if self.zero_stage == 3:
+            transformer = load_transformer_zero3(
+                config.base_model, self.precision.load_dtype, self.deepspeed_config, self.accelerator.is_main_process
+            )
+            self.loading_report = {"method": "zero3_init", **partitioning_report(transformer)}
+            if self.loading_report["materialised_elements"] or self.loading_report["partitioned"] != self.loading_report["parameters"]:
+                raise TrainerFailure("trainer_failed", f"ZeRO-3 loading left parameters whole: {self.loading_report}")
+        else:
+            transformer = load_transformer(config.base_model, self.precision.load_dtype)
+        if config.training_type == "lora":
+            add_lora_adapter(transformer, config.lora)
+            if self.deepspeed_config is None:
+                # The trained adapter stays fp32 under autocast, as diffusers' LoRA scripts keep it.
+                import torch
+
+                for parameter in transformer.parameters():
+                    if parameter.requires_grad:
+                        parameter.data = parameter.data.to(torch.float32)
+        else:
+            transformer.requires_grad_(True)
+        if config.gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        transformer.train()
+        return transformer
+
+    # ---------------------------------------------------------------- training
+
+    def _train(self, transformer: Any, instance_set: Any, class_set: Any) -> tuple[float, str]:
+        import torch
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        from fluxbooth.train.cache import vae_normalisation
+        from fluxbooth.train.flow import SigmaSampler, build_flow_inputs, per_sample_loss, unpack_prediction
+        from fluxbooth.train.model import trainable_parameters
+        from fluxbooth.train.optim import build_optimizer, build_scheduler, optimizer_class_name, validated_optimizer_name
+
+        config = self.config
+        accelerator = self.accelerator
+        optimizer_name = validated_optimizer_name(config, self.deepspeed_config)
+        parameters = trainable_parameters(transformer)
+        optimizer = build_optimizer(optimizer_name, parameters, config, self.deepspeed_config)
+        scheduler = build_scheduler(optimizer, config, self.deepspeed_config, accelerator.num_processes)
+        if self.deepspeed_config is not None:
+            transformer, optimizer, scheduler = accelerator.prepare(transformer, optimizer, scheduler)
+            self.scheduler_stepped_by_engine = True
+        else:
+            # Stepped by hand once per optimizer step: accelerate's wrapper would step it once per process.
+            transformer, optimizer = accelerator.prepare(transformer, optimizer)
+            self.scheduler_stepped_by_engine = False
+        self.engine, self.optimizer, self.scheduler = transformer, optimizer, scheduler
+        real_optimizer_name = optimizer_class_name(optimizer)
+        self.start_step = self._maybe_resume()
+
+        noise_scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(config.base_model, subfolder="scheduler")
+        sampler = SigmaSampler.from_scheduler(
+            noise_scheduler, config.weighting_scheme, config.logit_mean, config.logit_std, config.mode_scale
+        )
+        normalisation = vae_normalisation(config.base_model)
+        guidance_scale = config.guidance_scale if accelerator.unwrap_model(transformer).config.guidance_embeds else None
+        accumulation = config.gradient_accumulation_steps
+        world, rank = accelerator.num_processes, accelerator.process_index
+        device, input_dtype = accelerator.device, self.precision.input_dtype
+        final_loss = float("nan")
+        self.ema = self._make_ema(transformer)
+        if self.ema is not None and self._resume_ema_state is not None and accelerator.is_main_process:
+            self.ema.load_state_dict(torch.load(self._resume_ema_state, map_location="cpu", weights_only=True))
+
+        with self.clock.stage("train", steps=config.steps, start_step=self.start_step, optimizer=real_optimizer_name):
+            for step in range(self.start_step, config.steps):
+                step_started = time.perf_counter()
+                # The rate this step trains with (schedulers advance inside the optimizer step).
+                step_lr = float(optimizer.param_groups[0]["lr"])
+                losses = []
+                for micro in range(accumulation):
+                    with accelerator.accumulate(transformer):
+                        position = ((step * accumulation + micro) * world + rank) * config.batch_size
+                        batch = self._micro_batch(instance_set, class_set, position, normalisation)
+                        generator = torch.Generator("cpu").manual_seed(_seed_for(config.seed, "noise", step, micro, rank))
+                        inputs = build_flow_inputs(
+                            batch["latents"],
+                            sampler=sampler,
+                            generator=generator,
+                            guidance_scale=guidance_scale,
+                            device=device,
+                            dtype=input_dtype,
+                        )
+                        text_ids = torch.zeros(batch["prompt_embeds"].shape[1], 3, device=device, dtype=input_dtype)
+                        prediction = transformer(
+                            hidden_states=inputs.hidden_states,
+                            timestep=inputs.timestep,
+                            guidance=inputs.guidance,
+                            pooled_projections=batch["pooled_prompt_embeds"].to(device=device, dtype=input_dtype),
+                            encoder_hidden_states=batch["prompt_embeds"].to(device=device, dtype=input_dtype),
+                            txt_ids=text_ids,
+                            img_ids=inputs.img_ids,
+                            return_dict=False,
+                        )[0]
+                        per_sample = per_sample_loss(unpack_prediction(prediction, inputs.latent_shape), inputs)
+                        if class_set is not None:
+                            instance_loss, class_loss = per_sample.chunk(2)
+                            loss = instance_loss.mean() + config.prior_loss_weight * class_loss.mean()
+                        else:
+                            loss = per_sample.mean()
+                        accelerator.backward(loss)
+                        if accelerator.sync_gradients and self.deepspeed_config is None and config.max_grad_norm > 0:
+                            accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
+                        losses.append(loss.detach().float())
+                if not self.scheduler_stepped_by_engine:
+                    scheduler.step()
+                step_loss = float(accelerator.reduce(torch.stack(losses).mean(), reduction="mean"))
+                if not math.isfinite(step_loss):
+                    raise TrainerFailure(
+                        "nan_loss",
+                        f"the loss became {step_loss} at step {step + 1}; lower learning_rate or use bf16 instead of fp16",
+                        step=step + 1,
+                    )
+                if self.ema is not None:
+                    self.ema.update(accelerator.unwrap_model(transformer))
+                final_loss = step_loss
+                self.reporter.step(
+                    step=step + 1,
+                    total=config.steps,
+                    loss=step_loss,
+                    lr=step_lr,
+                    seconds_per_step=time.perf_counter() - step_started,
+                )
+                if config.checkpointing_steps and (step + 1) % config.checkpointing_steps == 0 and step + 1 < config.steps:
+                    self._save_checkpoint(step + 1)
+        return final_loss, real_optimizer_name
+
+    def _micro_batch(self, instance_set: Any, class_set: Any, position: int, normalisation: Any) -> dict[str, Any]:
+        """Samples `batch_size` instance images (and as many class images) at a global sample position.
+
+        Each pass over a set is a fresh permutation seeded by (seed, set, epoch), so the batch at any
+        (step, micro-step, rank) is a pure function of the seed: a resumed run sees the same data.
+        """
+        import torch
+
+        def pick(encoded: Any, stream: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            count = len(encoded)
+            indices = []
+            for offset in range(self.config.batch_size):
+                epoch, within = divmod(position + offset, count)
+                order = torch.randperm(count, generator=torch.Generator().manual_seed(_seed_for(self.config.seed, stream, epoch)))
+                indices.append(int(order[within]))
+            index = torch.tensor(indices)
+            generator = torch.Generator().manual_seed(_seed_for(self.config.seed, stream, "latent", position))
+            mean, std = encoded.latent_mean[index], encoded.latent_std[index]
+            latents = mean + std * torch.randn(mean.shape, generator=generator)
+            prompt = encoded.prompt_index[index]
+            return normalisation.apply(latents), encoded.prompt_embeds[prompt], encoded.pooled_prompt_embeds[prompt]
+
+        latents, prompt_embeds, pooled = pick(instance_set, "instance")
+        if class_set is not None:
+            class_latents, class_prompt_embeds, class_pooled = pick(class_set, "class")
+            latents = torch.cat([latents, class_latents])
+            prompt_embeds = torch.cat([prompt_embeds, class_prompt_embeds])
+            pooled = torch.cat([pooled, class_pooled])
+        return {"latents": latents, "prompt_embeds": prompt_embeds, "pooled_prompt_embeds": pooled}
+
+    def _make_ema(self, transformer: Any) -> Any:
+        if self.config.ema_decay is None:
+            return None
+        from fluxbooth.train.ema import CpuEma
+
+        return CpuEma.from_model(
+            self.accelerator.unwrap_model(transformer),
+            decay=self.config.ema_decay,
+            is_main_process=self.accelerator.is_main_process,
+        )
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def _checkpoint_root(self) -> Path:
+        return Path(self.config.checkpoint_dir or Path(self.config.output_dir).parent / "checkpoints")
+
+    def _save_checkpoint(self, step: int) -> None:
+        """*Collective.* accelerate/DeepSpeed state after `step` optimizer steps, written under a temporary
+        name and renamed, so a checkpoint folder either is complete or does not exist."""
+        accelerator = self.accelerator
+        root = self._checkpoint_root()
+        final = root / f"{CHECKPOINT_PREFIX}{step}"
+        staging = root / f".{CHECKPOINT_PREFIX}{step}.partial"
+        if accelerator.is_main_process:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        with self.clock.stage("checkpoint", step=step):
+            save_arguments: dict[str, Any] = {}
+            if self.deepspeed_config is not None and self.config.training_type == "lora":
+                # Without this every LoRA checkpoint would carry the whole frozen base model.
+                save_arguments["exclude_frozen_parameters"] = True
+            accelerator.save_state(str(staging), **save_arguments)
+            if accelerator.is_main_process:
+                state = {
+                    "step": step,
+                    "seed": self.config.seed,
+                    "training_type": self.config.training_type,
+                    "zero_stage": self.zero_stage,
+                    "num_processes": accelerator.num_processes,
+                    "scheduler": None if self.scheduler_stepped_by_engine else self.scheduler.state_dict(),
+                    "ema": None,
+                }
+                if self.ema is not None:
+                    import torch
+
+                    torch.save(self.ema.state_dict(), staging / "ema.pt")
+                    state["ema"] = "ema.pt"
+                (staging / CHECKPOINT_STATE_NAME).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                shutil.rmtree(final, ignore_errors=True)
+                os.replace(staging, final)
+                self._prune_checkpoints(root, keep=self.config.checkpoints_keep)
+                self.reporter.emit("checkpoint", step=step, path=str(final))
+            accelerator.wait_for_everyone()
+
+    def _prune_checkpoints(self, root: Path, keep: int) -> None:
+        found = sorted(
+            (int(path.name.removeprefix(CHECKPOINT_PREFIX)), path)
+            for path in root.glob(f"{CHECKPOINT_PREFIX}*")
+            if path.name.removeprefix(CHECKPOINT_PREFIX).isdigit()
+        )
+        for _, path in found[: max(0, len(found) - max(1, keep))]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _resolve_resume(self) -> Path | None:
+        resume = self.config.resume_from
+        if not resume:
+            return None
+        if resume == "latest":
+            root = self._checkpoint_root()
+            found = sorted(
+                (int(path.name.removeprefix(CHECKPOINT_PREFIX)), path)
+                for path in root.glob(f"{CHECKPOINT_PREFIX}*")
+                if path.name.removeprefix(CHECKPOINT_PREFIX).isdigit() and (path / CHECKPOINT_STATE_NAME).is_file()
+            )
+            return found[-1][1] if found else None
+        path = Path(resume)
+        if not (path / CHECKPOINT_STATE_NAME).is_file():
+            raise TrainerFailure(
+                "resume_failed", f"resume_from {path.name!r} is not a fluxbooth checkpoint (no {CHECKPOINT_STATE_NAME}); pass a checkpoint-N folder"
+            )
+        return path
+
+    def _maybe_resume(self) -> int:
+        """*Collective.* Restore a checkpoint's model, optimizer, schedule and RNG state; return its step."""
+        self._resume_ema_state: Path | None = None
+        path = self._resolve_resume()
+        if path is None:
+            return 0
+        state = json.loads((path / CHECKPOINT_STATE_NAME).read_text())
+        for name, expected in (("training_type", self.config.training_type), ("zero_stage", self.zero_stage), ("num_processes", self.accelerator.num_processes)):
+            if state.get(name) != expected:
+                raise TrainerFailure(
+                    "resume_failed",
+                    f"checkpoint {path.name} was made with {name}={state.get(name)!r}, this run has {expected!r}; resume with the same settings",
+                )
+        step = int(state["step"])
+        if step >= self.config.steps:
+            raise TrainerFailure("resume_failed", f"checkpoint {path.name} is at step {step}, not before steps={self.config.steps}")
+        load_arguments: dict[str, Any] = {}
+        if self.deepspeed_config is not None:
+            # LoRA checkpoints hold only the adapter (exclude_frozen_parameters), so the base must not be required.
+            load_arguments["load_module_strict"] = self.config.training_type != "lora"
+        self.accelerator.load_state(str(path), **load_arguments)
+        if state.get("scheduler") is not None and not self.scheduler_stepped_by_engine:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self._resume_ema_state = path / state["ema"] if state.get("ema") else None
+        self.reporter.emit("stage", stage="train", status="resumed", step=step, checkpoint=path.name)
+        return step
+
+    # ---------------------------------------------------------------- save / export
+
+    def _save_and_export(self) -> list[Any]:
+        from fluxbooth.train.export import Artifact
+
+        accelerator = self.accelerator
+        config = self.config
+        output_dir = Path(config.output_dir)
+        model = accelerator.unwrap_model(self.engine)
+        artifacts: list[Artifact] = []
+        with self.clock.stage("save"):
+            if config.training_type == "full":
+                samples = self._save_full(model, output_dir / "transformer")
+            else:
+                lora_state = self._lora_state(model)
+        with self.clock.stage("export", formats=list(config.export_formats)):
+            if accelerator.is_main_process:
+                if config.training_type == "full":
+                    artifacts += self._export_full(output_dir, samples)
+                else:
+                    artifacts += self._export_lora(output_dir, lora_state, "", "lora")
+            if self.ema is not None:
+                artifacts += self._export_ema(model, output_dir)
+            accelerator.wait_for_everyone()
+        # The engine's memory is released before the validation pipeline is loaded.
+        self.engine = self.optimizer = self.scheduler = None
+        del model
+        accelerator.free_memory()
+        self._free_memory()
+        if config.validation_prompts:
+            with self.clock.stage("validate", prompts=len(config.validation_prompts)):
+                if accelerator.is_main_process:
+                    artifacts += self._render_validation_images(output_dir)
+                accelerator.wait_for_everyone()
+        return artifacts
+
+    def _save_full(self, model: Any, folder: Path) -> dict[str, Any]:
+        from fluxbooth.train.export import sample_names, save_transformer
+
+        if self.zero_stage != 3:
+            # Not partitioned: diffusers' own writer, from the unwrapped model, on the main process.
+            if not self.accelerator.is_main_process:
+                return {}
+            model.save_pretrained(str(folder), safe_serialization=True, max_shard_size=self.config.max_shard_size)
+            state = model.state_dict()
+            return {name: state[name].detach().cpu().clone() for name in sample_names(list(state))}
+        return save_transformer(
+            model, folder, is_main_process=self.accelerator.is_main_process, max_shard_size=self.config.max_shard_size
+        )
+
+    def _export_full(self, output_dir: Path, samples: dict[str, Any]) -> list[Any]:
+        from fluxbooth.train.export import Artifact, export_single_file, verify_saved_transformer
+
+        folder = output_dir / "transformer"
+        verify_saved_transformer(folder, samples)
+        artifacts = []
+        if "diffusers" in self.config.export_formats:
+            artifacts.append(Artifact(name="transformer", path="transformer", kind="diffusers_transformer"))
+        if "single_file" in self.config.export_formats:
+            single = output_dir / "flux_transformer.safetensors"
+            export_single_file(folder, single)
+            artifacts.append(Artifact(name="transformer_single_file", path=single.name, kind="single_file_transformer"))
+        return artifacts
+
+    def _lora_state(self, model: Any) -> dict[str, Any]:
+        from fluxbooth.train.export import lora_state_dict
+
+        return lora_state_dict(model, is_main_process=self.accelerator.is_main_process)
+
+    def _export_lora(self, output_dir: Path, state: dict[str, Any], prefix: str, folder_name: str) -> list[Any]:
+        from diffusers import FluxTransformer2DModel
+
+        from fluxbooth.train.export import Artifact, save_lora_comfyui, save_lora_diffusers
+        from fluxbooth.train.model import lora_adapter_metadata, resolve_model_folder
+
+        artifacts = []
+        folder = output_dir / folder_name
+        folder.mkdir(parents=True, exist_ok=True)
+        if "diffusers" in self.config.export_formats:
+            save_lora_diffusers(state, folder, self.config.lora, lora_adapter_metadata(self.config.lora))
+            artifacts.append(Artifact(name=f"{prefix}lora", path=f"{folder_name}/pytorch_lora_weights.safetensors", kind="lora_diffusers"))
+        if "comfyui" in self.config.export_formats:
+            transformer_config = FluxTransformer2DModel.load_config(
+                str(resolve_model_folder(self.config.base_model)), subfolder="transformer"
+            )
+            comfy = folder / "lora_comfyui.safetensors"
+            save_lora_comfyui(state, comfy, self.config.lora, transformer_config)
+            artifacts.append(Artifact(name=f"{prefix}lora_comfyui", path=f"{folder_name}/{comfy.name}", kind="lora_comfyui"))
+        return artifacts
+
+    def _export_ema(self, model: Any, output_dir: Path) -> list[Any]:
+        """*Collective for nothing* (EMA lives on the main process's CPU): EMA weights in the same formats."""
+        if not self.accelerator.is_main_process:
+            return []
+        ema_state = self.ema.export_state()
+        if self.config.training_type == "lora":
+            return self._export_lora(output_dir, ema_state, "ema_", "ema_lora")
+        from diffusers import FluxTransformer2DModel
+
+        from fluxbooth.train.export import Artifact, verify_saved_transformer
+        from fluxbooth.train.model import resolve_model_folder
+
+        folder = output_dir / "ema_transformer"
+        config = FluxTransformer2DModel.load_config(str(resolve_model_folder(self.config.base_model)), subfolder="transformer")
+        import torch
+
+        with torch.device("meta"):
+            skeleton = FluxTransformer2DModel.from_config(config)
+        skeleton.load_state_dict(ema_state, assign=True)
+        skeleton.save_pretrained(str(folder), safe_serialization=True, max_shard_size=self.config.max_shard_size)
+        verify_saved_transformer(folder, {name: ema_state[name] for name in list(ema_state)[:4]})
+        return [Artifact(name="ema_transformer", path="ema_transformer", kind="diffusers_transformer_ema")]
+
+    def _render_validation_images(self, output_dir: Path) -> list[Any]:
+        """Render validation_prompts with the exported weights, loaded the way a user would load them."""
+        import torch
+        from diffusers import FluxPipeline, FluxTransformer2DModel
+
+        from fluxbooth.train.export import Artifact, write_json
+
+        config = self.config
+        device = self.accelerator.device
+        dtype = self.precision.text_dtype
+        if config.training_type == "full":
+            transformer = FluxTransformer2DModel.from_pretrained(str(output_dir / "transformer"), torch_dtype=dtype)
+            pipeline = FluxPipeline.from_pretrained(config.base_model, transformer=transformer, torch_dtype=dtype)
+        else:
+            pipeline = FluxPipeline.from_pretrained(config.base_model, torch_dtype=dtype)
+            pipeline.load_lora_weights(str(output_dir / "lora"), weight_name="pytorch_lora_weights.safetensors")
+        if device.type == "cuda":
+            pipeline.enable_model_cpu_offload(device=device)
+        pipeline.set_progress_bar_config(disable=True)
+        folder = output_dir / "validation"
+        folder.mkdir(parents=True, exist_ok=True)
+        width, height = config.resolution
+        records, artifacts = [], []
+        for index, prompt in enumerate(config.validation_prompts):
+            seed = _seed_for(config.seed, "validation", index) % (2**32)
+            image = pipeline(
+                prompt=prompt,
+                width=width,
+                height=height,
+                num_inference_steps=config.validation_inference_steps,
+                guidance_scale=config.validation_guidance_scale,
+                generator=torch.Generator("cpu").manual_seed(seed),
+                max_sequence_length=config.max_sequence_length,
+            ).images[0]
+            name = f"validation_{index:02d}.png"
+            image.save(folder / name)
+            records.append({"file": name, "prompt": prompt, "seed": seed, "steps": config.validation_inference_steps})
+            artifacts.append(Artifact(name=f"validation_{index:02d}", path=f"validation/{name}", kind="validation_image"))
+        write_json(folder / "validation.json", {"images": records, "guidance_scale": config.validation_guidance_scale})
+        artifacts.append(Artifact(name="validation_index", path="validation/validation.json", kind="validation_index"))
+        del pipeline
+        gc.collect()
+        return artifacts

@@ -1,0 +1,201 @@
+"""Loading the FLUX transformer for training: plain, or partitioned under ZeRO-3; LoRA adapters."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.trainer_config import LoraSettings
+
+TRANSFORMER_SUBFOLDER = "transformer"
+
+
+def transformer_weight_files(base_model: str) -> list[Path]:
+    """The safetensors files of `base_model`'s transformer (a local pipeline folder or a cached hub id)."""
+    folder = resolve_model_folder(base_model) / TRANSFORMER_SUBFOLDER
+    index = folder / "diffusion_pytorch_model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [folder / name for name in names]
+    single = folder / "diffusion_pytorch_model.safetensors"
+    if single.is_file():
+        return [single]
+    raise TrainerFailure(
+        "invalid_config",
+        f"base model {base_model!r} has no transformer safetensors under {folder}; "
+        "point base_model at a diffusers FLUX pipeline folder",
+    )
+
+
+def resolve_model_folder(base_model: str) -> Path:
+    """A local folder for `base_model`: itself when it is a path, else its snapshot in the local HF cache."""
+    path = Path(base_model)
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(base_model, local_files_only=True))
+    except Exception as error:  # huggingface_hub raises several unrelated types for "not cached"
+        raise TrainerFailure(
+            "invalid_config",
+            f"base model {base_model!r} is neither a folder nor in the local Hugging Face cache; "
+            "bake it into the image or put it on the network volume (nothing is downloaded at run time)",
+        ) from error
+
+
+def load_transformer(base_model: str, dtype: torch.dtype) -> Any:
+    from diffusers import FluxTransformer2DModel
+
+    return FluxTransformer2DModel.from_pretrained(
+        str(resolve_model_folder(base_model)), subfolder=TRANSFORMER_SUBFOLDER, torch_dtype=dtype
+    )
+
+
+def load_transformer_zero3(base_model: str, dtype: torch.dtype, deepspeed_config: dict[str, Any], is_source_rank: bool) -> Any:
+    """Build the transformer already partitioned (deepspeed.zero.Init) and stream the weights in.
+
+    Each rank only ever holds its partition (on the CPU when parameters are offloaded); one module's
+    full parameters are gathered at a time while rank 0 copies them in from the safetensors files, so
+    the whole model never exists on one GPU or in one process.
+    """
+    import deepspeed
+    from diffusers import FluxTransformer2DModel
+
+    folder = resolve_model_folder(base_model)
+    config = FluxTransformer2DModel.load_config(str(folder), subfolder=TRANSFORMER_SUBFOLDER)
+    remote_device = deepspeed_config.get("zero_optimization", {}).get("offload_param", {}).get("device")
+    with deepspeed.zero.Init(
+        config_dict_or_path=deepspeed_config,
+        remote_device=remote_device if remote_device in ("cpu", "nvme") else None,
+        dtype=dtype,
+    ):
+        model = FluxTransformer2DModel.from_config(config)
+    _stream_weights_into_partitioned_model(model, transformer_weight_files(base_model), is_source_rank)
+    return model.eval()
+
+
+def _stream_weights_into_partitioned_model(model: torch.nn.Module, files: list[Path], is_source_rank: bool) -> None:
+    import deepspeed
+    from safetensors import safe_open
+
+    with _open_safetensors(files if is_source_rank else []) as tensor_source:
+        expected = set()
+        for module_name, module in model.named_modules():
+            parameters = dict(module.named_parameters(recurse=False))
+            prefix = f"{module_name}." if module_name else ""
+            expected.update(prefix + name for name in parameters)
+            if parameters:
+                # Collective: every rank gathers the same module, rank 0 writes, the result is re-partitioned.
+                with deepspeed.zero.GatheredParameters(list(parameters.values()), modifier_rank=0):
+                    if is_source_rank:
+                        for name, parameter in parameters.items():
+                            parameter.data.copy_(tensor_source.get(prefix + name, parameter.shape))
+            for name, buffer in module.named_buffers(recurse=False):
+                if prefix + name in tensor_source.keys:
+                    buffer.data.copy_(tensor_source.get(prefix + name, buffer.shape))
+        if is_source_rank:
+            missing = expected - tensor_source.keys
+            if missing:
+                raise TrainerFailure(
+                    "invalid_config", f"the base transformer's weights lack {len(missing)} tensors, e.g. {sorted(missing)[:3]}"
+                )
+
+
+class _TensorSource:
+    def __init__(self, handles: list[Any]) -> None:
+        self._handles = {}
+        for handle in handles:
+            for key in handle.keys():
+                self._handles[key] = handle
+        self.keys = set(self._handles)
+
+    def get(self, key: str, shape: torch.Size) -> torch.Tensor:
+        if key not in self._handles:
+            raise TrainerFailure("invalid_config", f"the base transformer's weights lack {key!r}")
+        tensor = self._handles[key].get_tensor(key)
+        if tuple(tensor.shape) != tuple(shape):
+            raise TrainerFailure(
+                "invalid_config", f"the base transformer's {key!r} has shape {tuple(tensor.shape)}, the model expects {tuple(shape)}"
+            )
+        return tensor
+
+
+@contextmanager
+def _open_safetensors(files: list[Path]) -> Iterator[_TensorSource]:
+    from contextlib import ExitStack
+
+    from safetensors import safe_open
+
+    with ExitStack() as stack:
+        handles = [stack.enter_context(safe_open(str(path), framework="pt", device="cpu")) for path in files]
+        yield _TensorSource(handles)
+
+
+def partitioning_report(model: torch.nn.Module) -> dict[str, Any]:
+    """How the parameters are held: under ZeRO-3 each is a DeepSpeed parameter whose local tensor is
+    empty (the full tensor was never kept) and whose partition lives on the offload device."""
+    parameters = list(model.parameters())
+    partitioned = [parameter for parameter in parameters if hasattr(parameter, "ds_tensor")]
+    devices = sorted({parameter.ds_tensor.device.type for parameter in partitioned})
+    return {
+        "parameters": len(parameters),
+        "partitioned": len(partitioned),
+        "materialised_elements": sum(parameter.numel() for parameter in partitioned),
+        "partition_devices": devices,
+    }
+
+
+def add_lora_adapter(transformer: Any, settings: LoraSettings) -> None:
+    """Freeze the base and add peft LoRA layers (gaussian init, as diffusers' FLUX LoRA script)."""
+    from peft import LoraConfig
+
+    transformer.requires_grad_(False)
+    transformer.add_adapter(
+        LoraConfig(
+            r=settings.rank,
+            lora_alpha=settings.alpha,
+            lora_dropout=settings.dropout,
+            init_lora_weights="gaussian",
+            target_modules=list(settings.target_modules),
+        )
+    )
+    if not any(parameter.requires_grad for parameter in transformer.parameters()):
+        raise TrainerFailure(
+            "invalid_config",
+            f"lora_target_modules {list(settings.target_modules)} match no layer of the FLUX transformer; "
+            "use names like to_q, to_k, to_v, to_out.0, proj_mlp",
+        )
+
+
+def lora_adapter_metadata(settings: LoraSettings) -> dict[str, Any]:
+    """What diffusers stores beside the weights so `load_lora_weights` restores alpha and targets."""
+    return {
+        "r": settings.rank,
+        "lora_alpha": settings.alpha,
+        "target_modules": sorted(settings.target_modules),
+        "lora_dropout": settings.dropout,
+        "init_lora_weights": "gaussian",
+        "use_dora": False,
+        "bias": "none",
+    }
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [parameter for parameter in model.parameters() if parameter.requires_grad]
+
+
+def parameter_count(model: torch.nn.Module, trainable_only: bool = False) -> int:
+    """Counts elements, also of ZeRO-3 partitioned parameters (whose local tensors are empty)."""
+    total = 0
+    for parameter in model.parameters():
+        if trainable_only and not parameter.requires_grad:
+            continue
+        total += int(getattr(parameter, "ds_numel", parameter.numel()))
+    return total

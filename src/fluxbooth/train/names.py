@@ -1,0 +1,49 @@
+"""Names the trainer accepts and the exit statuses it uses. Torch-free: the worker imports this to
+validate requests and classify exits before anything is launched."""
+
+from __future__ import annotations
+
+# Optimizers the trainer can build, by canonical name. Under DeepSpeed, "adamw" and "adam" come from the
+# DeepSpeed JSON's `optimizer` block (DeepSpeedCPUAdam when the optimizer is offloaded to the CPU); the
+# others are torch optimizers handed to DeepSpeed, which needs `zero_force_ds_cpu_optimizer: false`
+# in the JSON when the optimizer is offloaded.
+SUPPORTED_OPTIMIZERS = ("adamw", "adam", "adafactor", "sgd")
+# DeepSpeed `optimizer.type` values that mean the same algorithm as a canonical name.
+DEEPSPEED_OPTIMIZER_TYPES = {"adamw": "AdamW", "adam": "Adam"}
+
+# Learning-rate schedules (with optional linear warm-up in front).
+SUPPORTED_LR_SCHEDULERS = ("constant", "cosine")
+
+# Timestep (sigma) sampling and loss weighting, as diffusers' FLUX DreamBooth script names them.
+SUPPORTED_WEIGHTING_SCHEMES = ("none", "logit_normal", "mode", "sigma_sqrt", "cosmap")
+
+# Export formats: "diffusers" (full: the transformer folder; LoRA: pytorch_lora_weights.safetensors),
+# "single_file" (full only: one safetensors file in the original FLUX key layout),
+# "comfyui" (LoRA only: kohya/ComfyUI `lora_unet_...` keys).
+SUPPORTED_EXPORT_FORMATS = ("diffusers", "single_file", "comfyui")
+FULL_EXPORT_FORMATS = ("diffusers", "single_file")
+LORA_EXPORT_FORMATS = ("diffusers", "comfyui")
+
+# Exit statuses of `python -m fluxbooth.train` (besides 0). Every failure also prints an `error` event
+# whose `code` is one of ERROR_CODES, which is the more precise signal.
+EXIT_INVALID_CONFIG = 2
+EXIT_NAN_LOSS = 3
+EXIT_CUDA_OOM = 4
+EXIT_FAILED = 1
+
+ERROR_CODES = (
+    "invalid_config",  # train.json or the DeepSpeed JSON asks for something this trainer cannot do
+    "invalid_dataset",  # no usable images, unreadable caption, ...
+    "nan_loss",  # the loss became NaN or infinite
+    "cuda_oom",  # torch.cuda.OutOfMemoryError
+    "missing_libaio",  # NVMe offload asked for, but DeepSpeed's async_io op cannot be built
+    "resume_failed",  # the checkpoint to resume from is missing or does not match
+    "export_failed",  # the saved weights did not load back or did not match
+    "trainer_failed",  # anything else
+)
+
+
+def normalise_optimizer_name(name: str) -> str:
+    """`"AdamW"`, `"adam-w"`, `"adam_w"` → `"adamw"`; unknown names are returned normalised (callers refuse them)."""
+    normalised = name.strip().lower().replace("-", "_")
+    return {"adam_w": "adamw"}.get(normalised, normalised)

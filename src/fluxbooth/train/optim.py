@@ -1,0 +1,118 @@
+"""Optimizer and learning-rate schedule: DeepSpeed's own when its JSON defines them, torch's otherwise."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.train.names import (
+    DEEPSPEED_OPTIMIZER_TYPES,
+    SUPPORTED_LR_SCHEDULERS,
+    SUPPORTED_OPTIMIZERS,
+    normalise_optimizer_name,
+)
+from fluxbooth.trainer_config import TrainerConfig
+
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+WEIGHT_DECAY = 0.01
+
+
+def validated_optimizer_name(config: TrainerConfig, deepspeed_config: dict[str, Any] | None) -> str:
+    name = normalise_optimizer_name(config.optimizer)
+    if name not in SUPPORTED_OPTIMIZERS:
+        raise TrainerFailure(
+            "invalid_config", f"optimizer {config.optimizer!r} is not supported; use one of {list(SUPPORTED_OPTIMIZERS)}"
+        )
+    block = (deepspeed_config or {}).get("optimizer")
+    if block is not None:
+        declared = str(block.get("type", ""))
+        if DEEPSPEED_OPTIMIZER_TYPES.get(name, "").lower() != declared.lower():
+            # Never train with a different optimizer than the one asked for.
+            raise TrainerFailure(
+                "invalid_config",
+                f"train.json asks for optimizer {name!r} but the DeepSpeed JSON defines {declared!r}; "
+                "make them agree (DeepSpeed's block only supports "
+                f"{sorted(DEEPSPEED_OPTIMIZER_TYPES)}, leave it out for the others)",
+            )
+    if config.lr_scheduler not in SUPPORTED_LR_SCHEDULERS:
+        raise TrainerFailure(
+            "invalid_config", f"lr_scheduler {config.lr_scheduler!r} is not supported; use one of {list(SUPPORTED_LR_SCHEDULERS)}"
+        )
+    return name
+
+
+def build_optimizer(
+    name: str, parameters: Sequence[torch.nn.Parameter], config: TrainerConfig, deepspeed_config: dict[str, Any] | None
+) -> Any:
+    """`accelerate.utils.DummyOptim` when the DeepSpeed JSON has an optimizer block (DeepSpeed then builds
+    it, as DeepSpeedCPUAdam when the optimizer is offloaded), else a torch optimizer."""
+    if deepspeed_config is not None and "optimizer" in deepspeed_config:
+        from accelerate.utils import DummyOptim
+
+        weight_decay = deepspeed_config["optimizer"].get("params", {}).get("weight_decay", WEIGHT_DECAY)
+        return DummyOptim(list(parameters), lr=config.learning_rate, weight_decay=weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(parameters, lr=config.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY)
+    if name == "adam":
+        return torch.optim.Adam(parameters, lr=config.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS)
+    if name == "sgd":
+        return torch.optim.SGD(parameters, lr=config.learning_rate, momentum=0.9)
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(parameters, lr=config.learning_rate, relative_step=False, scale_parameter=False, warmup_init=False)
+    raise TrainerFailure("invalid_config", f"optimizer {name!r} is not supported; use one of {list(SUPPORTED_OPTIMIZERS)}")
+
+
+def learning_rate_factor(config: TrainerConfig) -> Callable[[int], float]:
+    """Multiplier of the base learning rate after `step` optimizer steps: linear warm-up, then constant or cosine to 0."""
+    warmup = max(0, config.lr_warmup_steps)
+    total = max(1, config.steps)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if config.lr_scheduler == "cosine":
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return factor
+
+
+def build_scheduler(optimizer: Any, config: TrainerConfig, deepspeed_config: dict[str, Any] | None, num_processes: int) -> Any:
+    """The schedule object to hand to `accelerator.prepare` (DeepSpeed) or to step by hand (no DeepSpeed)."""
+    from accelerate.utils import DummyOptim, DummyScheduler
+
+    if deepspeed_config is not None and "scheduler" in deepspeed_config:
+        # accelerate divides total_num_steps by the process count when it fills "auto"; ours are optimizer steps.
+        return DummyScheduler(
+            optimizer, total_num_steps=config.steps * num_processes, warmup_num_steps=max(1, config.lr_warmup_steps)
+        )
+    factor = learning_rate_factor(config)
+    if isinstance(optimizer, DummyOptim):
+        # DeepSpeed builds the optimizer; it also builds and steps this schedule on accumulation boundaries.
+        return DummyScheduler(
+            optimizer, lr_scheduler_callable=lambda real_optimizer: torch.optim.lr_scheduler.LambdaLR(real_optimizer, factor)
+        )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def optimizer_class_name(optimizer: Any) -> str:
+    """The class of the optimizer that really steps, unwrapped from accelerate's and DeepSpeed's wrappers.
+
+    ZeRO-1/2 wrap it in DeepSpeedZeroOptimizer, ZeRO-3 in DeepSpeedZeroOptimizer_Stage3, fp16 in a loss
+    scaler, accelerate in AcceleratedOptimizer/DeepSpeedOptimizerWrapper; the innermost `.optimizer` is it.
+    """
+    current = optimizer
+    for _ in range(8):
+        inner = getattr(current, "optimizer", None)
+        if inner is None or inner is current:
+            break
+        current = inner
+    return type(current).__name__

@@ -1,0 +1,70 @@
+"""Progress events, stage timing and resource peaks, printed by the main process only."""
+
+from __future__ import annotations
+
+import math
+import resource
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from fluxbooth.events import format_event
+
+
+class EventReporter:
+    """Prints `fluxbooth.events` lines on stdout (flushed) when `enabled` (the main process)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if self.enabled:
+            print(format_event(event, **fields), file=sys.stdout, flush=True)
+
+    def stage(self, name: str, **fields: Any) -> None:
+        self.emit("stage", stage=name, **fields)
+
+    def step(self, step: int, total: int, loss: float, lr: float, seconds_per_step: float) -> None:
+        self.emit("step", step=step, total=total, loss=loss, lr=lr, seconds_per_step=round(seconds_per_step, 6))
+
+    def warning(self, message: str) -> None:
+        self.emit("warning", message=message)
+
+    def error(self, code: str, message: str, **fields: Any) -> None:
+        self.emit("error", code=code, message=message, **fields)
+
+
+class StageClock:
+    """Seconds spent per stage; stages may repeat (e.g. validate), their times add up."""
+
+    def __init__(self, reporter: EventReporter) -> None:
+        self.reporter = reporter
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str, **fields: Any) -> Iterator[None]:
+        self.reporter.stage(name, **fields)
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - started, 3)
+
+
+def peak_host_rss_bytes() -> int:
+    """This process's peak resident set size (Linux reports ru_maxrss in KiB)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def peak_gpu_bytes() -> int | None:
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.max_memory_allocated())
+
+
+def finite(value: float) -> bool:
+    return math.isfinite(value)

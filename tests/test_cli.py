@@ -1,0 +1,255 @@
+"""`python -m fluxbooth plan` and `doctor` (**contract**): flags, JSON fields, exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fluxbooth.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from fluxbooth.hardware import GIB
+
+CANDIDATE_FIELDS = {
+    "zero_stage", "offload_optimizer", "offload_param", "training_type", "fits", "gpu_bytes", "host_bytes",
+    "disk_bytes", "reason",
+}
+EIGHT_GIB_CARD = ["--gpu-memory", "8GiB", "--host-memory", "64GiB", "--gpus", "1", "--disk", "200GiB"]
+EIGHTY_GIB_CARD = ["--gpu-memory", "80GiB", "--host-memory", "256GiB", "--gpus", "1", "--disk", "200GiB"]
+FLUX_DEV_FULL_1024 = ["--base-model", "black-forest-labs/FLUX.1-dev", "--training-type", "full", "--resolution", "1024x1024"]
+NO_GPU_HERE = pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has an NVIDIA driver")
+
+
+def run_cli(arguments: list[str], environ: dict[str, str]) -> tuple[int, str]:
+    out = io.StringIO()
+    code = main(arguments, environ, out)
+    return code, out.getvalue()
+
+
+@pytest.fixture
+def cli_env(tmp_path: Path, torch_extensions_dir: Path) -> dict[str, str]:
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+        "FLUXBOOTH_WORK_DIR": str(tmp_path / "work"),
+        "FLUXBOOTH_OUTPUT_DIR": str(tmp_path / "outputs"),
+        "FLUXBOOTH_CACHE_DIR": str(tmp_path / "cache"),
+        "FLUXBOOTH_VOLUME_DIR": str(tmp_path / "no-volume"),
+        "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir),
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fluxbooth.tiny import build_tiny_pipeline
+
+    return build_tiny_pipeline(tmp_path_factory.mktemp("tiny") / "tiny-flux")
+
+
+# ---- plan: issue 5 "done when" ---------------------------------------------------------------------
+
+
+def test_plan_json_chooses_nothing_for_full_flux_dev_on_8_gib_and_64_gib_host(cli_env: dict[str, str]) -> None:
+    code, output = run_cli(["plan", *EIGHT_GIB_CARD, *FLUX_DEV_FULL_1024, "--json"], cli_env)
+    report = json.loads(output)
+    assert code == EXIT_FAILED
+    assert report["chosen"] is None
+    assert "host RAM" in report["error"]["message"]
+    requested = [candidate for candidate in report["candidates"] if candidate["training_type"] == "full"]
+    assert requested and not any(candidate["fits"] for candidate in requested)
+    # The best full strategy for an 8 GiB card is refused for host RAM, not for the GPU.
+    zero3_offload = next(c for c in requested if c["zero_stage"] == 3 and c["offload_param"] == "cpu")
+    assert "host RAM" in zero3_offload["reason"] and zero3_offload["host_bytes"] > 64 * GIB
+    assert any(candidate["training_type"] == "lora" and candidate["fits"] for candidate in report["candidates"])
+
+
+def test_plan_json_chooses_a_plan_on_80_gib_and_256_gib_host(cli_env: dict[str, str]) -> None:
+    code, output = run_cli(["plan", *EIGHTY_GIB_CARD, *FLUX_DEV_FULL_1024, "--json"], cli_env)
+    report = json.loads(output)
+    assert code == EXIT_OK
+    assert report["chosen"]["training_type"] == "full"
+    assert report["chosen"]["fits"] is True
+    assert report["plan"]["zero_stage"] == report["chosen"]["zero_stage"]
+
+
+def test_every_candidate_carries_the_contract_fields(cli_env: dict[str, str]) -> None:
+    _, output = run_cli(["plan", *EIGHT_GIB_CARD, *FLUX_DEV_FULL_1024, "--json"], cli_env)
+    for candidate in json.loads(output)["candidates"]:
+        assert CANDIDATE_FIELDS <= set(candidate)
+
+
+def test_zero2_cpu_offload_candidate_predicts_at_least_the_bf16_weights(cli_env: dict[str, str]) -> None:
+    _, output = run_cli(["plan", *EIGHTY_GIB_CARD, *FLUX_DEV_FULL_1024, "--json"], cli_env)
+    zero2_offload = next(
+        c for c in json.loads(output)["candidates"]
+        if (c["training_type"], c["zero_stage"], c["offload_optimizer"]) == ("full", 2, "cpu")
+    )
+    assert zero2_offload["gpu_bytes"] >= 22 * GIB
+
+
+def test_plan_table_lists_candidates_and_the_choice(cli_env: dict[str, str]) -> None:
+    code, output = run_cli(["plan", *EIGHTY_GIB_CARD, *FLUX_DEV_FULL_1024, "--gpu-name", "H100"], cli_env)
+    assert code == EXIT_OK
+    assert "offload opt/param" in output
+    assert "chosen: full with ZeRO-2, offload optimizer cpu" in output
+    assert "s/step" in output
+
+
+def test_plan_table_explains_a_refusal(cli_env: dict[str, str]) -> None:
+    code, output = run_cli(["plan", *EIGHT_GIB_CARD, *FLUX_DEV_FULL_1024], cli_env)
+    assert code == EXIT_FAILED
+    assert "nothing fits:" in output and "Would fit: LoRA rank 16" in output
+
+
+def test_lora_rank_flag_changes_the_trainable_parameters(cli_env: dict[str, str]) -> None:
+    def trainable(rank: str) -> int:
+        _, output = run_cli(
+            ["plan", *EIGHTY_GIB_CARD, "--base-model", "black-forest-labs/FLUX.1-dev", "--training-type", "lora",
+             "--lora-rank", rank, "--json"],
+            cli_env,
+        )
+        return json.loads(output)["chosen"]["breakdown"]["trainable_params"]
+
+    assert trainable("32") == 2 * trainable("16")
+
+
+def test_a_deadline_too_short_for_the_steps_is_refused(cli_env: dict[str, str]) -> None:
+    code, output = run_cli(["plan", *EIGHTY_GIB_CARD, *FLUX_DEV_FULL_1024, "--steps", "5000", "--deadline", "600", "--json"], cli_env)
+    assert code == EXIT_FAILED
+    assert "beyond the job deadline" in json.loads(output)["error"]["message"]
+
+
+def test_a_local_model_on_this_cpu_machine_gets_the_guides_strategy(cli_env: dict[str, str], tiny_model_dir: Path) -> None:
+    code, output = run_cli(["plan", "--base-model", str(tiny_model_dir), "--resolution", "64", "--gpus", "0", "--json"], cli_env)
+    report = json.loads(output)
+    assert code == EXIT_OK
+    assert report["plan"]["accelerator"] == "cpu"
+    assert (report["plan"]["zero_stage"], report["plan"]["offload_optimizer"]) == (2, "cpu")
+
+
+def test_a_request_file_supplies_the_job(cli_env: dict[str, str], tmp_path: Path) -> None:
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"input": {
+        "model_name": "m", "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==", "instance_prompt": "a sks dog",
+        "base_model": "black-forest-labs/FLUX.1-dev", "training_type": "lora", "lora_rank": 8, "resolution": "512x512",
+    }}))
+    code, output = run_cli(["plan", *EIGHT_GIB_CARD, "--request", str(request), "--json"], cli_env)
+    report = json.loads(output)
+    assert code == EXIT_OK
+    assert report["job"]["resolution"] == [512, 512]
+    assert report["chosen"]["lora_rank"] == 8
+
+
+def test_an_unknown_model_is_invalid_input_with_exit_2(cli_env: dict[str, str]) -> None:
+    code, output = run_cli(["plan", *EIGHT_GIB_CARD, "--base-model", "someone/model", "--json"], cli_env)
+    assert code == EXIT_USAGE
+    assert json.loads(output)["error"]["code"] == "invalid_input"
+
+
+def test_a_malformed_size_is_a_usage_error(cli_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["plan", "--gpu-memory", "lots"], cli_env, io.StringIO())
+    assert caught.value.code == EXIT_USAGE
+    assert "'lots' is not a size" in capsys.readouterr().err
+
+
+def test_python_dash_m_fluxbooth_plan_is_the_entry_point(cli_env: dict[str, str]) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "fluxbooth", "plan", *EIGHT_GIB_CARD, *FLUX_DEV_FULL_1024, "--json"],
+        capture_output=True, text=True, env=cli_env, timeout=120, check=False,
+    )
+    assert completed.returncode == EXIT_FAILED
+    assert json.loads(completed.stdout)["chosen"] is None
+
+
+# ---- doctor ----------------------------------------------------------------------------------------
+
+
+def checks_by_name(output: str) -> dict[str, dict[str, str]]:
+    return {check["name"]: check for check in json.loads(output)["checks"]}
+
+
+@NO_GPU_HERE
+def test_doctor_on_a_cpu_machine_fails_only_for_cuda(cli_env: dict[str, str]) -> None:
+    cli_env["FLUXBOOTH_BASE_MODEL"] = "fluxbooth/tiny-flux"
+    code, output = run_cli(["doctor", "--json"], cli_env)
+    checks = checks_by_name(output)
+    assert code == EXIT_FAILED
+    assert checks["CUDA"]["status"] == "fail"
+    assert [name for name, check in checks.items() if check["status"] == "fail"] == ["CUDA"]
+    assert checks["DeepSpeed"]["status"] == "ok" and "accelerator 'cpu'" in checks["DeepSpeed"]["detail"]
+    assert checks["op cpu_adam"]["status"] == "ok"
+    assert checks["accelerate"]["status"] == "ok"
+    assert checks["config files"]["status"] == "ok"
+    assert checks["environment"]["status"] == "ok"
+    assert {"host RAM", "disk", "base model", "object storage"} <= set(checks)
+
+
+@NO_GPU_HERE
+def test_doctor_with_allow_cpu_passes_on_a_cpu_machine(cli_env: dict[str, str]) -> None:
+    cli_env["FLUXBOOTH_BASE_MODEL"] = "fluxbooth/tiny-flux"
+    code, output = run_cli(["doctor", "--allow-cpu"], cli_env)
+    assert code == EXIT_OK
+    assert "SKIP  CUDA" in output
+    assert "all checks passed" in output
+
+
+def test_doctor_fails_when_the_base_model_is_not_on_the_machine(cli_env: dict[str, str], tmp_path: Path) -> None:
+    cli_env["FLUXBOOTH_BASE_MODEL"] = str(tmp_path / "models" / "flux")
+    code, output = run_cli(["doctor", "--allow-cpu", "--json"], cli_env)
+    check = checks_by_name(output)["base model"]
+    assert code == EXIT_FAILED
+    assert check["status"] == "fail"
+    assert "is not on this machine" in check["detail"]
+
+
+def test_doctor_finds_a_local_base_model_folder(cli_env: dict[str, str], tiny_model_dir: Path) -> None:
+    from fluxbooth.doctor import check_base_model
+    from fluxbooth.settings import WorkerSettings
+
+    result = check_base_model(WorkerSettings.from_environ({**cli_env, "FLUXBOOTH_BASE_MODEL": str(tiny_model_dir)}))
+    assert result.status == "ok"
+    assert "transformer weights" in result.detail
+
+
+def test_doctor_heads_the_bucket_without_printing_secrets(cli_env: dict[str, str], s3_bucket_env: dict[str, str]) -> None:
+    from fluxbooth.doctor import check_bucket
+    from fluxbooth.settings import WorkerSettings
+
+    result = check_bucket(WorkerSettings.from_environ({**cli_env, **s3_bucket_env}))
+    assert result.status == "ok"
+    assert s3_bucket_env["BUCKET_NAME"] in result.detail
+
+
+def test_doctor_reports_a_missing_bucket_without_printing_secrets(
+    cli_env: dict[str, str], s3_bucket_env: dict[str, str]
+) -> None:
+    from fluxbooth.doctor import check_bucket
+    from fluxbooth.settings import WorkerSettings
+
+    env = {**cli_env, **s3_bucket_env, "BUCKET_NAME": "no-such-bucket-fluxbooth"}
+    result = check_bucket(WorkerSettings.from_environ(env))
+    assert result.status == "fail"
+    assert "404" in result.detail
+    assert s3_bucket_env["BUCKET_SECRET_ACCESS_KEY"] not in result.detail
+    assert s3_bucket_env["BUCKET_ACCESS_KEY_ID"] not in result.detail
+
+
+def test_doctor_reports_a_runtime_probe_that_cannot_import_torch(cli_env: dict[str, str]) -> None:
+    from fluxbooth.doctor import DoctorOptions, doctor_passed, run_doctor
+
+    def broken_probe(*_: object, **__: object) -> dict[str, str]:
+        # A torch install broken beyond import cannot be produced on demand: stand in for its report.
+        return {"torch_error": "ImportError: libcudart.so.12: cannot open shared object file"}
+
+    results = run_doctor({**cli_env, "FLUXBOOTH_BASE_MODEL": "fluxbooth/tiny-flux"}, DoctorOptions(allow_cpu=True), probe=broken_probe)
+    deepspeed = next(result for result in results if result.name == "DeepSpeed")
+    assert not doctor_passed(results)
+    assert deepspeed.status == "fail"
+    assert "libcudart" in deepspeed.detail

@@ -1,0 +1,407 @@
+"""plan.py and modelsize.py: sizing FLUX without weights, predicting memory, choosing or refusing.
+
+Sizes are checked against the real diffusers/transformers/peft classes built on the meta device
+(no weights, no download); choices against issue 5's "done when" list.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.hardware import GIB, Hardware, hypothetical_hardware
+from fluxbooth.modelsize import (
+    FLUX_DEV_NAME,
+    FLUX_SCHNELL_NAME,
+    _CLIP_L_CONFIG,
+    _FLUX_TRANSFORMER_CONFIG,
+    _FLUX_VAE_CONFIG,
+    _T5_XXL_CONFIG,
+    model_size,
+    model_size_from_configs,
+)
+from fluxbooth.plan import (
+    DEFAULT_LORA_TARGETS,
+    JobShape,
+    Strategy,
+    activation_bytes,
+    choose_plan,
+    estimate_memory,
+    evaluate_candidates,
+)
+from fluxbooth.trainer_config import LoraSettings
+
+torch = pytest.importorskip("torch")
+
+
+# ---- factories ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FakeRequest:
+    """Only the attributes choose_plan reads, as TrainingRequest names them."""
+
+    training_type: str = "full"
+    lora_rank: int = 16
+    lora_target_modules: list[str] | None = None
+    zero_stage: object = "auto"
+    offload: str = "auto"
+    use_deepspeed: bool = True
+    mixed_precision: str = "bf16"
+    gradient_checkpointing: bool = True
+    resolution: tuple[int, int] = (1024, 1024)
+    batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    steps: int = 1000
+    optimizer: str = "adamw"
+
+
+def gpu_machine(gpu_gib: float, host_gib: float, gpus: int = 1, disk_gib: float = 500) -> Hardware:
+    return hypothetical_hardware(
+        gpus=gpus,
+        gpu_memory_bytes=int(gpu_gib * GIB),
+        host_memory_bytes=int(host_gib * GIB),
+        disk_bytes=int(disk_gib * GIB),
+        gpu_name="NVIDIA H100 80GB HBM3",
+    )
+
+
+def cpu_machine(host_gib: float = 24) -> Hardware:
+    return hypothetical_hardware(gpus=0, gpu_memory_bytes=0, host_memory_bytes=int(host_gib * GIB), disk_bytes=100 * GIB)
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fluxbooth.tiny import build_tiny_pipeline
+
+    return build_tiny_pipeline(tmp_path_factory.mktemp("tiny") / "tiny-flux")
+
+
+def write_flux_folder(folder: Path, transformer: dict, clip: dict, t5: dict, vae: dict) -> Path:
+    for name, config in (("transformer", transformer), ("text_encoder", clip), ("text_encoder_2", t5), ("vae", vae)):
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        (folder / name / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def count_on_meta(transformer: dict, clip: dict, t5: dict, vae: dict) -> tuple[int, int, int, int, int]:
+    """(transformer, largest layer, CLIP, T5, VAE) parameters of the real classes, no weights."""
+    from diffusers import AutoencoderKL, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    with torch.device("meta"):
+        flux = FluxTransformer2DModel(**transformer)
+        clip_model = CLIPTextModel(CLIPTextConfig(**clip))
+        t5_model = T5EncoderModel(T5Config(**t5, is_encoder_decoder=False, use_cache=False))
+        vae_model = AutoencoderKL(
+            **vae,
+            down_block_types=["DownEncoderBlock2D"] * len(vae["block_out_channels"]),
+            up_block_types=["UpDecoderBlock2D"] * len(vae["block_out_channels"]),
+        )
+    largest = max(sum(p.numel() for p in module.parameters(recurse=False)) for module in flux.modules())
+    return (
+        sum(p.numel() for p in flux.parameters()),
+        largest,
+        sum(p.numel() for p in clip_model.parameters()),
+        sum(p.numel() for p in t5_model.parameters()),
+        sum(p.numel() for p in vae_model.parameters()),
+    )
+
+
+# ---- model sizing ---------------------------------------------------------------------------------
+
+
+def test_flux_dev_preset_has_the_published_sizes() -> None:
+    size = model_size(FLUX_DEV_NAME)
+    assert size.transformer_params == 11_901_408_320
+    assert size.text_encoder_params == 123_060_480
+    assert size.text_encoder_2_params == 4_762_310_656
+    assert size.vae_params == 83_819_683
+    # The norm1.linear of a double block, which ZeRO-3 gathers whole.
+    assert size.largest_layer_params == 56_641_536
+
+
+def test_flux_presets_match_the_real_classes_on_the_meta_device() -> None:
+    for name, guidance in ((FLUX_DEV_NAME, True), (FLUX_SCHNELL_NAME, False)):
+        transformer = {**_FLUX_TRANSFORMER_CONFIG, "guidance_embeds": guidance}
+        vae = {key: value for key, value in _FLUX_VAE_CONFIG.items() if key != "mid_block_add_attention"}
+        size = model_size(name)
+        assert (
+            size.transformer_params,
+            size.largest_layer_params,
+            size.text_encoder_params,
+            size.text_encoder_2_params,
+            size.vae_params,
+        ) == count_on_meta(transformer, _CLIP_L_CONFIG, _T5_XXL_CONFIG, vae)
+
+
+def test_a_local_folder_of_another_shape_is_sized_from_its_configs(tmp_path: Path) -> None:
+    transformer = {**_FLUX_TRANSFORMER_CONFIG, "num_layers": 3, "num_single_layers": 5, "num_attention_heads": 3,
+                   "attention_head_dim": 64, "joint_attention_dim": 256, "pooled_projection_dim": 96,
+                   "in_channels": 16, "guidance_embeds": False, "axes_dims_rope": [16, 24, 24]}
+    clip = {**_CLIP_L_CONFIG, "hidden_size": 96, "intermediate_size": 200, "num_hidden_layers": 3, "num_attention_heads": 4, "vocab_size": 1000}
+    t5 = {**_T5_XXL_CONFIG, "d_model": 256, "d_kv": 32, "d_ff": 300, "num_layers": 3, "num_heads": 8, "vocab_size": 900,
+          "feed_forward_proj": "relu"}
+    vae = {"in_channels": 3, "out_channels": 3, "block_out_channels": [32, 64], "layers_per_block": 1,
+           "latent_channels": 4, "norm_num_groups": 16}
+    size = model_size(str(write_flux_folder(tmp_path / "custom", transformer, clip, t5, vae)))
+    assert size.source == "config"
+    assert (
+        size.transformer_params,
+        size.largest_layer_params,
+        size.text_encoder_params,
+        size.text_encoder_2_params,
+        size.vae_params,
+    ) == count_on_meta(transformer, clip, t5, vae)
+
+
+def test_the_tiny_model_folder_is_sized_exactly(tiny_model_dir: Path) -> None:
+    from diffusers import AutoencoderKL, FluxTransformer2DModel
+    from transformers import CLIPTextModel, T5EncoderModel
+
+    size = model_size(str(tiny_model_dir))
+    assert size.transformer_params == FluxTransformer2DModel.from_pretrained(tiny_model_dir, subfolder="transformer").num_parameters()
+    assert size.text_encoder_params == CLIPTextModel.from_pretrained(tiny_model_dir / "text_encoder").num_parameters()
+    assert size.text_encoder_2_params == T5EncoderModel.from_pretrained(tiny_model_dir / "text_encoder_2").num_parameters()
+    assert size.vae_params == sum(p.numel() for p in AutoencoderKL.from_pretrained(tiny_model_dir, subfolder="vae").parameters())
+
+
+def test_lora_parameter_count_matches_peft(tiny_model_dir: Path) -> None:
+    from diffusers import FluxTransformer2DModel
+    from peft import LoraConfig, get_peft_model_state_dict, inject_adapter_in_model
+
+    size = model_size(str(tiny_model_dir))
+    for rank, targets in ((4, LoraSettings().target_modules), (8, ("to_q", "to_v")), (2, ("proj_out",))):
+        model = FluxTransformer2DModel.from_pretrained(tiny_model_dir, subfolder="transformer")
+        model = inject_adapter_in_model(LoraConfig(r=rank, target_modules=list(targets)), model)
+        peft_count = sum(tensor.numel() for tensor in get_peft_model_state_dict(model).values())
+        assert size.lora_params(rank, targets) == peft_count
+
+
+def test_an_unknown_name_is_refused_before_any_download() -> None:
+    with pytest.raises(FluxboothError) as caught:
+        model_size("someone/some-model")
+    assert caught.value.code is ErrorCode.INVALID_INPUT
+    assert "'someone/some-model'" in caught.value.message
+
+
+def test_a_folder_without_a_flux_transformer_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "sdxl" / "unet").mkdir(parents=True)
+    (tmp_path / "sdxl" / "transformer").mkdir()
+    (tmp_path / "sdxl" / "transformer" / "config.json").write_text('{"num_layers": 24}')
+    with pytest.raises(FluxboothError) as caught:
+        model_size(str(tmp_path / "sdxl"))
+    assert caught.value.code is ErrorCode.INVALID_INPUT
+    assert "not a FLUX transformer" in caught.value.message
+
+
+# ---- issue 5, "done when" -------------------------------------------------------------------------
+
+
+def test_full_flux_dev_at_1024_on_8_gib_and_64_gib_host_is_refused_with_a_lora_alternative() -> None:
+    with pytest.raises(FluxboothError) as caught:
+        choose_plan(FakeRequest(resolution=(1024, 1024)), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
+    error = caught.value
+    assert error.code is ErrorCode.DOES_NOT_FIT
+    assert "host RAM" in error.message and "64.0 GiB" in error.message
+    assert "Would fit: LoRA rank 16" in error.message
+    assert error.details["alternatives"][0]["training_type"] == "lora"
+
+
+def test_the_same_job_on_80_gib_and_256_gib_host_gets_a_plan() -> None:
+    plan = choose_plan(FakeRequest(), gpu_machine(80, 256), model_size(FLUX_DEV_NAME))
+    assert plan.accelerator == "cuda"
+    assert plan.training_type == "full"
+    assert plan.predicted_gpu_bytes * 1.1 <= 80 * GIB
+    assert plan.predicted_host_bytes * 1.1 <= 256 * GIB
+
+
+def test_zero2_with_cpu_offload_never_predicts_less_gpu_than_the_bf16_weights() -> None:
+    model = model_size(FLUX_DEV_NAME)
+    strategy = Strategy("full", True, 2, "cpu", "none")
+    for resolution in ((512, 512), (1024, 1024)):
+        for checkpointing in (True, False):
+            job = JobShape(resolution=resolution, gradient_checkpointing=checkpointing)
+            estimate = estimate_memory(strategy, model, job, gpu_machine(80, 512), "bf16")
+            assert estimate.gpu_bytes >= model.transformer_params * 2 >= 22 * GIB
+
+
+# ---- choices ---------------------------------------------------------------------------------------
+
+
+def test_the_tiny_model_on_cpu_gets_zero2_with_cpu_adam(tiny_model_dir: Path) -> None:
+    plan = choose_plan(FakeRequest(resolution=(64, 64)), cpu_machine(), model_size(str(tiny_model_dir)))
+    assert (plan.accelerator, plan.num_processes) == ("cpu", 1)
+    assert (plan.use_deepspeed, plan.zero_stage, plan.offload_optimizer, plan.offload_param) == (True, 2, "cpu", "none")
+    assert plan.optimizer == "DeepSpeedCPUAdam"
+    assert plan.predicted_gpu_bytes == 0
+    assert plan.predicted_host_bytes > 0
+
+
+def test_without_deepspeed_the_plan_is_stage_0_without_offload(tiny_model_dir: Path) -> None:
+    plan = choose_plan(FakeRequest(resolution=(64, 64), use_deepspeed=False), cpu_machine(), model_size(str(tiny_model_dir)))
+    assert (plan.use_deepspeed, plan.zero_stage, plan.offload_optimizer, plan.offload_param) == (False, 0, "none", "none")
+
+
+def test_flux_dev_on_a_cpu_only_machine_is_refused_naming_the_missing_gpu_and_host_ram() -> None:
+    with pytest.raises(FluxboothError) as caught:
+        choose_plan(FakeRequest(), cpu_machine(24), model_size(FLUX_DEV_NAME))
+    assert caught.value.code is ErrorCode.DOES_NOT_FIT
+    assert "no GPU" in caught.value.message
+    assert "24.0 GiB available" in caught.value.message
+
+
+def test_the_real_training_request_is_accepted(tiny_model_dir: Path) -> None:
+    from fluxbooth.request import parse_request
+
+    request = parse_request(
+        {"model_name": "m", "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==", "instance_prompt": "a sks dog",
+         "resolution": "64x64", "training_type": "lora", "lora_rank": 4}
+    )
+    plan = choose_plan(request, cpu_machine(), model_size(str(tiny_model_dir)))
+    assert plan.training_type == "lora"
+    assert plan.zero_stage == 2
+
+
+def test_a_requested_zero_stage_is_honoured_when_it_fits() -> None:
+    plan = choose_plan(FakeRequest(zero_stage=3), gpu_machine(80, 256), model_size(FLUX_DEV_NAME))
+    assert plan.zero_stage == 3
+
+
+def test_a_requested_offload_that_does_not_fit_is_refused_not_overridden() -> None:
+    with pytest.raises(FluxboothError) as caught:
+        choose_plan(FakeRequest(training_type="lora", offload="none"), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
+    assert caught.value.code is ErrorCode.DOES_NOT_FIT
+    assert "per GPU, has 8.0 GiB" in caught.value.message
+
+
+def test_nvme_offload_without_an_offload_path_is_refused() -> None:
+    with pytest.raises(FluxboothError) as caught:
+        choose_plan(FakeRequest(offload="nvme"), gpu_machine(80, 256), model_size(FLUX_DEV_NAME))
+    assert caught.value.code is ErrorCode.DOES_NOT_FIT
+    assert "FLUXBOOTH_NVME_PATH" in caught.value.message
+
+
+def test_lora_on_an_8_gib_card_offloads_the_frozen_base_under_zero3() -> None:
+    plan = choose_plan(FakeRequest(training_type="lora"), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
+    assert (plan.zero_stage, plan.offload_param) == (3, "cpu")
+    assert plan.cache_encoders_on_cpu
+
+
+def test_a_big_card_trains_lora_without_offload() -> None:
+    plan = choose_plan(FakeRequest(training_type="lora"), gpu_machine(80, 256), model_size(FLUX_DEV_NAME))
+    assert (plan.zero_stage, plan.offload_optimizer, plan.offload_param) == (2, "none", "none")
+
+
+def test_fp16_on_the_cpu_accelerator_becomes_bf16_with_a_warning(tiny_model_dir: Path) -> None:
+    plan = choose_plan(FakeRequest(resolution=(64, 64), mixed_precision="fp16"), cpu_machine(), model_size(str(tiny_model_dir)))
+    assert plan.mixed_precision == "bf16"
+    assert any("fp16" in warning for warning in plan.warnings)
+
+
+def test_a_run_far_beyond_the_deadline_is_refused_with_the_affordable_steps() -> None:
+    with pytest.raises(FluxboothError) as caught:
+        choose_plan(FakeRequest(steps=100_000), gpu_machine(80, 256), model_size(FLUX_DEV_NAME), deadline_seconds=3600)
+    assert caught.value.code is ErrorCode.DOES_NOT_FIT
+    assert "beyond the job deadline" in caught.value.message
+    assert "use about" in caught.value.message
+
+
+def test_a_run_close_to_the_deadline_is_warned() -> None:
+    model = model_size(FLUX_DEV_NAME)
+    hardware = gpu_machine(80, 256)
+    seconds = choose_plan(FakeRequest(steps=100), hardware, model).predicted_seconds_per_step
+    plan = choose_plan(FakeRequest(steps=100), hardware, model, deadline_seconds=seconds * 100 / 1.0)
+    assert any("close to the job deadline" in warning for warning in plan.warnings)
+
+
+def test_every_candidate_reports_the_contract_fields() -> None:
+    candidates = evaluate_candidates(FakeRequest(), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
+    for candidate in candidates:
+        data = candidate.to_dict()
+        for key in ("zero_stage", "offload_optimizer", "offload_param", "training_type", "fits", "gpu_bytes",
+                    "host_bytes", "disk_bytes", "reason"):
+            assert key in data
+
+
+# ---- the memory model's parts ------------------------------------------------------------------------
+
+
+def test_activations_grow_with_resolution_and_shrink_with_checkpointing() -> None:
+    model = model_size(FLUX_DEV_NAME)
+    small = sum(activation_bytes(model, JobShape(resolution=(512, 512)), "bf16").values())
+    large = sum(activation_bytes(model, JobShape(resolution=(1024, 1024)), "bf16").values())
+    unchecked = sum(activation_bytes(model, JobShape(gradient_checkpointing=False), "bf16").values())
+    assert small < large < unchecked
+
+
+def test_prior_preservation_doubles_the_activation_batch() -> None:
+    model = model_size(FLUX_DEV_NAME)
+    single = activation_bytes(model, JobShape(), "bf16")["activations_working"]
+    doubled = activation_bytes(model, JobShape(with_prior_preservation=True), "bf16")["activations_working"]
+    assert doubled == pytest.approx(2 * single, abs=1)
+
+
+def test_default_lora_targets_are_the_trainers() -> None:
+    assert DEFAULT_LORA_TARGETS == LoraSettings().target_modules
+
+
+def measured_activation_peak(config: dict, resolution: int, checkpointing: bool) -> int:
+    """Allocator peak of one forward+backward on the CPU, weight gradients already allocated."""
+    from diffusers import FluxTransformer2DModel
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    model = FluxTransformer2DModel(**config).to(torch.bfloat16).train()
+    if checkpointing:
+        model.enable_gradient_checkpointing()
+    image = (resolution // 16) ** 2
+    arguments = {
+        "hidden_states": torch.randn(1, image, config["in_channels"], dtype=torch.bfloat16),
+        "encoder_hidden_states": torch.randn(1, 512, config["joint_attention_dim"], dtype=torch.bfloat16),
+        "pooled_projections": torch.randn(1, config["pooled_projection_dim"], dtype=torch.bfloat16),
+        "timestep": torch.tensor([0.5], dtype=torch.bfloat16),
+        "guidance": torch.tensor([1.0], dtype=torch.bfloat16),
+        "img_ids": torch.zeros(image, 3),
+        "txt_ids": torch.zeros(512, 3),
+        "return_dict": False,
+    }
+    model(**arguments)[0].float().square().mean().backward()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        model(**arguments)[0].float().square().mean().backward()
+    events = sorted(
+        (event for event in profiler.profiler.kineto_results.events() if event.name() == "[memory]"),
+        key=lambda event: event.start_ns(),
+    )
+    current = peak = 0
+    for event in events:
+        current += event.nbytes()
+        peak = max(peak, current)
+    return peak
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_predicted_activations_match_the_allocator_peak_of_real_flux_blocks(checkpointing: bool) -> None:
+    # FLUX.1's blocks with 2 of its 24 heads: activations are linear in the heads (bench/activations.py).
+    config = {**_FLUX_TRANSFORMER_CONFIG, "num_layers": 2, "num_single_layers": 2, "num_attention_heads": 2}
+    size = model_size_from_configs("scaled", config, _CLIP_L_CONFIG, _T5_XXL_CONFIG, _FLUX_VAE_CONFIG, source="config")
+    job = JobShape(resolution=(512, 512), gradient_checkpointing=checkpointing)
+    predicted = sum(activation_bytes(size, job, "bf16").values())
+    measured = measured_activation_peak(config, 512, checkpointing)
+    assert predicted == pytest.approx(measured, rel=0.10)
+
+
+def test_a_refusal_names_the_smaller_job_that_would_fit() -> None:
+    # LoRA at 1024^2 without checkpointing needs ≈40 GiB of activations beside 22 GiB of weights.
+    with pytest.raises(FluxboothError) as caught:
+        choose_plan(
+            FakeRequest(training_type="lora", gradient_checkpointing=False, zero_stage=2),
+            gpu_machine(40, 128),
+            model_size(FLUX_DEV_NAME),
+        )
+    assert caught.value.code is ErrorCode.DOES_NOT_FIT
+    assert "fits with gradient_checkpointing true" in caught.value.message

@@ -1,0 +1,459 @@
+"""The real trainer on the tiny FLUX model, launched by the real `accelerate launch` with the DeepSpeed
+and accelerate files `fluxbooth.configs` writes, DeepSpeed running on the CPU accelerator.
+
+Each module-scoped fixture is one training run; the tests read what it produced. Runs are a few
+steps at 64x64 (10-40 s each on 2 cores)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from fluxbooth.tiny import build_tiny_pipeline
+from fluxbooth.train.names import EXIT_NAN_LOSS
+from tests.trainer_jobs import TrainerRun, make_images, make_plan, new_job, read_json
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "a photo of sks dog"
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_pipeline(tmp_path_factory.mktemp("base") / "tiny-flux", seed=0)
+
+
+def base_image(base: Path, **pipeline_overrides: Any) -> Any:
+    return render(load_pipeline(base, **pipeline_overrides))
+
+
+def load_pipeline(base: Path, **overrides: Any) -> Any:
+    from diffusers import FluxPipeline
+
+    pipeline = FluxPipeline.from_pretrained(base, **overrides)
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+def render(pipeline: Any) -> Any:
+    return pipeline(
+        PROMPT, height=64, width=64, num_inference_steps=2, generator=torch.Generator().manual_seed(0), output_type="np"
+    ).images[0]
+
+
+def transformer_state(folder: Path) -> dict[str, torch.Tensor]:
+    from diffusers import FluxTransformer2DModel
+
+    return {name: tensor.float() for name, tensor in FluxTransformer2DModel.from_pretrained(folder).state_dict().items()}
+
+
+def assert_succeeded(run: TrainerRun) -> None:
+    assert run.returncode == 0, run.log[-6000:]
+
+
+# --------------------------------------------------------------------------------------------------
+# Full fine-tune, ZeRO-2, optimizer offloaded to the CPU: the worker's default plan.
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def full_zero2(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainerRun:
+    job = new_job(tmp_path_factory.mktemp("full-zero2"), tiny_base, steps=3, gradient_accumulation_steps=2)
+    (Path(job.config.instance_dir) / "photo1.txt").write_text("a photo of sks dog on the grass\n")
+    run = job.launch()
+    assert_succeeded(run)
+    return run
+
+
+def test_full_zero2_steps_with_deepspeed_cpu_adam(full_zero2: TrainerRun) -> None:
+    assert full_zero2.metrics["optimizer"] == "DeepSpeedCPUAdam"
+    assert full_zero2.metrics["zero_stage"] == 2
+
+
+def test_full_zero2_reports_one_finite_step_event_per_optimizer_step(full_zero2: TrainerRun) -> None:
+    steps = full_zero2.of_kind("step")
+    assert [event["step"] for event in steps] == [1, 2, 3]
+    assert all(event["total"] == 3 for event in steps)
+    assert all(math.isfinite(event["loss"]) and event["loss"] > 0 for event in steps)
+    assert all(event["lr"] == pytest.approx(1e-4) for event in steps)
+    assert all(event["seconds_per_step"] > 0 for event in steps)
+    assert full_zero2.metrics["final_loss"] == steps[-1]["loss"]
+
+
+def test_full_zero2_announces_its_stages_in_order(full_zero2: TrainerRun) -> None:
+    stages = [event["stage"] for event in full_zero2.of_kind("stage")]
+    first_seen = list(dict.fromkeys(stages))
+    assert first_seen == ["load", "cache", "train", "save", "export"]
+
+
+def test_full_zero2_saved_transformer_differs_from_the_base(full_zero2: TrainerRun, tiny_base: Path) -> None:
+    trained = transformer_state(full_zero2.artifact("diffusers_transformer"))
+    base = transformer_state(tiny_base / "transformer")
+    assert trained.keys() == base.keys()
+    changed = [name for name in base if not torch.equal(trained[name], base[name])]
+    assert len(changed) > len(base) // 2
+
+
+def test_full_zero2_saved_transformer_is_bf16_safetensors(full_zero2: TrainerRun) -> None:
+    folder = full_zero2.artifact("diffusers_transformer")
+    weights = load_file(folder / "diffusion_pytorch_model.safetensors")
+    assert {tensor.dtype for tensor in weights.values()} == {torch.bfloat16}
+    assert not list(folder.glob("*.bin"))
+
+
+def test_full_zero2_saved_transformer_changes_the_pipeline_output(full_zero2: TrainerRun, tiny_base: Path) -> None:
+    from diffusers import FluxTransformer2DModel
+
+    transformer = FluxTransformer2DModel.from_pretrained(full_zero2.artifact("diffusers_transformer"), torch_dtype=torch.float32)
+    trained_image = render(load_pipeline(tiny_base, transformer=transformer))
+    assert trained_image.shape == (64, 64, 3)
+    assert float(abs(trained_image - base_image(tiny_base)).max()) > 1e-4
+
+
+def test_caption_files_become_the_prompts_of_their_images(full_zero2: TrainerRun) -> None:
+    (cache_file,) = Path(full_zero2.config.cache_dir).glob("instance-*.pt")
+    cached = torch.load(cache_file, weights_only=True)
+    assert cached["prompts"] == ["a photo of sks dog", "a photo of sks dog on the grass"]
+    assert cached["prompt_index"].tolist() == [0, 1, 0]
+
+
+def test_metrics_json_holds_the_done_payload(full_zero2: TrainerRun) -> None:
+    written = read_json(full_zero2.output_dir / "metrics.json")
+    assert written["metrics"] == full_zero2.metrics
+    assert {"name": "transformer", "path": "transformer", "kind": "diffusers_transformer"} in written["artifacts"]
+    assert {"cache", "train", "save", "export"} <= set(written["metrics"]["seconds_per_stage"])
+    assert written["metrics"]["peak_host_rss_bytes"] > 100 * 1024 * 1024
+
+
+def test_only_the_main_process_prints_events(full_zero2: TrainerRun) -> None:
+    assert len(full_zero2.of_kind("done")) == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Failures
+# --------------------------------------------------------------------------------------------------
+
+
+def test_nan_loss_stops_with_an_error_event_and_trainer_exit_status_3(tiny_base: Path, tmp_path: Path) -> None:
+    broken_base = tmp_path / "broken-base"
+    shutil.copytree(tiny_base, broken_base)
+    weights_file = broken_base / "transformer" / "diffusion_pytorch_model.safetensors"
+    weights = load_file(weights_file)
+    weights["proj_out.bias"] = torch.full_like(weights["proj_out.bias"], float("nan"))
+    save_file(weights, weights_file, metadata={"format": "pt"})
+
+    run = new_job(tmp_path / "job", broken_base, steps=3).launch()
+
+    # torch's elastic agent under `accelerate launch` exits 1 for any failed child and logs the child's status.
+    assert run.returncode != 0
+    assert f"exitcode  : {EXIT_NAN_LOSS}" in run.log, run.log[-3000:]
+    (error,) = run.of_kind("error")
+    assert (error["code"], error["step"]) == ("nan_loss", 1)
+    assert "learning_rate" in error["message"]
+    assert not run.of_kind("done")
+
+
+def test_empty_instance_folder_is_reported_as_invalid_dataset(tiny_base: Path, tmp_path: Path) -> None:
+    job = new_job(tmp_path / "job", tiny_base, images=0)
+    Path(job.config.instance_dir).mkdir(parents=True, exist_ok=True)
+
+    run = job.launch()
+
+    assert run.returncode != 0
+    (error,) = run.of_kind("error")
+    assert error["code"] == "invalid_dataset"
+    assert "instance" in error["message"]
+
+
+# --------------------------------------------------------------------------------------------------
+# LoRA under ZeRO-2 (optimizer offload) and ZeRO-3 (parameter offload)
+# --------------------------------------------------------------------------------------------------
+
+LORA_FORMATS = ("diffusers", "comfyui")
+
+
+@pytest.fixture(scope="module")
+def lora_zero2(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainerRun:
+    plan = make_plan(training_type="lora")
+    run = new_job(tmp_path_factory.mktemp("lora-zero2"), tiny_base, plan=plan, steps=3, export_formats=LORA_FORMATS).launch()
+    assert_succeeded(run)
+    return run
+
+
+@pytest.fixture(scope="module")
+def lora_zero3(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainerRun:
+    plan = make_plan(training_type="lora", zero_stage=3, offload_param="cpu")
+    run = new_job(tmp_path_factory.mktemp("lora-zero3"), tiny_base, plan=plan, steps=2, export_formats=LORA_FORMATS).launch()
+    assert_succeeded(run)
+    return run
+
+
+def lora_pipeline(base: Path, lora_file: Path) -> Any:
+    pipeline = load_pipeline(base)
+    pipeline.load_lora_weights(lora_file.parent, weight_name=lora_file.name)
+    return pipeline
+
+
+@pytest.mark.parametrize("run_name", ["lora_zero2", "lora_zero3"])
+def test_lora_trains_with_deepspeed_cpu_adam(run_name: str, request: pytest.FixtureRequest) -> None:
+    run: TrainerRun = request.getfixturevalue(run_name)
+    assert run.metrics["optimizer"] == "DeepSpeedCPUAdam"
+    assert run.metrics["training_type"] == "lora"
+    assert all(math.isfinite(event["loss"]) for event in run.of_kind("step"))
+
+
+@pytest.mark.parametrize("run_name", ["lora_zero2", "lora_zero3"])
+def test_lora_diffusers_export_loads_with_load_lora_weights_and_changes_the_output(
+    run_name: str, request: pytest.FixtureRequest, tiny_base: Path
+) -> None:
+    run: TrainerRun = request.getfixturevalue(run_name)
+    image = render(lora_pipeline(tiny_base, run.artifact("lora_diffusers")))
+    assert float(abs(image - base_image(tiny_base)).max()) > 1e-4
+
+
+@pytest.mark.parametrize("run_name", ["lora_zero2", "lora_zero3"])
+def test_lora_export_keys_have_no_deepspeed_or_peft_leftovers(run_name: str, request: pytest.FixtureRequest) -> None:
+    run: TrainerRun = request.getfixturevalue(run_name)
+    keys = list(load_file(run.artifact("lora_diffusers")))
+    assert keys and all(key.startswith("transformer.") for key in keys)
+    assert not [key for key in keys if "module." in key or ".default" in key]
+    assert {key.rsplit(".", 2)[-2] for key in keys} == {"lora_A", "lora_B"}
+
+
+def test_lora_export_restores_alpha_when_loaded(lora_zero2: TrainerRun, tiny_base: Path) -> None:
+    pipeline = lora_pipeline(tiny_base, lora_zero2.artifact("lora_diffusers"))
+    (adapter_config,) = pipeline.transformer.peft_config.values()
+    assert (adapter_config.r, adapter_config.lora_alpha) == (4, 8.0)
+
+
+def test_lora_comfyui_export_changes_each_layer_like_the_diffusers_export(lora_zero2: TrainerRun, tiny_base: Path) -> None:
+    from diffusers import FluxTransformer2DModel
+
+    from fluxbooth.train.formats import (
+        comfyui_lora_effects,
+        diffusers_effects_as_comfyui,
+        diffusers_lora_effects,
+        fused_split_sizes,
+    )
+
+    comfy = load_file(lora_zero2.artifact("lora_comfyui"))
+    assert all(key.startswith("lora_unet_") for key in comfy)
+    assert "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight" in comfy
+    diffusers_lora = {key.removeprefix("transformer."): value for key, value in load_file(lora_zero2.artifact("lora_diffusers")).items()}
+    split_sizes = fused_split_sizes(FluxTransformer2DModel.load_config(tiny_base, subfolder="transformer"))
+    expected = diffusers_effects_as_comfyui(diffusers_lora_effects(diffusers_lora, alpha=8.0, rank=4), split_sizes)
+    got = comfyui_lora_effects(comfy)
+    assert got.keys() == expected.keys()
+    for name in expected:
+        assert torch.allclose(got[name], expected[name], rtol=1e-2, atol=1e-4), name
+
+
+def test_lora_zero3_builds_the_base_partitioned_on_the_cpu(lora_zero3: TrainerRun) -> None:
+    loading = lora_zero3.metrics["transformer_loading"]
+    assert loading["method"] == "zero3_init"
+    assert loading["partitioned"] == loading["parameters"] > 0
+    assert loading["materialised_elements"] == 0
+    assert loading["partition_devices"] == ["cpu"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Full fine-tune under ZeRO-3 with parameter offload
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def full_zero3(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainerRun:
+    plan = make_plan(zero_stage=3, offload_param="cpu")
+    job = new_job(tmp_path_factory.mktemp("full-zero3"), tiny_base, plan=plan, steps=2, export_formats=("diffusers", "single_file"))
+    run = job.launch()
+    assert_succeeded(run)
+    return run
+
+
+def test_full_zero3_builds_the_transformer_partitioned_on_the_cpu(full_zero3: TrainerRun) -> None:
+    loading = full_zero3.metrics["transformer_loading"]
+    assert loading["method"] == "zero3_init"
+    assert loading["partitioned"] == loading["parameters"] > 0
+    assert loading["materialised_elements"] == 0
+    assert loading["partition_devices"] == ["cpu"]
+    assert full_zero3.metrics["optimizer"] == "DeepSpeedCPUAdam"
+
+
+def test_full_zero3_gathered_transformer_reloads_and_changes_the_output(full_zero3: TrainerRun, tiny_base: Path) -> None:
+    from diffusers import FluxTransformer2DModel
+
+    folder = full_zero3.artifact("diffusers_transformer")
+    trained, base = transformer_state(folder), transformer_state(tiny_base / "transformer")
+    assert trained.keys() == base.keys()
+    assert all(trained[name].shape == base[name].shape for name in base)
+    transformer = FluxTransformer2DModel.from_pretrained(folder, torch_dtype=torch.float32)
+    image = render(load_pipeline(tiny_base, transformer=transformer))
+    assert float(abs(image - base_image(tiny_base)).max()) > 1e-4
+
+
+def test_full_zero3_single_file_holds_the_same_weights_in_the_original_layout(full_zero3: TrainerRun) -> None:
+    from diffusers import FluxTransformer2DModel
+
+    from fluxbooth.train.formats import fused_split_sizes, original_to_diffusers_transformer
+
+    single = load_file(full_zero3.artifact("single_file_transformer"))
+    assert "double_blocks.0.img_attn.qkv.weight" in single and "single_blocks.0.linear1.weight" in single
+    folder = full_zero3.artifact("diffusers_transformer")
+    split_sizes = fused_split_sizes(FluxTransformer2DModel.load_config(folder))
+    converted = original_to_diffusers_transformer(single, split_sizes)
+    saved = load_file(folder / "diffusion_pytorch_model.safetensors")
+    assert converted.keys() == saved.keys()
+    assert all(torch.equal(converted[name], saved[name]) for name in saved)
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoints and resume
+# --------------------------------------------------------------------------------------------------
+# A resumed run replays the uninterrupted one: the batch, noise and sigmas of a step are pure
+# functions of (seed, step), and the checkpoint restores weights, fp32 master weights, Adam moments,
+# the schedule and the step. One difference remains, measured here: DeepSpeedCPUAdam's C++ kernel
+# keeps beta^t as a running float product during a run but recomputes it with pow() after a restart
+# (csrc/includes/cpu_adam.h, IncrementStep), so the first resumed update can differ in the last bit
+# of an fp32 master weight, which can flip the rounding of a bf16 weight: at most one bf16 ulp.
+
+def bf16_ulps_apart(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The largest distance, in units in the last place, between same-signed bf16 elements."""
+    assert a.dtype == b.dtype == torch.bfloat16
+    return int((a.view(torch.int16).int() - b.view(torch.int16).int()).abs().max())
+
+
+def resume_pair(tiny_base: Path, root: Path, training_type: str) -> tuple[TrainerRun, TrainerRun]:
+    plan = make_plan(training_type=training_type)
+    settings = {"steps": 4, "checkpointing_steps": 2, "lr_scheduler": "cosine", "lr_warmup_steps": 1}
+    if training_type == "lora":
+        settings["export_formats"] = ("diffusers",)
+    uninterrupted = new_job(root / "uninterrupted", tiny_base, plan=plan, **settings).launch()
+    assert_succeeded(uninterrupted)
+    (checkpoint,) = [event["path"] for event in uninterrupted.of_kind("checkpoint")]
+    resumed = new_job(root / "resumed", tiny_base, plan=plan, resume_from=checkpoint, **settings).launch()
+    assert_succeeded(resumed)
+    return uninterrupted, resumed
+
+
+@pytest.fixture(scope="module")
+def full_resume(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[TrainerRun, TrainerRun]:
+    return resume_pair(tiny_base, tmp_path_factory.mktemp("full-resume"), "full")
+
+
+@pytest.fixture(scope="module")
+def lora_resume(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[TrainerRun, TrainerRun]:
+    return resume_pair(tiny_base, tmp_path_factory.mktemp("lora-resume"), "lora")
+
+
+@pytest.mark.parametrize("pair_name", ["full_resume", "lora_resume"])
+def test_resumed_run_continues_after_the_checkpoint_step(pair_name: str, request: pytest.FixtureRequest) -> None:
+    uninterrupted, resumed = request.getfixturevalue(pair_name)
+    assert [event["step"] for event in resumed.of_kind("step")] == [3, 4]
+    assert resumed.metrics["resumed_from_step"] == 2
+    first_resumed, first_replayed = resumed.of_kind("step")[0], uninterrupted.of_kind("step")[2]
+    assert (first_resumed["loss"], first_resumed["lr"]) == (first_replayed["loss"], first_replayed["lr"])
+
+
+@pytest.mark.parametrize("pair_name", ["full_resume", "lora_resume"])
+def test_resumed_run_ends_with_the_uninterrupted_weights_within_one_bf16_ulp(pair_name: str, request: pytest.FixtureRequest) -> None:
+    uninterrupted, resumed = request.getfixturevalue(pair_name)
+    kind = "diffusers_transformer" if pair_name == "full_resume" else "lora_diffusers"
+    path_a, path_b = uninterrupted.artifact(kind), resumed.artifact(kind)
+    if kind == "diffusers_transformer":
+        path_a, path_b = path_a / "diffusion_pytorch_model.safetensors", path_b / "diffusion_pytorch_model.safetensors"
+    a, b = load_file(path_a), load_file(path_b)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert bf16_ulps_apart(a[name], b[name]) <= 1, name
+    assert resumed.metrics["final_loss"] == pytest.approx(uninterrupted.metrics["final_loss"], rel=1e-3)
+
+
+def test_lora_checkpoint_holds_only_the_adapter(lora_resume: tuple[TrainerRun, TrainerRun]) -> None:
+    uninterrupted, _ = lora_resume
+    (checkpoint,) = [Path(event["path"]) for event in uninterrupted.of_kind("checkpoint")]
+    module_state = torch.load(checkpoint / "pytorch_model" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    assert module_state and all(".lora_" in name for name in module_state)
+
+
+def test_checkpoint_event_names_a_complete_folder(full_resume: tuple[TrainerRun, TrainerRun]) -> None:
+    uninterrupted, _ = full_resume
+    (event,) = uninterrupted.of_kind("checkpoint")
+    folder = Path(event["path"])
+    assert (event["step"], folder.name) == (2, "checkpoint-2")
+    assert read_json(folder / "fluxbooth_state.json")["step"] == 2
+    assert not list(folder.parent.glob(".*partial"))
+
+
+def test_resume_latest_picks_the_newest_checkpoint_in_the_checkpoint_folder(
+    full_resume: tuple[TrainerRun, TrainerRun], tiny_base: Path, tmp_path: Path
+) -> None:
+    uninterrupted, _ = full_resume
+    job = new_job(tmp_path / "job", tiny_base, steps=4, checkpointing_steps=2, lr_scheduler="cosine", lr_warmup_steps=1)
+    shutil.copytree(uninterrupted.job_dir / "checkpoints", job.job_dir / "checkpoints")
+    job.config = type(job.config)(**{**job.config.__dict__, "resume_from": "latest"})
+
+    run = job.launch()
+
+    assert_succeeded(run)
+    assert [event["step"] for event in run.of_kind("step")] == [3, 4]
+
+
+def test_resume_with_a_different_training_type_is_refused(full_resume: tuple[TrainerRun, TrainerRun], tiny_base: Path, tmp_path: Path) -> None:
+    uninterrupted, _ = full_resume
+    (checkpoint,) = [event["path"] for event in uninterrupted.of_kind("checkpoint")]
+    run = new_job(tmp_path / "job", tiny_base, plan=make_plan(training_type="lora"), steps=4, resume_from=checkpoint).launch()
+
+    assert run.returncode != 0
+    (error,) = run.of_kind("error")
+    assert error["code"] == "resume_failed"
+    assert "training_type" in error["message"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Prior preservation
+# --------------------------------------------------------------------------------------------------
+
+
+def test_prior_preservation_with_supplied_class_images_trains_on_both_sets(tiny_base: Path, tmp_path: Path) -> None:
+    job = new_job(tmp_path / "job", tiny_base, with_prior_preservation=True, num_class_images=2, class_dir=str(tmp_path / "job" / "class"))
+    make_images(tmp_path / "job" / "class", 3, seed=5)
+
+    run = job.launch()
+
+    assert_succeeded(run)
+    (ready,) = [event for event in run.of_kind("stage") if event.get("status") == "ready"]
+    assert (ready["instance_images"], ready["class_images"]) == (3, 2)
+    assert not (Path(job.config.cache_dir) / "class_images").exists()
+
+
+def test_prior_preservation_generates_missing_class_images_with_the_base_pipeline(tiny_base: Path, tmp_path: Path) -> None:
+    job = new_job(tmp_path / "job", tiny_base, with_prior_preservation=True, num_class_images=2)
+
+    run = job.launch()
+
+    assert_succeeded(run)
+    generated = sorted((Path(job.config.cache_dir) / "class_images").glob("*.png"))
+    assert [path.name for path in generated] == ["class_00000.png", "class_00001.png"]
+    from PIL import Image
+
+    assert Image.open(generated[0]).size == (64, 64)
+    (ready,) = [event for event in run.of_kind("stage") if event.get("status") == "ready"]
+    assert ready["class_images"] == 2
+
+
+def test_prior_loss_weight_changes_the_loss(tiny_base: Path, tmp_path: Path) -> None:
+    losses = {}
+    for weight in (0.0, 1.0):
+        job = new_job(tmp_path / f"w{weight}", tiny_base, steps=1, with_prior_preservation=True, num_class_images=1,
+                      prior_loss_weight=weight, class_dir=str(tmp_path / "class"))
+        make_images(tmp_path / "class", 1, seed=9)
+        run = job.launch()
+        assert_succeeded(run)
+        losses[weight] = run.of_kind("step")[0]["loss"]
+    assert losses[1.0] > losses[0.0]

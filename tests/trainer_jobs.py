@@ -1,0 +1,178 @@
+"""Building and launching real trainer jobs for tests: a tiny FLUX base model, a generated dataset,
+the launch files written by `fluxbooth.configs` (exactly what the worker writes), and `accelerate
+launch` of `fluxbooth.train` with the environment the worker gives it (DeepSpeed on the CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from fluxbooth.configs import child_environment, write_launch_files
+from fluxbooth.events import parse_event
+from fluxbooth.launch import trainer_command
+from fluxbooth.plan import Plan
+from fluxbooth.trainer_config import LoraSettings, TrainerConfig
+
+LAUNCH_TIMEOUT_SECONDS = 600
+RESOLUTION = (64, 64)
+# Small rank and a few targets keep LoRA runs fast; the exports still cover fused and single layers.
+TEST_LORA = LoraSettings(rank=4, alpha=8.0)
+
+
+def make_images(folder: Path, count: int, *, seed: int = 0, size: tuple[int, int] = (96, 80)) -> list[Path]:
+    """`count` distinct RGB images (smooth gradients plus a coloured square), not square, so the
+    resize-and-crop path runs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    generator = np.random.default_rng(seed)
+    paths = []
+    width, height = size
+    for index in range(count):
+        y, x = np.mgrid[0:height, 0:width]
+        base = generator.uniform(0, 255, size=3)
+        image = np.stack([(base[c] + 60 * np.sin((x + 7 * index) / (9 + c)) + 40 * np.cos(y / 11)) for c in range(3)], -1)
+        left, top = generator.integers(0, width - 24), generator.integers(0, height - 24)
+        image[top : top + 24, left : left + 24] = generator.uniform(0, 255, size=3)
+        path = folder / f"photo{index}.png"
+        Image.fromarray(np.clip(image, 0, 255).astype("uint8")).save(path)
+        paths.append(path)
+    return paths
+
+
+def make_plan(
+    *,
+    zero_stage: int = 2,
+    training_type: str = "full",
+    offload_optimizer: str = "cpu",
+    offload_param: str = "none",
+    num_processes: int = 1,
+    mixed_precision: str = "bf16",
+    use_deepspeed: bool = True,
+) -> Plan:
+    return Plan(
+        accelerator="cpu",
+        num_processes=num_processes,
+        training_type=training_type,  # type: ignore[arg-type]
+        use_deepspeed=use_deepspeed,
+        zero_stage=zero_stage,
+        offload_optimizer=offload_optimizer,  # type: ignore[arg-type]
+        offload_param=offload_param,  # type: ignore[arg-type]
+        mixed_precision=mixed_precision,  # type: ignore[arg-type]
+        gradient_checkpointing=True,
+        optimizer="adamw",
+        predicted_gpu_bytes=0,
+        predicted_host_bytes=0,
+        predicted_disk_bytes=0,
+    )
+
+
+def make_trainer_config(job_dir: Path, base_model: Path, plan: Plan, **overrides: Any) -> TrainerConfig:
+    config = TrainerConfig(
+        base_model=str(base_model),
+        instance_dir=str(job_dir / "instance"),
+        class_dir=None,
+        output_dir=str(job_dir / "output"),
+        cache_dir=str(job_dir / "cache"),
+        instance_prompt="a photo of sks dog",
+        class_prompt="a photo of a dog",
+        with_prior_preservation=False,
+        prior_loss_weight=1.0,
+        num_class_images=2,
+        resolution=RESOLUTION,
+        training_type=plan.training_type,
+        steps=3,
+        learning_rate=1e-3 if plan.training_type == "lora" else 1e-4,
+        batch_size=1,
+        gradient_accumulation_steps=1,
+        mixed_precision=plan.mixed_precision,
+        gradient_checkpointing=True,
+        seed=7,
+        zero_stage=plan.zero_stage,
+        offload_optimizer=plan.offload_optimizer,
+        offload_param=plan.offload_param,
+        lora=TEST_LORA,
+        checkpoint_dir=str(job_dir / "checkpoints"),
+        export_formats=("diffusers",),
+        max_sequence_length=32,
+        validation_inference_steps=2,
+        class_image_inference_steps=2,
+    )
+    return replace(config, **overrides)
+
+
+@dataclass
+class TrainerRun:
+    returncode: int
+    events: list[dict[str, Any]]
+    log: str
+    job_dir: Path
+    config: TrainerConfig
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.config.output_dir)
+
+    @property
+    def done(self) -> dict[str, Any]:
+        found = [event for event in self.events if event["event"] == "done"]
+        assert found, f"no done event (exit {self.returncode}); log tail:\n{self.log[-4000:]}"
+        return found[-1]
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return self.done["metrics"]
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [event for event in self.events if event["event"] == kind]
+
+    def artifact(self, kind: str) -> Path:
+        matches = [entry for entry in self.done["artifacts"] if entry["kind"] == kind]
+        assert len(matches) == 1, f"expected one {kind} artifact in {self.done['artifacts']}"
+        return self.output_dir / matches[0]["path"]
+
+
+@dataclass
+class TrainerJob:
+    job_dir: Path
+    plan: Plan
+    config: TrainerConfig
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def write(self) -> Any:
+        return write_launch_files(self.job_dir, self.plan, self.config)
+
+    def launch(self, *, extra_launch_arguments: tuple[str, ...] = ()) -> TrainerRun:
+        files = self.write()
+        command = trainer_command(files, self.plan, os.cpu_count() or 2)
+        if extra_launch_arguments:
+            module_index = command.index("-m", 3)
+            command = command[:module_index] + list(extra_launch_arguments) + command[module_index:]
+        torch_extensions = Path(
+            os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "fluxbooth" / "torch_extensions"
+        )
+        env = child_environment(self.plan, os.environ, cpu_count=os.cpu_count() or 2, torch_extensions_dir=torch_extensions)
+        env.update(self.extra_env)
+        completed = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_SECONDS, start_new_session=True
+        )
+        log = completed.stdout + completed.stderr
+        events = [event for line in completed.stdout.splitlines() if (event := parse_event(line)) is not None]
+        return TrainerRun(completed.returncode, events, log, self.job_dir, self.config)
+
+
+def new_job(job_dir: Path, base_model: Path, *, images: int = 3, plan: Plan | None = None, **overrides: Any) -> TrainerJob:
+    plan = plan or make_plan()
+    config = make_trainer_config(job_dir, base_model, plan, **overrides)
+    if not Path(config.instance_dir).exists():
+        make_images(Path(config.instance_dir), images)
+    return TrainerJob(job_dir=job_dir, plan=plan, config=config)
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
