@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import shutil
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from typing import Any
 import psutil
 
 from fluxbooth.configs import child_environment, trainer_config_for, write_launch_files
+from fluxbooth.events import EVENT_MARKER
 from fluxbooth.hardware import format_bytes, probe_hardware
 from fluxbooth.launch import trainer_command
 from fluxbooth.modelsize import model_size
@@ -43,6 +45,10 @@ from fluxbooth.request import parse_request
 SECTION_BEGIN = "<!-- memory:begin -->"
 SECTION_END = "<!-- memory:end -->"
 SAMPLE_SECONDS = 0.02
+# glibc raises its mmap threshold after large frees, so freed activation buffers stay in the heap
+# and in RSS; a fixed threshold returns them to the system. Both are measured.
+ALLOCATOR_VARIANTS = {"glibc default": {}, "MALLOC_MMAP_THRESHOLD_=131072": {"MALLOC_MMAP_THRESHOLD_": "131072"}}
+
 RUN_TIMEOUT_SECONDS = 900
 
 # The scaled transformer: FLUX.1's head dim and block types, 4 heads, 4 + 8 blocks.
@@ -70,10 +76,15 @@ STRATEGIES = (
 class Measurement:
     model: str
     strategy: Strategy
+    allocator: str
     resolution: int
     predicted_bytes: int
     measured_bytes: int
     largest_process_bytes: int
+    peak_stage: str
+    peak_by_stage: dict[str, int]
+    predicted_seconds_per_step: float
+    measured_seconds_per_step: float | None
     seconds: float
     returncode: int
     log_tail: str
@@ -97,7 +108,10 @@ def build_models(root: Path) -> dict[str, Path]:
         shutil.copytree(tiny, staging)
         shutil.rmtree(staging / "transformer")
         torch.manual_seed(0)
-        FluxTransformer2DModel(**{**TRANSFORMER_CONFIG, **SCALED_TRANSFORMER}).save_pretrained(staging / "transformer")
+        # Stored in bf16, as FLUX.1's own checkpoints are: the planner assumes weights load in the
+        # compute dtype without a conversion copy.
+        transformer = FluxTransformer2DModel(**{**TRANSFORMER_CONFIG, **SCALED_TRANSFORMER}).to(torch.bfloat16)
+        transformer.save_pretrained(staging / "transformer")
         staging.rename(scaled)
     return {"tiny": tiny, "scaled": scaled}
 
@@ -114,12 +128,17 @@ def make_images(folder: Path, count: int, side: int) -> None:
 
 
 class TreeSampler:
-    """Samples the summed RSS of a process and all its descendants until stopped."""
+    """Samples the summed PSS of a process and all its descendants until stopped, and notes the
+    trainer stage (from its progress events) in which the peak happened."""
 
     def __init__(self, pid: int) -> None:
         self._root = psutil.Process(pid)
         self.peak = 0
         self.largest = 0
+        self.stage = "launch"
+        self.peak_stage = "launch"
+        self.peak_by_stage: dict[str, int] = {}
+        self.step_seconds: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -145,12 +164,18 @@ class TreeSampler:
                 except psutil.Error:
                     continue
             if sizes:
-                self.peak = max(self.peak, sum(sizes))
+                total = sum(sizes)
+                self.peak_by_stage[self.stage] = max(self.peak_by_stage.get(self.stage, 0), total)
+                if total > self.peak:
+                    self.peak = total
+                    self.peak_stage = self.stage
                 self.largest = max(self.largest, max(sizes))
             time.sleep(SAMPLE_SECONDS)
 
 
-def run_one(model_name: str, model_dir: Path, strategy: Strategy, resolution: int, steps: int, work: Path) -> Measurement:
+def run_one(
+    model_name: str, model_dir: Path, strategy: Strategy, resolution: int, steps: int, work: Path, allocator: str
+) -> Measurement:
     job_dir = work / f"{model_name}-{strategy.training_type}-z{strategy.zero_stage}-{strategy.offload_optimizer}-{strategy.offload_param}"
     shutil.rmtree(job_dir, ignore_errors=True)
     instance_dir = job_dir / "data" / "instance"
@@ -177,26 +202,47 @@ def run_one(model_name: str, model_dir: Path, strategy: Strategy, resolution: in
         os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "fluxbooth" / "torch_extensions"
     )
     env = child_environment(plan, os.environ, cpu_count=hardware.cpu_count, torch_extensions_dir=extensions)
+    env.update(ALLOCATOR_VARIANTS[allocator])
     command = trainer_command(files, plan, hardware.cpu_count)
     started = time.monotonic()
     with (job_dir / "trainer.log").open("w") as log:
         process = subprocess.Popen(
-            command, cwd=job_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command, cwd=job_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            errors="replace", start_new_session=True,
         )
         with TreeSampler(process.pid) as sampler:
-            try:
-                returncode = process.wait(timeout=RUN_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, 9)
-                returncode = process.wait()
+            deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
+            assert process.stdout is not None
+            for line in process.stdout:
+                log.write(line)
+                if line.startswith(EVENT_MARKER):
+                    try:
+                        event = json.loads(line[len(EVENT_MARKER):])
+                    except ValueError:
+                        event = {}
+                    if event.get("event") == "stage":
+                        sampler.stage = str(event.get("stage"))
+                    elif event.get("event") == "step" and event.get("seconds_per_step") is not None:
+                        sampler.step_seconds.append(float(event["seconds_per_step"]))
+                if time.monotonic() > deadline:
+                    os.killpg(process.pid, 9)
+            returncode = process.wait()
     lines = (job_dir / "trainer.log").read_text(errors="replace").splitlines()
     return Measurement(
         model=model_name,
         strategy=strategy,
+        allocator=allocator,
         resolution=resolution,
         predicted_bytes=plan.predicted_host_bytes,
         measured_bytes=sampler.peak,
         largest_process_bytes=sampler.largest,
+        peak_stage=sampler.peak_stage,
+        peak_by_stage=dict(sampler.peak_by_stage),
+        predicted_seconds_per_step=plan.predicted_seconds_per_step or 0.0,
+        # The first step pays one-off costs (allocations, op warm-up): the median of the rest.
+        measured_seconds_per_step=statistics.median(sampler.step_seconds[1:] or sampler.step_seconds)
+        if sampler.step_seconds
+        else None,
         seconds=time.monotonic() - started,
         returncode=returncode,
         log_tail="\n".join(lines[-5:]),
@@ -224,19 +270,26 @@ def section(measurements: list[Measurement], sizes: dict[str, Any]) -> str:
         "gradient checkpointing), measured = peak summed PSS of the launcher and trainer processes "
         "(20 ms sampling), predicted = `Plan.predicted_host_bytes`.",
         "",
-        "| model | transformer params | strategy | resolution | predicted | measured | error | exit |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | transformer params | strategy | resolution | allocator | predicted | measured | error | peak during | s/step predicted | s/step measured | exit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for item in measurements:
         lines.append(
-            f"| {item.model} | {sizes[item.model]:,} | {describe(item.strategy)} | {item.resolution}² | "
+            f"| {item.model} | {sizes[item.model]:,} | {describe(item.strategy)} | {item.resolution}² | {item.allocator} | "
             f"{format_bytes(item.predicted_bytes)} | {format_bytes(item.measured_bytes)} | "
-            f"{item.error * 100:+.1f} % | {item.returncode} |"
+            f"{item.error * 100:+.1f} % | {item.peak_stage} | {item.predicted_seconds_per_step:.2f} | "
+            f"{item.measured_seconds_per_step if item.measured_seconds_per_step is None else round(item.measured_seconds_per_step, 2)} | "
+            f"{item.returncode} |"
         )
-    ok = [item for item in measurements if item.returncode == 0]
-    if ok:
-        worst = max(ok, key=lambda item: abs(item.error))
-        lines += ["", f"Largest error over the runs that finished: {worst.error * 100:+.1f} % ({worst.model}, {describe(worst.strategy)})."]
+    for allocator in ALLOCATOR_VARIANTS:
+        ok = [item for item in measurements if item.returncode == 0 and item.allocator == allocator]
+        if ok:
+            worst = max(ok, key=lambda item: abs(item.error))
+            lines += [
+                "",
+                f"Largest error with {allocator}: {worst.error * 100:+.1f} % "
+                f"({worst.model}, {describe(worst.strategy)}; {len(ok)} runs).",
+            ]
     lines += [
         "",
         "GPU rows (full-size FLUX.1 with random weights at 512² and 1024², emulated 8/16/24 GiB cards, "
@@ -253,6 +306,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "fluxbooth-bench-memory")
     parser.add_argument("--only", default=None, help="comma-separated indices into the strategy list")
+    parser.add_argument(
+        "--allocators", default="glibc default", help=f"comma-separated, from {list(ALLOCATOR_VARIANTS)}"
+    )
     parser.add_argument("--write", type=Path, help="replace the memory section of this markdown file")
     arguments = parser.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -266,19 +322,25 @@ def main() -> None:
     sizes = {}
     for name in arguments.models.split(","):
         sizes[name] = model_size(str(models[name])).transformer_params
-        for strategy in strategies:
-            item = run_one(name, models[name], strategy, resolutions[name], arguments.steps, arguments.work_dir / "jobs")
+        for strategy, allocator in [(st, al) for st in strategies for al in arguments.allocators.split(",")]:
+            item = run_one(
+                name, models[name], strategy, resolutions[name], arguments.steps, arguments.work_dir / "jobs", allocator
+            )
             measurements.append(item)
             print(
                 json.dumps(
                     {
                         "model": name,
                         "strategy": describe(strategy),
+                        "allocator": allocator,
                         "predicted": item.predicted_bytes,
                         "measured": item.measured_bytes,
                         "largest_process": item.largest_process_bytes,
+                        "peak_stage": item.peak_stage,
+                        "peak_by_stage": item.peak_by_stage,
                         "error_percent": round(item.error * 100, 1),
                         "seconds": round(item.seconds, 1),
+                        "seconds_per_step": [item.predicted_seconds_per_step, item.measured_seconds_per_step],
                         "exit": item.returncode,
                     }
                 ),

@@ -12,7 +12,7 @@ drives a fault through the real request, planner, configs, launcher and classifi
     "... fault:sigkill"                        SIGKILL itself (what the kernel's OOM killer does)
     "... fault:sigterm"                        SIGTERM itself (stopped from outside the worker)
     "... fault:nan"                            emit a `nan_loss` error event, exit status 3
-    "... fault:hang"                           start a grandchild, print both pids, sleep forever
+    "... fault:hang"                           start a grandchild, print the pids, sleep forever
     "... fault:hang fault:ignore_sigterm"      the same, both ignoring SIGTERM (only SIGKILL stops them)
     "... fault:bad_weights"                    announce a truncated safetensors file
 
@@ -87,7 +87,7 @@ def hang_with_grandchild(*, ignore_sigterm: bool) -> None:
         # An ignored signal stays ignored across fork and exec, so the grandchild ignores it too.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-    print(f"{PIDS_LINE_PREFIX} trainer={os.getpid()} grandchild={grandchild.pid}", flush=True)
+    print(f"{PIDS_LINE_PREFIX} launcher={os.getppid()} trainer={os.getpid()} grandchild={grandchild.pid}", flush=True)
     time.sleep(3600)
 
 
@@ -131,7 +131,7 @@ def run(config: TrainerConfig) -> int:
 
 
 def reported_pids(log_messages: list[str]) -> dict[str, int]:
-    """The pids a `fault:hang` run printed (`trainer`, `grandchild`), read back from the worker's log."""
+    """The pids a `fault:hang` run printed (`launcher`, `trainer`, `grandchild`), read back from the worker's log."""
     for message in log_messages:
         if PIDS_LINE_PREFIX in message:
             fields = message.split(PIDS_LINE_PREFIX, 1)[1].split()

@@ -253,3 +253,17 @@ def test_doctor_reports_a_runtime_probe_that_cannot_import_torch(cli_env: dict[s
     assert not doctor_passed(results)
     assert deepspeed.status == "fail"
     assert "libcudart" in deepspeed.detail
+
+
+@NO_GPU_HERE
+def test_some_hardware_flags_replace_only_those_numbers_of_the_probe(cli_env: dict[str, str]) -> None:
+    code, output = run_cli(["plan", "--gpu-memory", "80GiB", "--host-memory", "256GiB", "--base-model",
+                            "black-forest-labs/FLUX.1-dev", "--training-type", "lora", "--json"], cli_env)
+    report = json.loads(output)
+    assert code == EXIT_OK
+    assert report["hardware"]["source"] == "hypothetical"
+    # No GPU was probed here, so --gpu-memory alone means one such GPU; the disk is still probed.
+    assert [gpu["total_bytes"] for gpu in report["hardware"]["gpus"]] == [80 * GIB]
+    probed_disk = shutil.disk_usage(Path(cli_env["FLUXBOOTH_WORK_DIR"]).parent).free
+    assert report["hardware"]["disk_free_bytes"] == pytest.approx(probed_disk, rel=0.01)
+    assert report["plan"]["accelerator"] == "cuda"

@@ -178,6 +178,16 @@ def test_an_unexpected_exception_is_internal_with_secrets_masked(
 # --- 5. disk ------------------------------------------------------------------------------------
 
 
+def test_too_little_disk_for_the_plan_is_does_not_fit_before_the_dataset_is_read(
+    fake_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_disk_usage = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real_disk_usage(path)._replace(free=1000))
+    result = run(fake_env, job_input())
+    assert_error(result, ErrorCode.DOES_NOT_FIT, f"disk at {tmp_path / 'work' / 'job-job-1'}, has 1000 B", refresh_worker=False)
+    assert files_left_under(tmp_path / "work") == []
+
+
 def test_too_little_disk_for_the_dataset_is_does_not_fit_before_extraction(
     fake_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -239,7 +249,7 @@ def test_a_hang_past_the_deadline_is_timeout_and_leaves_no_process(
     assert_error(result, ErrorCode.TIMEOUT, f"did not finish within the job deadline of {HANG_DEADLINE_SECONDS} s after step 2/4",
                  refresh_worker=True)
     pids = reported_pids(trainer_lines(caplog))
-    assert set(pids) == {"trainer", "grandchild"}
+    assert set(pids) == {"launcher", "trainer", "grandchild"}
     assert [pid for pid in pids.values() if process_is_running(pid)] == []
     assert files_left_under(tmp_path / "work") == []
 
@@ -255,7 +265,7 @@ def test_a_hang_that_ignores_sigterm_is_killed_outside_the_launchers_process_gro
                  job_input("x fault:hang fault:ignore_sigterm"))
     assert_error(result, ErrorCode.TIMEOUT, "did not finish within the job deadline", refresh_worker=True)
     pids = reported_pids(trainer_lines(caplog))
-    assert set(pids) == {"trainer", "grandchild"}
+    assert set(pids) == {"launcher", "trainer", "grandchild"}
     assert [pid for pid in pids.values() if process_is_running(pid)] == []
 
 
@@ -283,6 +293,31 @@ def test_run_trainer_kills_descendants_in_other_sessions_when_sigterm_is_ignored
     pids = {name: int(value) for name, value in (item.split("=") for item in reported.split("stubborn pids:")[1].split())}
     assert set(pids) == {"launcher", "rank"}
     assert [pid for pid in pids.values() if process_is_running(pid)] == []
+
+
+ORPHANING_LAUNCHER = r"""
+import os, subprocess, sys
+rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+print("orphaning pids: launcher=%d rank=%d" % (os.getpid(), rank.pid), flush=True)
+"""
+
+
+def test_a_launcher_that_exits_leaving_a_child_is_not_waited_on_until_the_deadline(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The orphan inherits the log pipe; without killing it the pipe never closes.
+    script = tmp_path / "orphaning.py"
+    script.write_text(ORPHANING_LAUNCHER)
+    caplog.set_level(logging.INFO, logger="fluxbooth.launch")
+    outcome = asyncio.run(
+        run_trainer([sys.executable, str(script)], env={"PATH": os.environ["PATH"]}, cwd=tmp_path, deadline_seconds=120,
+                    redact=Redactor(()), on_event=lambda event: None)
+    )
+    assert (outcome.timed_out, outcome.returncode) == (False, 0)
+    assert outcome.seconds < 30
+    reported = next(line for line in trainer_lines(caplog) if "orphaning pids:" in line)
+    rank = int(reported.rsplit("rank=", 1)[1])
+    assert not process_is_running(rank)
 
 
 # --- trainer faults, through the real accelerate launch -------------------------------------------

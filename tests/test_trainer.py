@@ -320,12 +320,18 @@ def test_full_zero3_single_file_holds_the_same_weights_in_the_original_layout(fu
 # the schedule and the step. One difference remains, measured here: DeepSpeedCPUAdam's C++ kernel
 # keeps beta^t as a running float product during a run but recomputes it with pow() after a restart
 # (csrc/includes/cpu_adam.h, IncrementStep), so the first resumed update can differ in the last bit
-# of an fp32 master weight, which can flip the rounding of a bf16 weight: at most one bf16 ulp.
+# of an fp32 master weight (measured: Adam moments bit-identical, master weights 1 fp32 ulp apart),
+# which can flip the rounding of a bf16 weight. Later steps carry that on; Adam divides by sqrt(v),
+# so for weights whose gradient is near zero it moves the update by a fraction of the learning rate.
+# Measured after two resumed steps: full fine-tune within 1 bf16 ulp, LoRA within 0.03 x lr.
+# Tolerance: one bf16 ulp, or a tenth of one step's learning rate.
 
-def bf16_ulps_apart(a: torch.Tensor, b: torch.Tensor) -> int:
-    """The largest distance, in units in the last place, between same-signed bf16 elements."""
-    assert a.dtype == b.dtype == torch.bfloat16
-    return int((a.view(torch.int16).int() - b.view(torch.int16).int()).abs().max())
+
+def close_after_resume(a: torch.Tensor, b: torch.Tensor, learning_rate: float) -> bool:
+    a, b = a.float(), b.float()
+    larger = torch.maximum(a.abs(), b.abs())
+    ulp = torch.pow(2.0, (torch.frexp(larger).exponent - 8).float())  # bf16 keeps 8 significant bits
+    return bool(((a - b).abs() <= torch.clamp(ulp, min=0.1 * learning_rate)).all())
 
 
 def resume_pair(tiny_base: Path, root: Path, training_type: str) -> tuple[TrainerRun, TrainerRun]:
@@ -361,7 +367,7 @@ def test_resumed_run_continues_after_the_checkpoint_step(pair_name: str, request
 
 
 @pytest.mark.parametrize("pair_name", ["full_resume", "lora_resume"])
-def test_resumed_run_ends_with_the_uninterrupted_weights_within_one_bf16_ulp(pair_name: str, request: pytest.FixtureRequest) -> None:
+def test_resumed_run_ends_with_the_uninterrupted_weights_within_float_tolerance(pair_name: str, request: pytest.FixtureRequest) -> None:
     uninterrupted, resumed = request.getfixturevalue(pair_name)
     kind = "diffusers_transformer" if pair_name == "full_resume" else "lora_diffusers"
     path_a, path_b = uninterrupted.artifact(kind), resumed.artifact(kind)
@@ -370,7 +376,7 @@ def test_resumed_run_ends_with_the_uninterrupted_weights_within_one_bf16_ulp(pai
     a, b = load_file(path_a), load_file(path_b)
     assert a.keys() == b.keys()
     for name in a:
-        assert bf16_ulps_apart(a[name], b[name]) <= 1, name
+        assert close_after_resume(a[name], b[name], uninterrupted.config.learning_rate), name
     assert resumed.metrics["final_loss"] == pytest.approx(uninterrupted.metrics["final_loss"], rel=1e-3)
 
 
@@ -457,3 +463,204 @@ def test_prior_loss_weight_changes_the_loss(tiny_base: Path, tmp_path: Path) -> 
         assert_succeeded(run)
         losses[weight] = run.of_kind("step")[0]["loss"]
     assert losses[1.0] > losses[0.0]
+
+
+# --------------------------------------------------------------------------------------------------
+# Several processes: two on one machine, and two single-process "machines" on localhost
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_processes_zero2(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainerRun:
+    run = new_job(tmp_path_factory.mktemp("two-processes"), tiny_base, plan=make_plan(num_processes=2), steps=2).launch()
+    assert_succeeded(run)
+    return run
+
+
+def test_two_processes_train_as_one_job_of_world_size_two(two_processes_zero2: TrainerRun) -> None:
+    assert two_processes_zero2.metrics["num_processes"] == 2
+    assert [event["step"] for event in two_processes_zero2.of_kind("step")] == [1, 2]
+    assert len(two_processes_zero2.of_kind("done")) == 1
+
+
+def test_two_processes_export_weights_shaped_like_the_base(two_processes_zero2: TrainerRun, tiny_base: Path) -> None:
+    trained = transformer_state(two_processes_zero2.artifact("diffusers_transformer"))
+    base = transformer_state(tiny_base / "transformer")
+    assert {name: tensor.shape for name, tensor in trained.items()} == {name: tensor.shape for name, tensor in base.items()}
+
+
+def test_two_machines_on_localhost_train_the_same_job_as_two_local_processes(
+    two_processes_zero2: TrainerRun, tiny_base: Path, tmp_path: Path
+) -> None:
+    main_node, other_node = new_job(tmp_path / "job", tiny_base, plan=make_plan(num_processes=2), steps=2).launch_as_nodes(2)
+
+    assert (main_node.returncode, other_node.returncode) == (0, 0), main_node.log[-3000:] + other_node.log[-3000:]
+    assert main_node.metrics["num_processes"] == 2
+    assert other_node.events == []  # only the global main process reports
+    # Same world size, seed and data order: the same losses, step for step.
+    assert [event["loss"] for event in main_node.of_kind("step")] == pytest.approx(
+        [event["loss"] for event in two_processes_zero2.of_kind("step")], rel=1e-5
+    )
+    trained = transformer_state(main_node.artifact("diffusers_transformer"))
+    reference = transformer_state(two_processes_zero2.artifact("diffusers_transformer"))
+    assert {name: tensor.shape for name, tensor in trained.items()} == {name: tensor.shape for name, tensor in reference.items()}
+
+
+def test_two_processes_lora_under_zero3_export_a_loadable_adapter(tiny_base: Path, tmp_path: Path) -> None:
+    plan = make_plan(training_type="lora", zero_stage=3, offload_param="cpu", num_processes=2)
+    run = new_job(tmp_path / "job", tiny_base, plan=plan, steps=2).launch()
+
+    assert_succeeded(run)
+    assert run.metrics["num_processes"] == 2
+    image = render(lora_pipeline(tiny_base, run.artifact("lora_diffusers")))
+    assert float(abs(image - base_image(tiny_base)).max()) > 1e-4
+
+
+# --------------------------------------------------------------------------------------------------
+# Learning: over-fitting one image
+# --------------------------------------------------------------------------------------------------
+# Step losses are too noisy to compare (each step draws its own sigma and noise), so the trainer
+# also reports the loss at fixed noise and sigmas 0.25/0.5/0.75 before and after training.
+# Measured (tiny model, one 64x64 image, seed 7, 60 steps, full ZeRO-2, lr 1e-3): 1.419 -> 1.004,
+# a ratio of 0.71. The threshold leaves room for library and CPU differences.
+OVERFIT_LOSS_RATIO = 0.8
+
+
+def test_overfitting_one_image_lowers_the_fixed_noise_loss_clearly(tiny_base: Path, tmp_path: Path) -> None:
+    run = new_job(tmp_path / "job", tiny_base, images=1, steps=60, learning_rate=1e-3).launch()
+
+    assert_succeeded(run)
+    fixed = run.metrics["fixed_noise_loss"]
+    assert fixed["end"] < OVERFIT_LOSS_RATIO * fixed["start"], fixed
+    step_losses = [event["loss"] for event in run.of_kind("step")]
+    assert sum(step_losses[-10:]) < sum(step_losses[:10])
+
+
+# --------------------------------------------------------------------------------------------------
+# EMA and validation images
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lora_with_ema_and_validation(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainerRun:
+    plan = make_plan(training_type="lora")
+    job = new_job(
+        tmp_path_factory.mktemp("ema"), tiny_base, plan=plan, steps=3, ema_decay=0.5,
+        validation_prompts=("a photo of sks dog", "a sks dog in the snow"), export_formats=LORA_FORMATS,
+    )
+    run = job.launch()
+    assert_succeeded(run)
+    return run
+
+
+def test_ema_lora_is_exported_beside_the_trained_lora_in_every_format(lora_with_ema_and_validation: TrainerRun) -> None:
+    ema = load_file(lora_with_ema_and_validation.artifact("ema_lora_diffusers"))
+    trained = load_file(lora_with_ema_and_validation.artifact("lora_diffusers"))
+    assert ema.keys() == trained.keys()
+    assert lora_with_ema_and_validation.artifact("ema_lora_comfyui").is_file()
+
+
+def test_ema_lora_averages_towards_the_start(lora_with_ema_and_validation: TrainerRun) -> None:
+    # LoRA B starts at zero, so an average over the run is smaller than where the run ended.
+    ema = load_file(lora_with_ema_and_validation.artifact("ema_lora_diffusers"))
+    trained = load_file(lora_with_ema_and_validation.artifact("lora_diffusers"))
+    b_keys = [key for key in trained if key.endswith("lora_B.weight")]
+    ema_norm = sum(float(ema[key].float().norm()) for key in b_keys)
+    trained_norm = sum(float(trained[key].float().norm()) for key in b_keys)
+    assert 0 < ema_norm < trained_norm
+
+
+def test_ema_lora_loads_in_diffusers(lora_with_ema_and_validation: TrainerRun, tiny_base: Path) -> None:
+    image = render(lora_pipeline(tiny_base, lora_with_ema_and_validation.artifact("ema_lora_diffusers")))
+    assert image.shape == (64, 64, 3)
+
+
+def test_validation_images_are_rendered_for_each_prompt_with_their_seed(lora_with_ema_and_validation: TrainerRun) -> None:
+    from PIL import Image
+
+    index = read_json(lora_with_ema_and_validation.artifact("validation_index"))
+    assert [record["prompt"] for record in index["images"]] == ["a photo of sks dog", "a sks dog in the snow"]
+    assert all(isinstance(record["seed"], int) for record in index["images"])
+    images = [entry for entry in lora_with_ema_and_validation.done["artifacts"] if entry["kind"] == "validation_image"]
+    assert [Path(entry["path"]).name for entry in images] == [record["file"] for record in index["images"]]
+    for entry in images:
+        with Image.open(lora_with_ema_and_validation.output_dir / entry["path"]) as image:
+            assert (image.format, image.size) == ("PNG", (64, 64))
+
+
+def test_full_zero3_with_ema_exports_an_ema_transformer(tiny_base: Path, tmp_path: Path) -> None:
+    plan = make_plan(zero_stage=3, offload_param="cpu")
+    run = new_job(tmp_path / "job", tiny_base, plan=plan, steps=2, ema_decay=0.5).launch()
+
+    assert_succeeded(run)
+    ema, trained = transformer_state(run.artifact("ema_diffusers_transformer")), transformer_state(run.artifact("diffusers_transformer"))
+    assert ema.keys() == trained.keys()
+    assert any(not torch.equal(ema[name], trained[name]) for name in trained)
+
+
+# --------------------------------------------------------------------------------------------------
+# Other strategies and optimizers
+# --------------------------------------------------------------------------------------------------
+
+
+def test_without_deepspeed_a_torch_optimizer_trains_under_plain_accelerate(tiny_base: Path, tmp_path: Path) -> None:
+    plan = make_plan(use_deepspeed=False, training_type="lora")
+    run = new_job(tmp_path / "job", tiny_base, plan=plan, steps=2, optimizer="adafactor").launch()
+
+    assert_succeeded(run)
+    assert (run.metrics["optimizer"], run.metrics["zero_stage"]) == ("Adafactor", 0)
+    assert run.artifact("lora_diffusers").is_file()
+
+
+def test_zero1_with_optimizer_offload_trains(tiny_base: Path, tmp_path: Path) -> None:
+    run = new_job(tmp_path / "job", tiny_base, plan=make_plan(zero_stage=1), steps=2).launch()
+
+    assert_succeeded(run)
+    assert (run.metrics["optimizer"], run.metrics["zero_stage"]) == ("DeepSpeedCPUAdam", 1)
+
+
+def test_cosine_schedule_decays_the_learning_rate(tiny_base: Path, tmp_path: Path) -> None:
+    run = new_job(tmp_path / "job", tiny_base, plan=make_plan(use_deepspeed=False), steps=3, lr_scheduler="cosine", lr_warmup_steps=1).launch()
+
+    assert_succeeded(run)
+    rates = [event["lr"] for event in run.of_kind("step")]
+    assert rates == pytest.approx([0.5e-4, 1e-4, 0.5e-4])
+
+
+def assert_refused(run: TrainerRun, code: str, *fragments: str) -> None:
+    assert run.returncode != 0
+    (error,) = run.of_kind("error")
+    assert error["code"] == code, error
+    for fragment in fragments:
+        assert fragment in error["message"], error["message"]
+    assert not run.of_kind("step")
+
+
+def test_unknown_optimizer_is_refused_with_the_supported_names(tiny_base: Path, tmp_path: Path) -> None:
+    run = new_job(tmp_path / "job", tiny_base, plan=make_plan(use_deepspeed=False), optimizer="lion").launch()
+    assert_refused(run, "invalid_config", "'lion'", "adamw", "adafactor")
+
+
+def test_optimizer_that_disagrees_with_the_deepspeed_json_is_refused_not_swapped(tiny_base: Path, tmp_path: Path) -> None:
+    run = new_job(tmp_path / "job", tiny_base, optimizer="adafactor").launch()
+    assert_refused(run, "invalid_config", "'adafactor'", "'AdamW'")
+
+
+def test_nvme_offload_without_libaio_is_reported_as_missing_libaio(tiny_base: Path, tmp_path: Path) -> None:
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    if AsyncIOBuilder().is_compatible(verbose=False):
+        pytest.skip("libaio is installed here; this test covers machines without it")
+    plan = make_plan(zero_stage=3, offload_param="nvme", offload_optimizer="nvme")
+    run = new_job(tmp_path / "job", tiny_base, plan=plan).launch()
+    assert_refused(run, "missing_libaio", "libaio-dev")
+
+
+def test_nvme_offload_below_zero3_is_refused(tiny_base: Path, tmp_path: Path) -> None:
+    run = new_job(tmp_path / "job", tiny_base, plan=make_plan(zero_stage=2, offload_optimizer="nvme")).launch()
+    assert_refused(run, "invalid_config", "ZeRO stage 3", "silently")
+
+
+def test_fp16_on_deepspeeds_cpu_accelerator_is_refused_with_advice(tiny_base: Path, tmp_path: Path) -> None:
+    run = new_job(tmp_path / "job", tiny_base, plan=make_plan(mixed_precision="fp16")).launch()
+    assert_refused(run, "invalid_config", "fp16", "bf16")

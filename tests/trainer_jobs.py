@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 from PIL import Image
 
 from fluxbooth.configs import child_environment, write_launch_files
@@ -147,23 +149,58 @@ class TrainerJob:
     def write(self) -> Any:
         return write_launch_files(self.job_dir, self.plan, self.config)
 
-    def launch(self, *, extra_launch_arguments: tuple[str, ...] = ()) -> TrainerRun:
-        files = self.write()
-        command = trainer_command(files, self.plan, os.cpu_count() or 2)
-        if extra_launch_arguments:
-            module_index = command.index("-m", 3)
-            command = command[:module_index] + list(extra_launch_arguments) + command[module_index:]
+    def environment(self) -> dict[str, str]:
         torch_extensions = Path(
             os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "fluxbooth" / "torch_extensions"
         )
         env = child_environment(self.plan, os.environ, cpu_count=os.cpu_count() or 2, torch_extensions_dir=torch_extensions)
         env.update(self.extra_env)
+        return env
+
+    def launch(self) -> TrainerRun:
+        files = self.write()
         completed = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_SECONDS, start_new_session=True
+            trainer_command(files, self.plan, os.cpu_count() or 2),
+            env=self.environment(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_SECONDS, start_new_session=True,
         )
-        log = completed.stdout + completed.stderr
-        events = [event for line in completed.stdout.splitlines() if (event := parse_event(line)) is not None]
-        return TrainerRun(completed.returncode, events, log, self.job_dir, self.config)
+        return self._run_from(completed.returncode, completed.stdout, completed.stderr)
+
+    def launch_as_nodes(self, machines: int) -> list[TrainerRun]:
+        """One `accelerate launch` per "machine" (one process each), all on localhost, rendezvousing
+        through a free port: what a hand-written multi-node accelerate config does across hosts."""
+        files = self.write()
+        base = yaml.safe_load(files.accelerate_config.read_text())
+        port = free_port()
+        processes = []
+        for rank in range(machines):
+            node_config = dict(
+                base, num_machines=machines, machine_rank=rank, num_processes=machines,
+                main_process_ip="127.0.0.1", main_process_port=port,
+            )
+            # accelerate's default multi-node DeepSpeed launcher is pdsh over ssh; "standard" is torchrun per node.
+            node_config["deepspeed_config"] = dict(base["deepspeed_config"], deepspeed_multinode_launcher="standard")
+            node_file = files.accelerate_config.with_name(f"accelerate-node{rank}.yaml")
+            node_file.write_text(yaml.safe_dump(node_config))
+            command = trainer_command(files, self.plan, os.cpu_count() or 2)
+            command[command.index("--config_file") + 1] = str(node_file)
+            processes.append(
+                subprocess.Popen(command, env=self.environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+            )
+        runs = []
+        for process in processes:
+            stdout, stderr = process.communicate(timeout=LAUNCH_TIMEOUT_SECONDS)
+            runs.append(self._run_from(process.returncode, stdout, stderr))
+        return runs
+
+    def _run_from(self, returncode: int, stdout: str, stderr: str) -> TrainerRun:
+        events = [event for line in stdout.splitlines() if (event := parse_event(line)) is not None]
+        return TrainerRun(returncode, events, stdout + stderr, self.job_dir, self.config)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def new_job(job_dir: Path, base_model: Path, *, images: int = 3, plan: Plan | None = None, **overrides: Any) -> TrainerJob:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from fluxbooth.errors import FluxboothError
+from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import GIB, Hardware, format_bytes, probe_hardware
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
 
@@ -167,7 +167,12 @@ def _reference_plan(hardware: Hardware, settings: WorkerSettings) -> tuple[Any, 
     try:
         model = model_size(_resolved_base_model(settings) or settings.default_base_model)
         return choose_plan(job, hardware, model), "the plan a default job gets on this machine"
-    except FluxboothError:
+    except FluxboothError as error:
+        why = (
+            "the default job does not fit here"
+            if error.code is ErrorCode.DOES_NOT_FIT
+            else "the base model cannot be sized here"
+        )
         on_cpu = hardware.accelerator == "cpu"
         fallback = Plan(
             accelerator="cpu" if on_cpu else "cuda",
@@ -184,7 +189,7 @@ def _reference_plan(hardware: Hardware, settings: WorkerSettings) -> tuple[Any, 
             predicted_host_bytes=0,
             predicted_disk_bytes=0,
         )
-        return fallback, "the guide's ZeRO-2 CPU-offload plan (the default job does not fit here)"
+        return fallback, f"the guide's ZeRO-2 CPU-offload plan ({why})"
 
 
 def _resolved_base_model(settings: WorkerSettings) -> str | None:

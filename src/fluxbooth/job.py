@@ -6,6 +6,7 @@ Every failure becomes the error contract's shape; the job directory is always re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -23,9 +24,9 @@ from typing import Any, TypeVar
 from fluxbooth.configs import child_environment, trainer_config_for, write_launch_files
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.export import LocalArtifact, collect_artifacts
-from fluxbooth.hardware import format_bytes, free_disk_bytes
+from fluxbooth.hardware import format_bytes, free_disk_bytes, probe_hardware
 from fluxbooth.launch import Redactor, classify_outcome, run_trainer, trainer_command
-from fluxbooth.plan import Plan
+from fluxbooth.plan import Plan, choose_plan, model_size
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
 
 ProgressSink = Callable[[dict[str, Any]], None]
@@ -130,7 +131,8 @@ async def _in_thread(function: Callable[..., Result], *args: Any) -> Result:
     try:
         return await asyncio.shield(work)
     except asyncio.CancelledError:
-        await asyncio.wait([work])
+        with contextlib.suppress(Exception):  # the cancellation is what the caller must see
+            await work
         raise
 
 
@@ -208,8 +210,6 @@ async def _run(
     job_input: Any, job_id: str, settings: WorkerSettings, reporter: ProgressReporter, job_dir: Path
 ) -> dict[str, Any]:
     from fluxbooth.dataset import prepare_dataset
-    from fluxbooth.hardware import probe_hardware
-    from fluxbooth.plan import choose_plan, model_size
     from fluxbooth.request import parse_request
 
     started = time.monotonic()
@@ -250,7 +250,11 @@ async def _run(
     upload_reserve = min(300.0, 0.1 * deadline)
     trainer_deadline = deadline - (time.monotonic() - started) - upload_reserve
     if trainer_deadline <= 0:
-        raise FluxboothError(ErrorCode.TIMEOUT, f"the job deadline of {deadline:.0f} s was used up before training began")
+        raise FluxboothError(
+            ErrorCode.TIMEOUT,
+            f"the job deadline of {deadline:.0f} s was used up before training began; raise timeout_seconds "
+            "(or FLUXBOOTH_JOB_DEADLINE_SECONDS on the endpoint)",
+        )
 
     reporter.stage("train", total=request.steps)
     outcome = await run_trainer(

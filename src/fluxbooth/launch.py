@@ -4,8 +4,9 @@ progress events parsed, a deadline, cancellation, and the exit classified into e
 Killing "the trainer" means every process it started. For DeepSpeed, `accelerate launch` runs torch's
 elastic agent, which starts each rank with `start_new_session=True`: the ranks and their children are
 outside the launcher's process group, and once the launcher dies they are re-parented and no longer
-look like ours. So the launcher's descendants are tracked (psutil, polled while it runs) and signalled
-by pid and by their own process groups, not only through the launcher's group.
+look like ours. So each run puts a unique marker in the trainer's environment, which every process it
+starts inherits, and finds its processes by that marker as well as by parentage (the technique of
+Jenkins' ProcessTreeKiller); they are signalled by pid and by their own process groups.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import re
 import signal
 import sys
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +37,10 @@ LOG_TAIL_LINES = 200
 ERROR_TAIL_LINES = 25
 MESSAGE_TAIL_LINES = 5
 KILL_GRACE_SECONDS = 10.0
-DESCENDANT_POLL_SECONDS = 0.5
+KILL_WAIT_SECONDS = 5.0
+EXIT_POLL_SECONDS = 0.5
+# Environment variable carrying each run's marker; see the module docstring.
+RUN_MARKER_ENV = "FLUXBOOTH_TRAINER_RUN"
 # asyncio's default line limit is 64 KiB; tracebacks with tensors printed can be longer.
 STREAM_LINE_LIMIT = 4 * 1024 * 1024
 
@@ -117,71 +122,82 @@ def kill_process_group(process_group_id: int, sig: int = signal.SIGKILL) -> None
         os.killpg(process_group_id, sig)
 
 
-class DescendantTracker:
-    """Every process started under `root_pid`, remembered even after it leaves the tree."""
+class TrainerProcesses:
+    """Every live process of one trainer run: the launcher's descendants, and any process whose
+    environment carries the run's marker (re-parented orphans in other sessions included)."""
 
-    def __init__(self, root_pid: int) -> None:
-        # psutil.Process remembers each process's start time, so a reused pid is never walked or signalled.
-        self._root = psutil.Process(root_pid)
-        self._known: dict[int, psutil.Process] = {}
+    def __init__(self, launcher_pid: int, marker: str) -> None:
+        # psutil.Process remembers the start time, so a reused pid is never walked or signalled.
+        self._launcher: psutil.Process | None = None
+        with contextlib.suppress(psutil.Error):  # already exited and reaped: only the marker finds its children
+            self._launcher = psutil.Process(launcher_pid)
+        self._marker = marker
 
-    def refresh(self) -> None:
-        for parent in [self._root, *self.alive()]:
+    def find(self) -> list[psutil.Process]:
+        found: dict[int, psutil.Process] = {}
+        with contextlib.suppress(psutil.Error):
+            if self._launcher is not None and self._launcher.is_running():
+                found.update((child.pid, child) for child in self._launcher.children(recursive=True))
+        for process in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
-                if parent.is_running():
-                    for child in parent.children(recursive=True):
-                        self._known.setdefault(child.pid, child)
+                if process.environ().get(RUN_MARKER_ENV) == self._marker:
+                    found.setdefault(process.pid, process)
+        found.pop(os.getpid(), None)
+        return [process for process in found.values() if _is_live(process)]
 
-    def alive(self) -> list[psutil.Process]:
-        return [
-            process
-            for process in self._known.values()
-            if process.is_running() and _status(process) != psutil.STATUS_ZOMBIE
-        ]
-
-    def signal_all(self, sig: int) -> None:
-        """`sig` to every live descendant and to each of their process groups (never our own)."""
+    def signal_all(self, sig: int) -> list[psutil.Process]:
+        """`sig` to every process of the run and to each of their process groups (never our own)."""
         own_group = os.getpgid(0)
         groups = set()
-        for process in self.alive():
+        processes = self.find()
+        for process in processes:
             with contextlib.suppress(psutil.Error, OSError):
                 groups.add(os.getpgid(process.pid))
                 process.send_signal(sig)
         for group in groups - {own_group}:
             kill_process_group(group, sig)
+        return processes
 
 
-def _status(process: psutil.Process) -> str:
+def _is_live(process: psutil.Process) -> bool:
     try:
-        return process.status()
+        return process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
-        return psutil.STATUS_DEAD
+        return False
 
 
-async def _track_descendants(tracker: DescendantTracker) -> None:
-    while True:
-        tracker.refresh()
-        await asyncio.sleep(DESCENDANT_POLL_SECONDS)
+async def _kill_leftovers_once_the_launcher_exits(
+    process: asyncio.subprocess.Process, processes: TrainerProcesses
+) -> None:
+    """A process left behind by the launcher keeps the log pipe open, and (Python 3.11)
+    `process.wait()` waits for the pipe as well as for the exit: the job would hang until its deadline."""
+    while process.returncode is None:
+        await asyncio.sleep(EXIT_POLL_SECONDS)
+    await _kill_everything(process, processes)
 
 
-async def _terminate(process: asyncio.subprocess.Process, tracker: DescendantTracker, grace_seconds: float) -> None:
+async def _wait_at_most(process: asyncio.subprocess.Process, seconds: float) -> None:
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(process.wait(), seconds)
+
+
+async def _terminate(process: asyncio.subprocess.Process, processes: TrainerProcesses, grace_seconds: float) -> None:
     """SIGTERM everything the launcher started, wait a grace period, then SIGKILL what is left."""
-    tracker.refresh()
     kill_process_group(process.pid, signal.SIGTERM)
-    tracker.signal_all(signal.SIGTERM)
-    try:
-        await asyncio.wait_for(process.wait(), grace_seconds)
-    except asyncio.TimeoutError:
-        pass
-    _kill_everything(process, tracker)
-    with contextlib.suppress(ProcessLookupError):
-        await process.wait()
+    processes.signal_all(signal.SIGTERM)
+    await _wait_at_most(process, grace_seconds)
+    await _kill_everything(process, processes)
+    # Bounded too: a process that escaped the search could hold the log pipe open for ever.
+    await _wait_at_most(process, grace_seconds)
 
 
-def _kill_everything(process: asyncio.subprocess.Process, tracker: DescendantTracker) -> None:
-    tracker.refresh()
+async def _kill_everything(process: asyncio.subprocess.Process, processes: TrainerProcesses) -> None:
     kill_process_group(process.pid, signal.SIGKILL)
-    tracker.signal_all(signal.SIGKILL)
+    killed = processes.signal_all(signal.SIGKILL)
+    # SIGKILL takes effect asynchronously; wait (bounded: a process in uninterruptible sleep dies late).
+    give_up = time.monotonic() + KILL_WAIT_SECONDS
+    while any(_is_live(victim) for victim in killed) and time.monotonic() < give_up:
+        await asyncio.sleep(0.01)
 
 
 async def run_trainer(
@@ -199,9 +215,10 @@ async def run_trainer(
 
     Whatever the ending, no process it started outlives this call."""
     started = time.monotonic()
+    marker = uuid.uuid4().hex
     process = await asyncio.create_subprocess_exec(
         *command,
-        env=dict(env),
+        env={**env, RUN_MARKER_ENV: marker},
         cwd=str(cwd),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
@@ -209,8 +226,8 @@ async def run_trainer(
         start_new_session=True,
         limit=STREAM_LINE_LIMIT,
     )
-    tracker = DescendantTracker(process.pid)
-    tracking = asyncio.create_task(_track_descendants(tracker))
+    processes = TrainerProcesses(process.pid, marker)
+    watching = asyncio.create_task(_kill_leftovers_once_the_launcher_exits(process, processes))
     outcome = TrainerOutcome(returncode=None, log_tail=[])
     tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
     log_file = log_path.open("a", encoding="utf-8") if log_path else None
@@ -250,17 +267,18 @@ async def run_trainer(
         await asyncio.wait_for(pump(), timeout=max(1.0, deadline_seconds))
     except asyncio.TimeoutError:
         outcome.timed_out = True
-        await _terminate(process, tracker, kill_grace_seconds)
+        await _terminate(process, processes, kill_grace_seconds)
     except BaseException:
-        # Cancellation (or anything else): never leave the trainer running behind us.
-        await _terminate(process, tracker, kill_grace_seconds)
+        # Cancellation (or anything else): never leave the trainer running behind us, even if the
+        # caller cancels again while we wait.
+        await asyncio.shield(_terminate(process, processes, kill_grace_seconds))
         raise
     finally:
-        tracking.cancel()
+        watching.cancel()
         if log_file:
             log_file.close()
     # The launcher has exited; its workers must not outlive it.
-    _kill_everything(process, tracker)
+    await _kill_everything(process, processes)
     outcome.returncode = process.returncode
     outcome.log_tail = list(tail)
     outcome.seconds = time.monotonic() - started

@@ -71,11 +71,14 @@ def build_flow_inputs(
     guidance_scale: float | None,
     device: torch.device,
     dtype: torch.dtype,
+    sigmas: torch.Tensor | None = None,
 ) -> FlowInputs:
-    """`latents`: normalised x0 [B, C, h, w] float32 on the CPU. Randomness comes only from `generator`."""
+    """`latents`: normalised x0 [B, C, h, w] float32 on the CPU. Randomness comes only from `generator`;
+    `sigmas` [B] fixes the noise levels instead of sampling them (for a repeatable evaluation)."""
     batch_size, channels, height, width = latents.shape
     noise = torch.randn(latents.shape, generator=generator, dtype=torch.float32)
-    sigmas = sampler.sample(batch_size, generator)
+    if sigmas is None:
+        sigmas = sampler.sample(batch_size, generator)
     sigmas_b = sigmas.view(batch_size, 1, 1, 1)
     noisy = (1.0 - sigmas_b) * latents + sigmas_b * noise
     packed = FluxPipeline._pack_latents(noisy, batch_size, channels, height, width)

@@ -33,6 +33,8 @@ from fluxbooth.train.names import (
 from fluxbooth.trainer_config import TrainerConfig
 
 CHECKPOINT_PREFIX = "checkpoint-"
+FIXED_NOISE_IMAGES = 4
+FIXED_NOISE_SIGMAS = (0.25, 0.5, 0.75)
 CHECKPOINT_STATE_NAME = "fluxbooth_state.json"
 
 
@@ -87,6 +89,27 @@ def _seed_for(*parts: object) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
+# Ranks wait at barriers while the main process generates class images, gathers ZeRO-3 weights for
+# export or renders validation images; on a real model any of these can outlast the 30-minute default.
+PROCESS_GROUP_TIMEOUT_SECONDS = 4 * 3600
+
+
+def _process_group_settings(uses_deepspeed: bool) -> Any:
+    """accelerate picks no process-group backend for DeepSpeed without a GPU and then reports a single
+    process even when several run (each believing it is rank 0); name DeepSpeed's CPU backend for it."""
+    from datetime import timedelta
+
+    import torch
+    from accelerate.utils import InitProcessGroupKwargs
+
+    arguments: dict[str, Any] = {"timeout": timedelta(seconds=PROCESS_GROUP_TIMEOUT_SECONDS)}
+    if uses_deepspeed and not torch.cuda.is_available():
+        from deepspeed.accelerator import get_accelerator
+
+        arguments["backend"] = get_accelerator().communication_backend_name()
+    return InitProcessGroupKwargs(**arguments)
+
+
 @contextlib.contextmanager
 def _without_transformers_zero3_init() -> Any:
     """transformers partitions every model it loads while accelerate's HfDeepSpeedConfig says ZeRO-3, which
@@ -131,15 +154,17 @@ class Trainer:
         self._validate_config()
         with self.clock.stage("load"):
             uses_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-            accelerator_arguments: dict[str, Any] = {}
+            accelerator_arguments: dict[str, Any] = {"kwargs_handlers": [_process_group_settings(uses_deepspeed)]}
             if not uses_deepspeed:
                 accelerator_arguments["gradient_accumulation_steps"] = config.gradient_accumulation_steps
             accelerator = Accelerator(**accelerator_arguments)
             self.accelerator = accelerator
             self.reporter.enabled = accelerator.is_main_process
             self.deepspeed_config = self._deepspeed_config()
+            self._fill_deepspeed_auto_values()
             self.zero_stage = int((self.deepspeed_config or {}).get("zero_optimization", {}).get("stage", 0))
             self._check_batch_sizes()
+            self._check_nvme_offload()
             self.precision = self._precision()
             set_seed(config.seed)
             Path(config.output_dir).mkdir(parents=True, exist_ok=True)
@@ -165,6 +190,7 @@ class Trainer:
             "seconds_total": round(time.perf_counter() - started, 3),
             "peak_host_rss_bytes": self._peak_host_rss(),
             "transformer_loading": self.loading_report,
+            "fixed_noise_loss": self.fixed_noise_loss,
         }
         from fluxbooth.train.runtime import peak_gpu_bytes
 
@@ -209,6 +235,42 @@ class Trainer:
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
         return None if plugin is None else plugin.deepspeed_config
 
+    def _fill_deepspeed_auto_values(self) -> None:
+        """Hand-written DeepSpeed JSONs (DiffSynth-Studio's, accelerate's templates) say "auto" for sizes that
+        accelerate fills from a dataloader and `model.config.hidden_size`, neither of which exists here, and
+        zero.Init reads them before accelerate would. Fill them from train.json and the transformer's width."""
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        if plugin is None:
+            return
+        from diffusers import FluxTransformer2DModel
+
+        from fluxbooth.train.model import resolve_model_folder
+
+        config = self.config
+        transformer_config = FluxTransformer2DModel.load_config(str(resolve_model_folder(config.base_model)), subfolder="transformer")
+        width = int(transformer_config["num_attention_heads"]) * int(transformer_config["attention_head_dim"])
+        batch = config.batch_size * config.gradient_accumulation_steps * self.accelerator.num_processes
+        plugin.deepspeed_config_process(
+            must_match=False,
+            train_micro_batch_size_per_gpu=config.batch_size,
+            gradient_accumulation_steps=config.gradient_accumulation_steps,
+            train_batch_size=batch,
+            gradient_clipping=config.max_grad_norm,
+            **{
+                "zero_optimization.reduce_bucket_size": width * width,
+                "zero_optimization.stage3_prefetch_bucket_size": int(0.9 * width * width),
+                "zero_optimization.stage3_param_persistence_threshold": 10 * width,
+                "optimizer.params.lr": config.learning_rate,
+                "scheduler.params.warmup_max_lr": config.learning_rate,
+                "scheduler.params.warmup_min_lr": 0.0,
+                "scheduler.params.warmup_num_steps": max(1, config.lr_warmup_steps),
+                "scheduler.params.total_num_steps": config.steps,
+            },
+        )
+        self.deepspeed_config = plugin.deepspeed_config
+        # accelerate read the accumulation steps before they were filled.
+        self.accelerator.gradient_accumulation_steps = config.gradient_accumulation_steps
+
     def _check_batch_sizes(self) -> None:
         """The DeepSpeed JSON and train.json must agree; a silent mismatch changes what is trained."""
         if self.deepspeed_config is None:
@@ -224,6 +286,45 @@ class Trainer:
                     "invalid_config", f"DeepSpeed JSON has {name}={declared} but train.json asks for {expected}; make them agree"
                 )
 
+    def _nvme_paths(self) -> list[Path]:
+        zero = (self.deepspeed_config or {}).get("zero_optimization", {})
+        paths = []
+        for section in ("offload_optimizer", "offload_param"):
+            offload = zero.get(section) or {}
+            if offload.get("device") == "nvme":
+                if not offload.get("nvme_path"):
+                    raise TrainerFailure("invalid_config", f"zero_optimization.{section} offloads to nvme but names no nvme_path")
+                paths.append(Path(offload["nvme_path"]))
+        return paths
+
+    def _check_nvme_offload(self) -> None:
+        """NVMe offload needs ZeRO-3 (ZeRO-1/2 silently keep the optimizer in RAM instead) and DeepSpeed's
+        async_io op, which needs libaio. The swap folder starts empty: stale swap files from an earlier
+        run are a known cause of crashes on resume."""
+        paths = self._nvme_paths()
+        if not paths:
+            return
+        if self.zero_stage != 3:
+            raise TrainerFailure(
+                "invalid_config",
+                f"NVMe offload needs ZeRO stage 3; at stage {self.zero_stage} DeepSpeed silently keeps the optimizer "
+                "in CPU RAM instead. Use zero_stage 3, or offload 'cpu'",
+            )
+        from deepspeed.accelerator import get_accelerator
+
+        builder = get_accelerator().create_op_builder("AsyncIOBuilder")
+        if builder is None or not builder.is_compatible(verbose=False):
+            raise TrainerFailure(
+                "missing_libaio",
+                "NVMe offload needs DeepSpeed's async_io op, which cannot be built here: libaio is missing. "
+                "Install it in the image (apt-get install libaio-dev) or use offload 'cpu'",
+            )
+        if self.accelerator.is_local_main_process:
+            for path in paths:
+                shutil.rmtree(path, ignore_errors=True)
+                path.mkdir(parents=True, exist_ok=True)
+        self.accelerator.wait_for_everyone()
+
     def _precision(self) -> Precision:
         import torch
 
@@ -235,6 +336,16 @@ class Trainer:
                 name = "fp16"
             else:
                 name = "no"
+            from deepspeed.accelerator import get_accelerator
+
+            accelerator = get_accelerator()
+            supported = {"bf16": accelerator.is_bf16_supported, "fp16": accelerator.is_fp16_supported}
+            if name in supported and not supported[name]():
+                raise TrainerFailure(
+                    "invalid_config",
+                    f"mixed_precision {name} is not supported by DeepSpeed's {accelerator.device_name()} accelerator; "
+                    f"use {'bf16' if name == 'fp16' else 'no'}",
+                )
             return Precision(load_dtype=dtypes[name], input_dtype=dtypes[name], text_dtype=dtypes[name], name=name)
         name = self.accelerator.mixed_precision if self.accelerator.mixed_precision in dtypes else "no"
         # Without DeepSpeed: trainable weights stay fp32 under autocast; a frozen LoRA base can live in half precision.
@@ -415,7 +526,7 @@ class Trainer:
         from diffusers import FlowMatchEulerDiscreteScheduler
 
         from fluxbooth.train.cache import vae_normalisation
-        from fluxbooth.train.flow import SigmaSampler, build_flow_inputs, per_sample_loss, unpack_prediction
+        from fluxbooth.train.flow import SigmaSampler
         from fluxbooth.train.model import trainable_parameters
         from fluxbooth.train.optim import build_optimizer, build_scheduler, optimizer_class_name, validated_optimizer_name
 
@@ -437,18 +548,18 @@ class Trainer:
         self.start_step = self._maybe_resume()
 
         noise_scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(config.base_model, subfolder="scheduler")
-        sampler = SigmaSampler.from_scheduler(
+        self.sampler = SigmaSampler.from_scheduler(
             noise_scheduler, config.weighting_scheme, config.logit_mean, config.logit_std, config.mode_scale
         )
         normalisation = vae_normalisation(config.base_model)
-        guidance_scale = config.guidance_scale if accelerator.unwrap_model(transformer).config.guidance_embeds else None
+        self.guidance_scale = config.guidance_scale if accelerator.unwrap_model(transformer).config.guidance_embeds else None
         accumulation = config.gradient_accumulation_steps
         world, rank = accelerator.num_processes, accelerator.process_index
-        device, input_dtype = accelerator.device, self.precision.input_dtype
         final_loss = float("nan")
         self.ema = self._make_ema(transformer)
         if self.ema is not None and self._resume_ema_state is not None and accelerator.is_main_process:
             self.ema.load_state_dict(torch.load(self._resume_ema_state, map_location="cpu", weights_only=True))
+        self.fixed_noise_loss = {"start": self._fixed_noise_loss(transformer, instance_set, normalisation)}
 
         with self.clock.stage("train", steps=config.steps, start_step=self.start_step, optimizer=real_optimizer_name):
             for step in range(self.start_step, config.steps):
@@ -461,26 +572,7 @@ class Trainer:
                         position = ((step * accumulation + micro) * world + rank) * config.batch_size
                         batch = self._micro_batch(instance_set, class_set, position, normalisation)
                         generator = torch.Generator("cpu").manual_seed(_seed_for(config.seed, "noise", step, micro, rank))
-                        inputs = build_flow_inputs(
-                            batch["latents"],
-                            sampler=sampler,
-                            generator=generator,
-                            guidance_scale=guidance_scale,
-                            device=device,
-                            dtype=input_dtype,
-                        )
-                        text_ids = torch.zeros(batch["prompt_embeds"].shape[1], 3, device=device, dtype=input_dtype)
-                        prediction = transformer(
-                            hidden_states=inputs.hidden_states,
-                            timestep=inputs.timestep,
-                            guidance=inputs.guidance,
-                            pooled_projections=batch["pooled_prompt_embeds"].to(device=device, dtype=input_dtype),
-                            encoder_hidden_states=batch["prompt_embeds"].to(device=device, dtype=input_dtype),
-                            txt_ids=text_ids,
-                            img_ids=inputs.img_ids,
-                            return_dict=False,
-                        )[0]
-                        per_sample = per_sample_loss(unpack_prediction(prediction, inputs.latent_shape), inputs)
+                        per_sample = self._per_sample_loss(transformer, batch, generator)
                         if class_set is not None:
                             instance_loss, class_loss = per_sample.chunk(2)
                             loss = instance_loss.mean() + config.prior_loss_weight * class_loss.mean()
@@ -513,7 +605,56 @@ class Trainer:
                 )
                 if config.checkpointing_steps and (step + 1) % config.checkpointing_steps == 0 and step + 1 < config.steps:
                     self._save_checkpoint(step + 1)
+        self.fixed_noise_loss["end"] = self._fixed_noise_loss(transformer, instance_set, normalisation)
         return final_loss, real_optimizer_name
+
+    def _per_sample_loss(self, transformer: Any, batch: dict[str, Any], generator: Any, sigmas: Any = None) -> Any:
+        """The rectified-flow loss of each sample in `batch` [B], float32."""
+        import torch
+
+        from fluxbooth.train.flow import build_flow_inputs, per_sample_loss, unpack_prediction
+
+        device, dtype = self.accelerator.device, self.precision.input_dtype
+        inputs = build_flow_inputs(
+            batch["latents"],
+            sampler=self.sampler,
+            generator=generator,
+            guidance_scale=self.guidance_scale,
+            device=device,
+            dtype=dtype,
+            sigmas=sigmas,
+        )
+        text_ids = torch.zeros(batch["prompt_embeds"].shape[1], 3, device=device, dtype=dtype)
+        prediction = transformer(
+            hidden_states=inputs.hidden_states,
+            timestep=inputs.timestep,
+            guidance=inputs.guidance,
+            pooled_projections=batch["pooled_prompt_embeds"].to(device=device, dtype=dtype),
+            encoder_hidden_states=batch["prompt_embeds"].to(device=device, dtype=dtype),
+            txt_ids=text_ids,
+            img_ids=inputs.img_ids,
+            return_dict=False,
+        )[0]
+        return per_sample_loss(unpack_prediction(prediction, inputs.latent_shape), inputs)
+
+    def _fixed_noise_loss(self, transformer: Any, instance_set: Any, normalisation: Any) -> float:
+        """*Collective.* The unweighted loss on the instance images (posterior means) at fixed noise and
+        sigmas 0.25/0.5/0.75: a repeatable measure of learning, free of the sampling noise of step losses."""
+        import torch
+
+        losses = []
+        with torch.no_grad():
+            for index in range(min(len(instance_set), FIXED_NOISE_IMAGES)):
+                prompt = instance_set.prompt_index[index : index + 1]
+                batch = {
+                    "latents": normalisation.apply(instance_set.latent_mean[index : index + 1]),
+                    "prompt_embeds": instance_set.prompt_embeds[prompt],
+                    "pooled_prompt_embeds": instance_set.pooled_prompt_embeds[prompt],
+                }
+                for sigma in FIXED_NOISE_SIGMAS:
+                    generator = torch.Generator("cpu").manual_seed(_seed_for(self.config.seed, "fixed_noise", index, sigma))
+                    losses.append(float(self._per_sample_loss(transformer, batch, generator, torch.tensor([sigma])).mean()))
+        return sum(losses) / len(losses)
 
     def _micro_batch(self, instance_set: Any, class_set: Any, position: int, normalisation: Any) -> dict[str, Any]:
         """Samples `batch_size` instance images (and as many class images) at a global sample position.
@@ -727,6 +868,7 @@ class Trainer:
         return lora_state_dict(model, is_main_process=self.accelerator.is_main_process)
 
     def _export_lora(self, output_dir: Path, state: dict[str, Any], prefix: str, folder_name: str) -> list[Any]:
+        """Each requested LoRA format; `prefix` ("" or "ema_") goes in front of artifact names and kinds."""
         from diffusers import FluxTransformer2DModel
 
         from fluxbooth.train.export import Artifact, save_lora_comfyui, save_lora_diffusers
@@ -737,14 +879,16 @@ class Trainer:
         folder.mkdir(parents=True, exist_ok=True)
         if "diffusers" in self.config.export_formats:
             save_lora_diffusers(state, folder, self.config.lora, lora_adapter_metadata(self.config.lora))
-            artifacts.append(Artifact(name=f"{prefix}lora", path=f"{folder_name}/pytorch_lora_weights.safetensors", kind="lora_diffusers"))
+            artifacts.append(
+                Artifact(name=f"{prefix}lora", path=f"{folder_name}/pytorch_lora_weights.safetensors", kind=f"{prefix}lora_diffusers")
+            )
         if "comfyui" in self.config.export_formats:
             transformer_config = FluxTransformer2DModel.load_config(
                 str(resolve_model_folder(self.config.base_model)), subfolder="transformer"
             )
             comfy = folder / "lora_comfyui.safetensors"
             save_lora_comfyui(state, comfy, self.config.lora, transformer_config)
-            artifacts.append(Artifact(name=f"{prefix}lora_comfyui", path=f"{folder_name}/{comfy.name}", kind="lora_comfyui"))
+            artifacts.append(Artifact(name=f"{prefix}lora_comfyui", path=f"{folder_name}/{comfy.name}", kind=f"{prefix}lora_comfyui"))
         return artifacts
 
     def _export_ema(self, model: Any, output_dir: Path) -> list[Any]:
@@ -768,7 +912,7 @@ class Trainer:
         skeleton.load_state_dict(ema_state, assign=True)
         skeleton.save_pretrained(str(folder), safe_serialization=True, max_shard_size=self.config.max_shard_size)
         verify_saved_transformer(folder, {name: ema_state[name] for name in list(ema_state)[:4]})
-        return [Artifact(name="ema_transformer", path="ema_transformer", kind="diffusers_transformer_ema")]
+        return [Artifact(name="ema_transformer", path="ema_transformer", kind="ema_diffusers_transformer")]
 
     def _render_validation_images(self, output_dir: Path) -> list[Any]:
         """Render validation_prompts with the exported weights, loaded the way a user would load them."""
@@ -780,12 +924,13 @@ class Trainer:
         config = self.config
         device = self.accelerator.device
         dtype = self.precision.text_dtype
-        if config.training_type == "full":
-            transformer = FluxTransformer2DModel.from_pretrained(str(output_dir / "transformer"), torch_dtype=dtype)
-            pipeline = FluxPipeline.from_pretrained(config.base_model, transformer=transformer, torch_dtype=dtype)
-        else:
-            pipeline = FluxPipeline.from_pretrained(config.base_model, torch_dtype=dtype)
-            pipeline.load_lora_weights(str(output_dir / "lora"), weight_name="pytorch_lora_weights.safetensors")
+        with _without_transformers_zero3_init():
+            if config.training_type == "full":
+                transformer = FluxTransformer2DModel.from_pretrained(str(output_dir / "transformer"), torch_dtype=dtype)
+                pipeline = FluxPipeline.from_pretrained(config.base_model, transformer=transformer, torch_dtype=dtype)
+            else:
+                pipeline = FluxPipeline.from_pretrained(config.base_model, torch_dtype=dtype)
+                pipeline.load_lora_weights(str(output_dir / "lora"), weight_name="pytorch_lora_weights.safetensors")
         if device.type == "cuda":
             pipeline.enable_model_cpu_offload(device=device)
         pipeline.set_progress_bar_config(disable=True)

@@ -71,12 +71,18 @@ def load_transformer_zero3(base_model: str, dtype: torch.dtype, deepspeed_config
     folder = resolve_model_folder(base_model)
     config = FluxTransformer2DModel.load_config(str(folder), subfolder=TRANSFORMER_SUBFOLDER)
     remote_device = deepspeed_config.get("zero_optimization", {}).get("offload_param", {}).get("device")
+    # No `dtype=`: zero.Init then takes it from the JSON's bf16/fp16 sections, as the engine will. (An explicit
+    # dtype is also ignored on accelerators without fp16, which then get bf16: an operator-precedence slip in
+    # deepspeed 0.19's Init._set_dtype.)
     with deepspeed.zero.Init(
         config_dict_or_path=deepspeed_config,
         remote_device=remote_device if remote_device in ("cpu", "nvme") else None,
-        dtype=dtype,
     ):
         model = FluxTransformer2DModel.from_config(config)
+    if next(model.parameters()).dtype != dtype:
+        raise TrainerFailure(
+            "trainer_failed", f"zero.Init built {next(model.parameters()).dtype} parameters, the DeepSpeed JSON asks for {dtype}"
+        )
     _stream_weights_into_partitioned_model(model, transformer_weight_files(base_model), is_source_rank)
     return model.eval()
 

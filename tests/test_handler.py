@@ -1,0 +1,169 @@
+"""handler.py: the async RunPod entry point. Cancellation stops the whole trainer tree and re-raises, every
+other ending is the error contract's dict, the SDK runs one job at a time, and logs are redacted."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runpod.serverless.modules.rp_scale import JobScaler
+
+from fluxbooth.settings import WorkerSettings
+from handler import configure_logging, handler, one_job_at_a_time, worker_config
+from tests.fake_trainer_module import reported_pids
+from tests.test_hostile_jobs import (  # noqa: F401 - fixtures
+    fake_env,
+    files_left_under,
+    job_input,
+    process_is_running,
+    tiny_model,
+    trainer_lines,
+)
+
+CANCEL_WAIT_SECONDS = 120
+
+
+@pytest.fixture
+def handler_env(
+    fake_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, isolated_aws_environment: None
+) -> dict[str, str]:
+    """`handler` reads its settings from the process environment, as on RunPod."""
+    for name, value in fake_env.items():
+        monkeypatch.setenv(name, value)
+    return fake_env
+
+
+# --- results, never exceptions ---------------------------------------------------------------------
+
+
+def test_a_bad_request_comes_back_as_the_error_dict(handler_env: dict[str, str]) -> None:
+    result = asyncio.run(handler({"id": "bad-1", "input": {"colour": "blue"}}))
+    assert result["error"]["code"] == "invalid_input"
+    assert "input.colour: unknown field" in result["error"]["message"]
+    assert result["refresh_worker"] is False
+
+
+def test_a_job_without_input_is_invalid_input(handler_env: dict[str, str]) -> None:
+    result = asyncio.run(handler({"id": "bad-2"}))
+    assert result["error"]["code"] == "invalid_input"
+    assert "input: expected a JSON object" in result["error"]["message"]
+
+
+def test_a_malformed_worker_setting_is_internal_not_an_exception(
+    handler_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLUXBOOTH_JOB_DEADLINE_SECONDS", "soon")
+    result = asyncio.run(handler({"id": "bad-3", "input": job_input()}))
+    assert result["error"]["code"] == "internal"
+    assert "FLUXBOOTH_JOB_DEADLINE_SECONDS='soon' is not a number" in result["error"]["message"]
+    assert result["refresh_worker"] is True
+
+
+# --- cancellation ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_cancelling_the_handler_kills_the_trainer_tree_removes_the_job_dir_and_reraises(
+    handler_env: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    work_root = Path(handler_env["FLUXBOOTH_WORK_DIR"])
+
+    async def cancel_once_the_trainer_hangs() -> dict[str, int]:
+        task = asyncio.create_task(handler({"id": "cancel-me", "input": job_input("x fault:hang")}))
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + CANCEL_WAIT_SECONDS
+        while not (pids := reported_pids(trainer_lines(caplog))):
+            assert not task.done(), f"the job ended before it hung: {task.result()}"
+            assert loop.time() < give_up, "the fake trainer never reported its pids"
+            await asyncio.sleep(0.1)
+        assert (work_root / "job-cancel-me").is_dir()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return pids
+
+    pids = asyncio.run(cancel_once_the_trainer_hangs())
+    assert set(pids) == {"launcher", "trainer", "grandchild"}
+    assert [name for name, pid in pids.items() if process_is_running(pid)] == []
+    assert files_left_under(work_root) == []
+
+
+# --- concurrency -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("current", [0, 1, 2, 8, 64])
+def test_the_concurrency_modifier_always_answers_one(current: int) -> None:
+    assert one_job_at_a_time(current) == 1
+
+
+def test_the_sdk_runs_one_job_at_a_time_with_this_worker_config(handler_env: dict[str, str]) -> None:
+    jobs_to_offer = 3
+    offered: list[int] = []
+    results: list[dict[str, Any]] = []
+    in_flight = [0]
+    peak = [0]
+
+    async def offer_jobs(session: object, jobs_needed: int) -> list[dict[str, Any]]:
+        offered.append(jobs_needed)
+        start = sum(offered) - jobs_needed
+        return [{"id": f"sdk-{index}", "input": {"colour": "blue"}} for index in range(start, min(start + jobs_needed, jobs_to_offer))]
+
+    async def no_stop_signals(session: object) -> list[str]:
+        await asyncio.sleep(0.05)
+        return []
+
+    async def scenario() -> None:
+        config = worker_config()
+        scaler: JobScaler
+
+        async def run_through_the_handler(session: object, config: dict[str, Any], job: dict[str, Any]) -> None:
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+            await asyncio.sleep(0.05)  # room for a second job to start, if the SDK allowed one
+            results.append(await config["handler"](job))
+            in_flight[0] -= 1
+            if len(results) == jobs_to_offer:
+                scaler.kill_worker()
+
+        scaler = JobScaler({**config, "jobs_fetcher": offer_jobs, "jobs_handler": run_through_the_handler,
+                            "stop_signals_fetcher": no_stop_signals})
+        await asyncio.wait_for(scaler.run(), timeout=60)
+
+    asyncio.run(scenario())
+    assert peak[0] == 1
+    assert max(offered) == 1, "the SDK asked for more than one job at a time"
+    assert [result["error"]["code"] for result in results] == ["invalid_input"] * jobs_to_offer
+
+
+# --- logging ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def restored_root_logger() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def test_worker_logging_masks_secrets_in_every_library_and_traceback(restored_root_logger: None) -> None:
+    canary = "canary-bucket-key-7f3a9c"
+    output = io.StringIO()
+    configure_logging(WorkerSettings.from_environ({"BUCKET_ACCESS_KEY_ID": canary}), output, level=logging.DEBUG)
+    # botocore's DEBUG log prints the SigV4 Authorization header, which names the access key ID.
+    logging.getLogger("botocore.endpoint").debug("headers={'Authorization': b'AWS4-HMAC-SHA256 Credential=%s/...'}", canary)
+    try:
+        raise RuntimeError(f"failed with {canary}")
+    except RuntimeError:
+        logging.getLogger("fluxbooth.job").exception("job crashed")
+    written = output.getvalue()
+    assert canary not in written
+    assert "Credential=[REDACTED]/" in written
+    assert "RuntimeError: failed with [REDACTED]" in written
