@@ -1,8 +1,10 @@
-"""`python -m fluxbooth ...` (**contract**): `plan`, `doctor` and (to come) `train`.
+"""`python -m fluxbooth ...` (**contract**): `plan`, `doctor` and `train`.
 
 plan    — which memory strategy a job gets on this machine or on hypothetical hardware
           (`--gpu-memory 8GiB --host-memory 64GiB --gpus 1 --disk 200GiB`); exits 1 when nothing fits.
 doctor  — is this machine ready to train; exits 1 when a check fails (`--allow-cpu` on CPU-only hosts).
+train   — run one request (a JSON file holding the `input` object, or `{"input": {...}}`) outside RunPod;
+          prints the result JSON; exits 1 when the job failed.
 
 Exit codes: 0 success, 1 does not fit / a check failed, 2 invalid arguments or input.
 This module never imports torch: doctor runs its torch checks in a child process.
@@ -337,6 +339,39 @@ def run_doctor_command(arguments: argparse.Namespace, environ: Mapping[str, str]
     return EXIT_OK if passed else EXIT_FAILED
 
 
+# train
+# =================================================================================================
+
+
+def add_train_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("train", help="run one training request (JSON file) outside RunPod")
+    parser.add_argument("request", type=Path, help="JSON file: the request's input object, or {\"input\": {...}}")
+    parser.add_argument("--job-id", default=None, help="job id used in storage keys (default: random)")
+    parser.set_defaults(handler=run_train_command)
+
+
+def run_train_command(arguments: argparse.Namespace, environ: Mapping[str, str], out: TextIO) -> int:
+    import asyncio
+    import logging
+
+    from fluxbooth.job import run_job
+    from fluxbooth.settings import WorkerSettings
+
+    try:
+        document = json.loads(arguments.request.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise FluxboothError(ErrorCode.INVALID_INPUT, f"request file {arguments.request}: {error}") from error
+    job_input = document["input"] if isinstance(document, dict) and set(document) <= {"input", "id"} and "input" in document else document
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    progress_log = logging.getLogger("fluxbooth.progress")
+    result = asyncio.run(
+        run_job(job_input, job_id=arguments.job_id, settings=WorkerSettings.from_environ(environ),
+                progress=lambda payload: progress_log.info("progress %s", payload))
+    )
+    out.write(json.dumps(result, indent=2) + "\n")
+    return EXIT_FAILED if "error" in result else EXIT_OK
+
+
 # =================================================================================================
 # Entry point
 # =================================================================================================
@@ -344,11 +379,10 @@ def run_doctor_command(arguments: argparse.Namespace, environ: Mapping[str, str]
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m fluxbooth", description="fluxbooth: FLUX.1 DreamBooth under DeepSpeed")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="{plan,doctor}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="{plan,doctor,train}")
     add_plan_parser(subparsers)
     add_doctor_parser(subparsers)
-    # ---- `train` goes here: add_train_parser(subparsers), with set_defaults(handler=...) taking
-    # ---- (arguments, environ, out) and returning an exit code, like the two above.
+    add_train_parser(subparsers)
     return parser
 
 
