@@ -228,9 +228,19 @@ def test_disk_filled_by_the_dataset_is_does_not_fit_before_training(
 # --- 2. deadline ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_deadline_used_up_before_training_is_timeout(fake_env: dict[str, str], tmp_path: Path) -> None:
-    result = run({**fake_env, "FLUXBOOTH_JOB_DEADLINE_SECONDS": "1"}, job_input())
+    # One step fits the planner's time estimate; the second left after planning does not fit a launch.
+    result = run({**fake_env, "FLUXBOOTH_JOB_DEADLINE_SECONDS": "1"}, job_input(steps=1))
     assert_error(result, ErrorCode.TIMEOUT, "job deadline of 1 s", refresh_worker=True)
+    assert files_left_under(tmp_path / "work") == []
+
+
+def test_a_run_the_planner_expects_to_overrun_the_environment_deadline_is_refused_up_front(
+    fake_env: dict[str, str], tmp_path: Path
+) -> None:
+    result = run({**fake_env, "FLUXBOOTH_JOB_DEADLINE_SECONDS": "60"}, job_input(steps=100_000))
+    assert_error(result, ErrorCode.DOES_NOT_FIT, "beyond the job deadline", refresh_worker=False)
     assert files_left_under(tmp_path / "work") == []
 
 
@@ -422,8 +432,8 @@ def test_a_missing_bucket_with_a_volume_keeps_the_weights_there(
 
 
 @pytest.fixture
-def canaries(s3_bucket_env: dict[str, str]) -> dict[str, str]:
-    """A unique value in every secret variable; the bucket variables are the ones the moto server gets."""
+def canaries() -> dict[str, str]:
+    """A unique value for every secret variable (moto takes any bucket credentials, canaries included)."""
     token = uuid.uuid4().hex[:10]
     return {name: f"canary-{name.lower()}-{token}" for name in SECRET_ENV_NAMES}
 

@@ -123,45 +123,50 @@ def kill_process_group(process_group_id: int, sig: int = signal.SIGKILL) -> None
 
 
 class TrainerProcesses:
-    """Every live process of one trainer run: the launcher's descendants, and any process whose
-    environment carries the run's marker (re-parented orphans in other sessions included)."""
+    """Every process of one trainer run: the launcher's descendants, and any process whose environment
+    carries the run's marker (re-parented orphans in other sessions included)."""
 
     def __init__(self, launcher_pid: int, marker: str) -> None:
-        # psutil.Process remembers the start time, so a reused pid is never walked or signalled.
+        # psutil.Process compares by pid and start time, so a reused pid is never walked or signalled.
         self._launcher: psutil.Process | None = None
         with contextlib.suppress(psutil.Error):  # already exited and reaped: only the marker finds its children
             self._launcher = psutil.Process(launcher_pid)
         self._marker = marker
+        self._signalled: set[psutil.Process] = set()
 
-    def find(self) -> list[psutil.Process]:
-        found: dict[int, psutil.Process] = {}
+    def find(self) -> set[psutil.Process]:
+        found: set[psutil.Process] = set()
         with contextlib.suppress(psutil.Error):
             if self._launcher is not None and self._launcher.is_running():
-                found.update((child.pid, child) for child in self._launcher.children(recursive=True))
+                found.update(self._launcher.children(recursive=True))
         for process in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
-                if process.environ().get(RUN_MARKER_ENV) == self._marker:
-                    found.setdefault(process.pid, process)
-        found.pop(os.getpid(), None)
-        return [process for process in found.values() if _is_live(process)]
+                if process.pid != os.getpid() and process.environ().get(RUN_MARKER_ENV) == self._marker:
+                    found.add(process)
+        return found
 
-    def signal_all(self, sig: int) -> list[psutil.Process]:
-        """`sig` to every process of the run and to each of their process groups (never our own)."""
+    def signal_all(self, sig: int) -> None:
+        """`sig` to every process of the run, found now or signalled before, and to their process
+        groups (never our own)."""
+        self._signalled |= self.find()
         own_group = os.getpgid(0)
         groups = set()
-        processes = self.find()
-        for process in processes:
+        for process in self.still_alive():
             with contextlib.suppress(psutil.Error, OSError):
                 groups.add(os.getpgid(process.pid))
                 process.send_signal(sig)
         for group in groups - {own_group}:
             kill_process_group(group, sig)
-        return processes
+
+    def still_alive(self) -> list[psutil.Process]:
+        """The signalled processes that have not died yet (a zombie has died)."""
+        return [process for process in self._signalled if _is_live(process)]
 
 
 def _is_live(process: psutil.Process) -> bool:
     try:
-        return process.status() != psutil.STATUS_ZOMBIE
+        # is_running() also compares the start time: a reused pid is not our process.
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 
@@ -183,8 +188,9 @@ async def _wait_at_most(process: asyncio.subprocess.Process, seconds: float) -> 
 
 async def _terminate(process: asyncio.subprocess.Process, processes: TrainerProcesses, grace_seconds: float) -> None:
     """SIGTERM everything the launcher started, wait a grace period, then SIGKILL what is left."""
-    kill_process_group(process.pid, signal.SIGTERM)
+    # Find the processes before signalling any: an exiting process can no longer be recognised.
     processes.signal_all(signal.SIGTERM)
+    kill_process_group(process.pid, signal.SIGTERM)
     await _wait_at_most(process, grace_seconds)
     await _kill_everything(process, processes)
     # Bounded too: a process that escaped the search could hold the log pipe open for ever.
@@ -192,11 +198,11 @@ async def _terminate(process: asyncio.subprocess.Process, processes: TrainerProc
 
 
 async def _kill_everything(process: asyncio.subprocess.Process, processes: TrainerProcesses) -> None:
+    processes.signal_all(signal.SIGKILL)
     kill_process_group(process.pid, signal.SIGKILL)
-    killed = processes.signal_all(signal.SIGKILL)
     # SIGKILL takes effect asynchronously; wait (bounded: a process in uninterruptible sleep dies late).
     give_up = time.monotonic() + KILL_WAIT_SECONDS
-    while any(_is_live(victim) for victim in killed) and time.monotonic() < give_up:
+    while processes.still_alive() and time.monotonic() < give_up:
         await asyncio.sleep(0.01)
 
 
