@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -19,7 +20,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fluxbooth.configs import child_environment, trainer_config_for, write_launch_files
 from fluxbooth.errors import ErrorCode, FluxboothError
@@ -28,6 +29,10 @@ from fluxbooth.hardware import format_bytes, free_disk_bytes, probe_hardware
 from fluxbooth.launch import Redactor, classify_outcome, run_trainer, trainer_command
 from fluxbooth.plan import Plan, choose_plan, model_size
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
+from fluxbooth.trainer_config import TrainerConfig
+
+if TYPE_CHECKING:
+    from fluxbooth.checkpoints import CheckpointUploader, StoredCheckpoint
 
 ProgressSink = Callable[[dict[str, Any]], None]
 Result = TypeVar("Result")
@@ -206,6 +211,36 @@ def _upload_all(
         ) from error
 
 
+def _checkpoint_root(trainer: TrainerConfig) -> Path:
+    """Where the trainer writes (and looks for) checkpoint-N folders: its own default when unset."""
+    return Path(trainer.checkpoint_dir or Path(trainer.output_dir).parent / "checkpoints")
+
+
+def _checkpoint_uploader(
+    trainer: TrainerConfig, settings: WorkerSettings, model_name: str, job_dir: Path
+) -> CheckpointUploader | None:
+    if not trainer.checkpointing_steps:
+        return None
+    from fluxbooth.checkpoints import CheckpointUploader
+    from fluxbooth.storage import open_checkpoint_store
+
+    store = open_checkpoint_store(settings, model_name)
+    return CheckpointUploader(store, _checkpoint_root(trainer), staging_root=job_dir / "checkpoint-uploads")
+
+
+def _with_resume_hint(failure: FluxboothError, uploader: CheckpointUploader | None) -> FluxboothError:
+    """A job cut short by its deadline can be resubmitted: say so when a checkpoint made it to storage."""
+    if uploader is None or not uploader.uploaded:
+        return failure
+    return FluxboothError(
+        failure.code,
+        f"{failure.message}. The checkpoint {uploader.uploaded[-1]} is stored: resubmit the job with "
+        '"resume_from": "latest" to continue from it',
+        refresh_worker=failure.refresh_worker,
+        details={**failure.details, "latest_checkpoint": uploader.uploaded[-1]},
+    )
+
+
 async def _run(
     job_input: Any, job_id: str, settings: WorkerSettings, reporter: ProgressReporter, job_dir: Path
 ) -> dict[str, Any]:
@@ -223,6 +258,14 @@ async def _run(
     reporter.stage("plan")
     base_model = await _in_thread(resolve_base_model, request.base_model, settings)
     job_dir.mkdir(parents=True, exist_ok=False)
+    resume_checkpoint: StoredCheckpoint | None = None
+    if request.resume_from:
+        from fluxbooth.checkpoints import find_resume_checkpoint
+
+        resume_checkpoint, resume_warnings = await _in_thread(
+            find_resume_checkpoint, request.resume_from, settings, request.model_name
+        )
+        warnings.extend(resume_warnings)
     hardware = await _in_thread(probe_hardware, job_dir, settings.environ)
     plan = choose_plan(request, hardware, model_size(base_model), deadline_seconds=deadline)
     warnings.extend(plan.warnings)
@@ -238,6 +281,14 @@ async def _run(
         request, plan, base_model=base_model, instance_dir=dataset.instance_dir,
         class_dir=dataset.class_dir, job_dir=job_dir,
     )
+    resume_folder = None
+    if resume_checkpoint is not None:
+        from fluxbooth.checkpoints import download_checkpoint
+
+        reporter.stage("resume", checkpoint=resume_checkpoint.uri)
+        resume_folder = str(await _in_thread(download_checkpoint, resume_checkpoint, _checkpoint_root(trainer)))
+    # The trainer only ever sees a local folder: the request's URI or `latest` is resolved above.
+    trainer = dataclasses.replace(trainer, resume_from=resume_folder)
     files = write_launch_files(job_dir, plan, trainer)
     env = child_environment(
         plan,
@@ -257,19 +308,35 @@ async def _run(
         )
 
     reporter.stage("train", total=request.steps)
-    outcome = await run_trainer(
-        trainer_command(files, plan, hardware.cpu_count, settings.trainer_module),
-        env=env,
-        cwd=job_dir,
-        deadline_seconds=trainer_deadline,
-        redact=Redactor(settings.secret_values),
-        on_event=reporter.trainer_event,
-        log_path=job_dir / "trainer.log",
-    )
+    uploader = _checkpoint_uploader(trainer, settings, request.model_name, job_dir)
+
+    def on_trainer_event(event: dict[str, Any]) -> None:
+        reporter.trainer_event(event)
+        if uploader is not None:
+            uploader.on_trainer_event(event)
+
+    try:
+        outcome = await run_trainer(
+            trainer_command(files, plan, hardware.cpu_count, settings.trainer_module),
+            env=env,
+            cwd=job_dir,
+            deadline_seconds=trainer_deadline,
+            redact=Redactor(settings.secret_values),
+            on_event=on_trainer_event,
+            log_path=job_dir / "trainer.log",
+        )
+    except BaseException:
+        if uploader is not None:
+            await uploader.abandon()
+        raise
+    # Also after a failed or timed-out run: its checkpoints are what a resubmitted job resumes from.
+    if uploader is not None:
+        await uploader.finish()
+        warnings.extend(uploader.warnings)
     seconds["train"] = round(outcome.seconds, 3)
     failure = classify_outcome(outcome, plan, deadline)
     if failure is not None:
-        raise failure
+        raise _with_resume_hint(failure, uploader)
     assert outcome.done is not None
 
     reporter.stage("upload")
@@ -287,6 +354,7 @@ async def _run(
         "plan": {**plan.to_dict(), "export_formats": list(trainer.export_formats)},
         "metrics": {**trainer_metrics, "seconds": {**trainer_metrics.get("seconds", {}), **seconds}},
         "dataset": dataset.summary(),
+        "checkpoints": uploader.uploaded if uploader is not None else [],
         "warnings": warnings + trainer_warnings,
     }
 

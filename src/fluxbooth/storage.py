@@ -67,6 +67,17 @@ class ArtifactStore(Protocol):
     def describe(self) -> str: ...
 
 
+@runtime_checkable
+class ReadableStore(ArtifactStore, Protocol):
+    """A store that can also be read back (checkpoints: list, check, download)."""
+
+    def list_folders(self) -> list[str]: ...
+
+    def exists(self, name: str) -> bool: ...
+
+    def download(self, name: str, target: Path) -> None: ...
+
+
 def sha256_of_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -83,6 +94,28 @@ def open_store(settings: WorkerSettings, model_name: str, job_id: str) -> Artifa
         key_prefix = "/".join(part for part in (settings.bucket.prefix.strip("/"), model_name, job_id) if part)
         return S3Store(settings.bucket, key_prefix)
     return LocalStore(settings.output_dir / model_name / job_id)
+
+
+CHECKPOINTS_FOLDER = "checkpoints"
+
+
+def open_checkpoint_store(settings: WorkerSettings, model_name: str) -> ReadableStore:
+    """`<prefix>/<model_name>/checkpoints/` in the bucket, else `<output_dir>/<model_name>/checkpoints/`:
+    per model, not per job, so a resubmitted job finds the checkpoints of the one that timed out."""
+    _check_path_segment(model_name, "model_name")
+    if settings.bucket is not None:
+        key_prefix = "/".join(
+            part for part in (settings.bucket.prefix.strip("/"), model_name, CHECKPOINTS_FOLDER) if part
+        )
+        return S3Store(settings.bucket, key_prefix)
+    return LocalStore(settings.output_dir / model_name / CHECKPOINTS_FOLDER)
+
+
+def open_bucket_store(settings: WorkerSettings, key_prefix: str) -> S3Store:
+    """The configured bucket under any key prefix (for a checkpoint named by its s3:// URI)."""
+    if settings.bucket is None:
+        raise FluxboothError(ErrorCode.INTERNAL, "open_bucket_store needs a configured bucket (BUCKET_NAME)")
+    return S3Store(settings.bucket, key_prefix)
 
 
 def preserve_on_volume(paths: list[Path], volume_dir: Path, model_name: str, job_id: str) -> Path:
@@ -219,6 +252,48 @@ class S3Store:
         logger.info("uploaded %s (%d bytes)", uri, size)
         return StoredArtifact(name=name, uri=uri, url=self._presigned_url(key), bytes=size, sha256=sha256)
 
+    def list_folders(self) -> list[str]:
+        """Names of the "folders" (common prefixes) directly under this store's prefix."""
+        bucket = self._bucket_settings.bucket
+        prefix = f"{self._key_prefix}/" if self._key_prefix else ""
+        folders: list[str] = []
+        try:
+            for page in self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=prefix, Delimiter="/"
+            ):
+                folders.extend(
+                    entry["Prefix"][len(prefix) :].rstrip("/") for entry in page.get("CommonPrefixes", [])
+                )
+        except Exception as error:
+            raise self._upload_error(error, self.describe(), doing="listing") from error
+        return folders
+
+    def exists(self, name: str) -> bool:
+        key = self.key_for(name)
+        try:
+            self._client.head_object(Bucket=self._bucket_settings.bucket, Key=key)
+        except Exception as error:
+            if _is_missing_object(error):
+                return False
+            uri = f"s3://{self._bucket_settings.bucket}/{key}"
+            raise self._upload_error(error, uri, doing="checking") from error
+        return True
+
+    def download(self, name: str, target: Path) -> None:
+        """Fetch `name` to `target` through a temporary name, so `target` is whole or absent."""
+        key = self.key_for(name)
+        temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.partial")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self._client.download_file(
+                self._bucket_settings.bucket, key, str(temporary), Config=self._transfer_config
+            )
+            os.replace(temporary, target)
+        except Exception as error:
+            temporary.unlink(missing_ok=True)
+            uri = f"s3://{self._bucket_settings.bucket}/{key}"
+            raise self._upload_error(error, uri, doing="downloading") from error
+
     def _transfer(self, local_path: Path, key: str, extra_args: dict[str, object]) -> None:
         # The transfer manager, unlike client.upload_file, raises the original botocore error
         # (with its error code and retry count) instead of a flattened S3UploadFailedError.
@@ -298,6 +373,29 @@ class LocalStore:
                 f"artifact {name} changed while it was being stored: {mismatch}; nothing was written",
             ) from mismatch
         return StoredArtifact(name=name, uri=target.as_uri(), url=None, bytes=copied_bytes, sha256=copied_sha256)
+
+
+    def list_folders(self) -> list[str]:
+        if not self._directory.is_dir():
+            return []
+        return sorted(entry.name for entry in self._directory.iterdir() if entry.is_dir() and not entry.is_symlink())
+
+    def exists(self, name: str) -> bool:
+        _check_artifact_name(name)
+        return (self._directory / name).is_file()
+
+    def download(self, name: str, target: Path) -> None:
+        _check_artifact_name(name)
+        source = self._directory / name
+        try:
+            if not source.resolve().is_relative_to(self._directory):
+                raise OSError(f"{source} leads outside {self._directory}")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _copy_atomically(source=source, target=target)
+        except OSError as error:
+            raise FluxboothError(
+                ErrorCode.UPLOAD_FAILED, f"reading {name} from {self._directory} failed: {_os_reason(error)}"
+            ) from error
 
 
 class _ContentMismatch(Exception):
@@ -397,6 +495,12 @@ def _verify_stored_object(uri: str, head: dict[str, object], expected_bytes: int
         f"verifying {uri} after upload failed: {problem}. Another writer may have replaced it, or the "
         "service altered it; run the job again, with a BUCKET_PREFIX of its own",
     )
+
+
+def _is_missing_object(error: BaseException) -> bool:
+    from botocore.exceptions import ClientError
+
+    return isinstance(error, ClientError) and str(error.response.get("Error", {}).get("Code")) in {"404", "NoSuchKey"}
 
 
 def _is_connection_error(error: BaseException) -> bool:

@@ -1,0 +1,250 @@
+"""Checkpoints that outlive the worker: uploaded as the trainer makes them, found and fetched to resume.
+
+Layout in the store (per model, shared by every job of that model):
+    <prefix>/<model_name>/checkpoints/checkpoint-<step>/<files of the trainer's checkpoint folder>
+    <prefix>/<model_name>/checkpoints/checkpoint-<step>/COMPLETE
+COMPLETE is uploaded last and lists every file with its size and sha256: a checkpoint without it
+(an upload cut short by a timeout or a crash) is never resumed from, and a download is verified
+against it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.settings import WorkerSettings
+from fluxbooth.storage import (
+    LocalStore,
+    ReadableStore,
+    open_bucket_store,
+    open_checkpoint_store,
+    sha256_of_file,
+)
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_PREFIX = "checkpoint-"
+COMPLETE_MARKER = "COMPLETE"
+LATEST = "latest"
+_CHECKPOINT_NAME = re.compile(r"checkpoint-(\d{1,9})")
+
+
+def checkpoint_folder_name(step: int) -> str:
+    return f"{CHECKPOINT_PREFIX}{step}"
+
+
+def step_of_folder(name: str) -> int | None:
+    """The step of a `checkpoint-N` folder name, None for anything else."""
+    match = _CHECKPOINT_NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+# ------------------------------------------------------------------------------------ upload
+
+
+def upload_checkpoint(store: ReadableStore, folder: Path, step: int) -> str:
+    """Upload every file of `folder` under `checkpoint-<step>/`, then the COMPLETE index; return its URI."""
+    name = checkpoint_folder_name(step)
+    files = sorted(path for path in folder.rglob("*") if path.is_file() and path.name != COMPLETE_MARKER)
+    index: list[dict[str, Any]] = []
+    for path in files:
+        relative = path.relative_to(folder).as_posix()
+        stored = store.upload(path, f"{name}/{relative}", sha256=sha256_of_file(path))
+        index.append({"name": relative, "bytes": stored.bytes, "sha256": stored.sha256})
+    marker = folder / COMPLETE_MARKER
+    marker.write_text(json.dumps({"step": step, "files": index}, indent=2, sort_keys=True) + "\n")
+    store.upload(marker, f"{name}/{COMPLETE_MARKER}", sha256=sha256_of_file(marker))
+    return f"{store.describe()}/{name}"
+
+
+def _snapshot(folder: Path, snapshot: Path) -> None:
+    """Hard-link the checkpoint's files into `snapshot` (copy where linking is refused): the trainer
+    prunes old checkpoint folders on its own schedule, and an upload still running must keep its files."""
+    for path in sorted(folder.rglob("*")):
+        target = snapshot / path.relative_to(folder)
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copy2(path, target)
+
+
+class CheckpointUploader:
+    """Uploads each checkpoint the trainer reports, in order, on one background thread.
+
+    `checkpoint_made` is called from the trainer's log pump in the event loop, so it only snapshots the
+    folder (hard links: milliseconds) and queues the upload. `finish` waits for the queue. A failed
+    upload is a warning: the trained weights matter more than an intermediate checkpoint."""
+
+    def __init__(self, store: ReadableStore, checkpoint_root: Path, staging_root: Path) -> None:
+        self._store = store
+        self._checkpoint_root = checkpoint_root.resolve()
+        self._staging_root = staging_root
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-upload")
+        self._pending: list[Future[str]] = []
+        self.uploaded: list[str] = []
+        self.warnings: list[str] = []
+
+    def on_trainer_event(self, event: dict[str, Any]) -> None:
+        if event.get("event") == "checkpoint":
+            self.checkpoint_made(event)
+
+    def checkpoint_made(self, event: dict[str, Any]) -> None:
+        try:
+            step = int(event["step"])
+            folder = Path(str(event["path"])).resolve()
+            if folder.parent != self._checkpoint_root or not folder.is_dir():
+                raise ValueError(f"{folder} is not a checkpoint folder under {self._checkpoint_root}")
+            snapshot = self._staging_root / checkpoint_folder_name(step)
+            shutil.rmtree(snapshot, ignore_errors=True)
+            _snapshot(folder, snapshot)
+        except (KeyError, ValueError, OSError) as error:
+            self._warn(f"checkpoint at step {event.get('step')} was not uploaded: {error}")
+            return
+        self._pending.append(self._executor.submit(self._upload, snapshot, step))
+
+    def _upload(self, snapshot: Path, step: int) -> str:
+        try:
+            uri = upload_checkpoint(self._store, snapshot, step)
+            logger.info("checkpoint %d uploaded to %s", step, uri)
+            return uri
+        finally:
+            shutil.rmtree(snapshot, ignore_errors=True)
+
+    async def finish(self) -> None:
+        """Wait for every queued upload. When cancelled, drop the queue but wait for the upload in
+        flight: it reads from the job directory, which is removed next."""
+        try:
+            for future in self._pending:
+                try:
+                    self.uploaded.append(await asyncio.wrap_future(future))
+                except FluxboothError as error:
+                    self._warn(f"a checkpoint upload failed, resuming from it will not be possible: {error.message}")
+                except Exception as error:  # same: a warning, never the job's failure
+                    self._warn(f"a checkpoint upload failed ({type(error).__name__}: {error})")
+        finally:
+            await self.abandon()
+
+    async def abandon(self) -> None:
+        """Drop the uploads not yet started and wait for the one in flight."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        await asyncio.shield(asyncio.to_thread(self._executor.shutdown, wait=True))
+
+    def _warn(self, message: str) -> None:
+        logger.warning(message)
+        self.warnings.append(message)
+
+
+# ------------------------------------------------------------------------------------ resume
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    store: ReadableStore
+    step: int
+
+    @property
+    def uri(self) -> str:
+        return f"{self.store.describe()}/{checkpoint_folder_name(self.step)}"
+
+
+def latest_complete_checkpoint(store: ReadableStore) -> StoredCheckpoint | None:
+    """The highest step whose COMPLETE marker exists; half-uploaded checkpoints are passed over."""
+    steps = sorted(
+        (step for step in map(step_of_folder, store.list_folders()) if step is not None), reverse=True
+    )
+    for step in steps:
+        if store.exists(f"{checkpoint_folder_name(step)}/{COMPLETE_MARKER}"):
+            return StoredCheckpoint(store, step)
+    return None
+
+
+def _invalid_resume(message: str) -> FluxboothError:
+    return FluxboothError(ErrorCode.INVALID_INPUT, f"input.resume_from: {message}")
+
+
+def checkpoint_at_uri(uri: str, settings: WorkerSettings) -> StoredCheckpoint:
+    """`s3://<configured bucket>/<key prefix>/checkpoint-N` or `file://<inside the output dir>/checkpoint-N`."""
+    parts = urlsplit(uri)
+    path = unquote(parts.path).rstrip("/")
+    parent, _, folder = path.rpartition("/")
+    step = step_of_folder(folder)
+    if parts.scheme not in {"s3", "file"} or step is None or parts.query or parts.fragment:
+        raise _invalid_resume(
+            "expected 'latest', s3://<bucket>/<prefix>/checkpoint-<step> or file:///<path>/checkpoint-<step>"
+        )
+    if parts.scheme == "s3":
+        if settings.bucket is None:
+            raise _invalid_resume("this worker has no bucket (BUCKET_NAME is unset); pass 'latest' or a file:// URI")
+        if parts.netloc != settings.bucket.bucket:
+            raise _invalid_resume(f"the checkpoint must be in the worker's bucket {settings.bucket.bucket!r}")
+        return StoredCheckpoint(open_bucket_store(settings, parent.strip("/")), step)
+    output_dir = settings.output_dir.resolve()
+    if parts.netloc not in {"", "localhost"} or not Path(path).resolve().is_relative_to(output_dir):
+        raise _invalid_resume(f"a file:// checkpoint must be inside the worker's output directory {output_dir}")
+    return StoredCheckpoint(LocalStore(Path(parent)), step)
+
+
+def find_resume_checkpoint(
+    resume_from: str, settings: WorkerSettings, model_name: str
+) -> tuple[StoredCheckpoint | None, list[str]]:
+    """The checkpoint `resume_from` names, and warnings. `latest` with nothing stored is not an error:
+    the first attempt of a job that is meant to be resubmitted has nothing to resume yet."""
+    if resume_from == LATEST:
+        store = open_checkpoint_store(settings, model_name)
+        found = latest_complete_checkpoint(store)
+        if found is None:
+            return None, [f"resume_from 'latest': no complete checkpoint under {store.describe()}; started at step 0"]
+        return found, []
+    checkpoint = checkpoint_at_uri(resume_from, settings)
+    if not checkpoint.store.exists(f"{checkpoint_folder_name(checkpoint.step)}/{COMPLETE_MARKER}"):
+        raise _invalid_resume(
+            f"{resume_from} is not a complete checkpoint (no {COMPLETE_MARKER} marker): its upload was cut "
+            "short or it does not exist; pass 'latest' or another checkpoint"
+        )
+    return checkpoint, []
+
+
+def download_checkpoint(checkpoint: StoredCheckpoint, checkpoint_root: Path) -> Path:
+    """Fetch the checkpoint into `<checkpoint_root>/checkpoint-N/`, each file checked against COMPLETE."""
+    name = checkpoint_folder_name(checkpoint.step)
+    target = checkpoint_root / name
+    shutil.rmtree(target, ignore_errors=True)
+    index_path = target / COMPLETE_MARKER
+    checkpoint.store.download(f"{name}/{COMPLETE_MARKER}", index_path)
+    try:
+        files = json.loads(index_path.read_text())["files"]
+        expected = {str(entry["name"]): (int(entry["bytes"]), str(entry["sha256"])) for entry in files}
+    except (ValueError, KeyError, TypeError) as error:
+        raise FluxboothError(
+            ErrorCode.INVALID_INPUT,
+            f"input.resume_from: the {COMPLETE_MARKER} index of {checkpoint.uri} is unreadable "
+            f"({type(error).__name__}); pass another checkpoint",
+        ) from error
+    for relative, (size, sha256) in expected.items():
+        local = target / relative
+        if not local.resolve().is_relative_to(target.resolve()):
+            raise _invalid_resume(f"{checkpoint.uri} lists a file outside the checkpoint; pass another checkpoint")
+        checkpoint.store.download(f"{name}/{relative}", local)
+        if local.stat().st_size != size or sha256_of_file(local) != sha256:
+            raise FluxboothError(
+                ErrorCode.UPLOAD_FAILED,
+                f"checkpoint file {relative} of {checkpoint.uri} differs from its {COMPLETE_MARKER} index "
+                "(size or sha256); it was altered in storage, resume from another checkpoint",
+            )
+    index_path.unlink()
+    return target
