@@ -393,3 +393,9 @@ def test_a_resubmitted_job_resumes_from_the_latest_uploaded_checkpoint(
     assert second["metrics"]["steps"] == 6
     assert any(update.get("stage") == "resume" for update in progress)
     assert [update["step"] for update in progress if "step" in update][-1] == 6
+
+
+def test_a_job_id_that_names_the_checkpoint_folder_cannot_write_into_it() -> None:
+    from fluxbooth.job import safe_job_id
+
+    assert safe_job_id("checkpoints") == "job-checkpoints"

@@ -20,6 +20,7 @@ from botocore.client import BaseClient
 
 from fluxbooth import storage
 from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.export import sha256_file
 from fluxbooth.settings import WorkerSettings
 from fluxbooth.storage import (
     LocalStore,
@@ -27,7 +28,6 @@ from fluxbooth.storage import (
     StoredArtifact,
     open_store,
     preserve_on_volume,
-    sha256_of_file,
 )
 from tests.s3server import (
     AuthenticatingS3Server,
@@ -215,10 +215,10 @@ def test_stored_artifact_to_dict_has_exactly_the_result_fields() -> None:
     }
 
 
-def test_sha256_of_file_is_the_hex_digest_of_its_bytes(tmp_path: Path) -> None:
+def test_sha256_file_is_the_hex_digest_of_its_bytes(tmp_path: Path) -> None:
     file = build_file(tmp_path, "big.bin", 9 * MiB + 7)
 
-    assert sha256_of_file(file.path) == hashlib.sha256(file.content).hexdigest()
+    assert sha256_file(file.path) == hashlib.sha256(file.content).hexdigest()
 
 
 # --- multipart --------------------------------------------------------------------------------

@@ -23,13 +23,13 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.export import sha256_file
 from fluxbooth.settings import WorkerSettings
 from fluxbooth.storage import (
     LocalStore,
     ReadableStore,
     open_bucket_store,
     open_checkpoint_store,
-    sha256_of_file,
 )
 
 logger = logging.getLogger(__name__)
@@ -60,11 +60,11 @@ def upload_checkpoint(store: ReadableStore, folder: Path, step: int) -> str:
     index: list[dict[str, Any]] = []
     for path in files:
         relative = path.relative_to(folder).as_posix()
-        stored = store.upload(path, f"{name}/{relative}", sha256=sha256_of_file(path))
+        stored = store.upload(path, f"{name}/{relative}", sha256=sha256_file(path))
         index.append({"name": relative, "bytes": stored.bytes, "sha256": stored.sha256})
     marker = folder / COMPLETE_MARKER
     marker.write_text(json.dumps({"step": step, "files": index}, indent=2, sort_keys=True) + "\n")
-    store.upload(marker, f"{name}/{COMPLETE_MARKER}", sha256=sha256_of_file(marker))
+    store.upload(marker, f"{name}/{COMPLETE_MARKER}", sha256=sha256_file(marker))
     return f"{store.describe()}/{name}"
 
 
@@ -240,7 +240,7 @@ def download_checkpoint(checkpoint: StoredCheckpoint, checkpoint_root: Path) -> 
         if not local.resolve().is_relative_to(target.resolve()):
             raise _invalid_resume(f"{checkpoint.uri} lists a file outside the checkpoint; pass another checkpoint")
         checkpoint.store.download(f"{name}/{relative}", local)
-        if local.stat().st_size != size or sha256_of_file(local) != sha256:
+        if local.stat().st_size != size or sha256_file(local) != sha256:
             raise FluxboothError(
                 ErrorCode.UPLOAD_FAILED,
                 f"checkpoint file {relative} of {checkpoint.uri} differs from its {COMPLETE_MARKER} index "

@@ -42,8 +42,14 @@ TINY_BUILD_TIMEOUT_SECONDS = 600
 logger = logging.getLogger(__name__)
 
 
+# Names that live beside job folders under a model's prefix; a job must never write into them.
+RESERVED_JOB_IDS = frozenset({"checkpoints"})
+
+
 def safe_job_id(job_id: str | None) -> str:
     cleaned = re.sub(r"[^A-Za-z0-9_-]", "-", job_id or "")[:64].strip("-")
+    if cleaned in RESERVED_JOB_IDS:
+        cleaned = f"job-{cleaned}"
     return cleaned or uuid.uuid4().hex
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
+from fluxbooth.export import sha256_file
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.settings import BucketSettings, WorkerSettings
 
@@ -76,14 +77,6 @@ class ReadableStore(ArtifactStore, Protocol):
     def exists(self, name: str) -> bool: ...
 
     def download(self, name: str, target: Path) -> None: ...
-
-
-def sha256_of_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(COPY_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def open_store(settings: WorkerSettings, model_name: str, job_id: str) -> ArtifactStore:
