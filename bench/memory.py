@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,8 @@ SCALED_TRANSFORMER = {
     "num_attention_heads": 4,
     "axes_dims_rope": [16, 56, 56],
 }
+
+RESOLUTIONS = {"tiny": 64, "scaled": 256}
 
 STRATEGIES = (
     Strategy("full", False, 0, "none", "none"),
@@ -173,6 +175,18 @@ class TreeSampler:
             time.sleep(SAMPLE_SECONDS)
 
 
+def predicted_host_bytes(plan_bytes: int, strategy: Strategy, request: Any, hardware: Any, size: Any, allocator: str) -> int:
+    """The plan's prediction; with glibc's mmap threshold fixed, less the allocator-retention term
+    (which models glibc's default behaviour and is what the worker ships with)."""
+    if allocator == "glibc default":
+        return plan_bytes
+    from fluxbooth.plan import JobShape, estimate_memory
+
+    job = JobShape.from_request(request)
+    estimate = estimate_memory(strategy, size, job, hardware, job.mixed_precision)
+    return plan_bytes - estimate.breakdown.get("host.allocator_retention", 0)
+
+
 def run_one(
     model_name: str, model_dir: Path, strategy: Strategy, resolution: int, steps: int, work: Path, allocator: str
 ) -> Measurement:
@@ -193,7 +207,8 @@ def run_one(
         }
     )
     hardware = probe_hardware(job_dir, {"PATH": os.environ.get("PATH", "")})
-    plan = plan_for_strategy(strategy, request, hardware, model_size(str(model_dir)))
+    size = model_size(str(model_dir))
+    plan = plan_for_strategy(strategy, request, hardware, size)
     trainer = trainer_config_for(
         request, plan, base_model=str(model_dir), instance_dir=instance_dir, class_dir=None, job_dir=job_dir
     )
@@ -233,7 +248,7 @@ def run_one(
         strategy=strategy,
         allocator=allocator,
         resolution=resolution,
-        predicted_bytes=plan.predicted_host_bytes,
+        predicted_bytes=predicted_host_bytes(plan.predicted_host_bytes, strategy, request, hardware, size, allocator),
         measured_bytes=sampler.peak,
         largest_process_bytes=sampler.largest,
         peak_stage=sampler.peak_stage,
@@ -268,7 +283,16 @@ def section(measurements: list[Measurement], sizes: dict[str, Any]) -> str:
         "",
         f"Machine: {machine}. Real `accelerate launch` of the trainer (DeepSpeed CPU accelerator, bf16, "
         "gradient checkpointing), measured = peak summed PSS of the launcher and trainer processes "
-        "(20 ms sampling), predicted = `Plan.predicted_host_bytes`.",
+        "(20 ms sampling), predicted = `Plan.predicted_host_bytes`. The worker runs with glibc's default "
+        "allocator settings; the rows with `MALLOC_MMAP_THRESHOLD_` fixed are an experiment that isolates "
+        "the memory glibc keeps after frees (predicted there without the `allocator_retention` term, see "
+        "docs/memory.md). s/step: the trainer's own timing, median of steps 2-5, on a machine shared with "
+        "other work (noisy).",
+        "",
+        "Not independent of these runs: the process baselines (0.39 + 0.05 + 0.19 GiB) were read off the "
+        "tiny rows, and the allocator-retention factors (1× and 2× the 16-bit weights) off the difference "
+        "between the two allocator settings of the scaled rows; the export phase was added after the "
+        "scaled runs showed the peak there. Everything else is docs/memory.md's formulas.",
         "",
         "| model | transformer params | strategy | resolution | allocator | predicted | measured | error | peak during | s/step predicted | s/step measured | exit |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -300,6 +324,58 @@ def section(measurements: list[Measurement], sizes: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rerender(log: Path, models: dict[str, Path], jobs: Path) -> tuple[list[Measurement], dict[str, int]]:
+    """Measurements from an earlier run's JSON lines, predictions recomputed by the current planner."""
+    measurements = []
+    sizes = {}
+    for line in log.read_text().splitlines():
+        if not line.startswith("{"):
+            continue
+        row = json.loads(line)
+        if "strategy_fields" in row:
+            strategy = Strategy(*row["strategy_fields"])
+        else:
+            strategy = next(candidate for candidate in STRATEGIES if describe(candidate) == row["strategy"])
+        row.setdefault("resolution", RESOLUTIONS[row["model"]])
+        model_dir = models[row["model"]]
+        size = model_size(str(model_dir))
+        sizes[row["model"]] = size.transformer_params
+        request = parse_request(
+            {
+                "model_name": "bench",
+                "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==",
+                "instance_prompt": "a photo of sks dog",
+                "resolution": row["resolution"],
+                "training_type": strategy.training_type,
+                "use_deepspeed": strategy.use_deepspeed,
+                **({"lora_rank": 4} if strategy.training_type == "lora" else {}),
+            }
+        )
+        hardware = probe_hardware(jobs, {"PATH": os.environ.get("PATH", "")})
+        plan = plan_for_strategy(strategy, request, hardware, size)
+        measurements.append(
+            Measurement(
+                model=row["model"],
+                strategy=strategy,
+                allocator=row["allocator"],
+                resolution=row["resolution"],
+                predicted_bytes=predicted_host_bytes(
+                    plan.predicted_host_bytes, strategy, request, hardware, size, row["allocator"]
+                ),
+                measured_bytes=row["measured"],
+                largest_process_bytes=row["largest_process"],
+                peak_stage=row["peak_stage"],
+                peak_by_stage=row["peak_by_stage"],
+                predicted_seconds_per_step=plan.predicted_seconds_per_step or 0.0,
+                measured_seconds_per_step=row["seconds_per_step"][1],
+                seconds=row["seconds"],
+                returncode=row["exit"],
+                log_tail="",
+            )
+        )
+    return measurements, sizes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="tiny,scaled")
@@ -310,11 +386,27 @@ def main() -> None:
         "--allocators", default="glibc default", help=f"comma-separated, from {list(ALLOCATOR_VARIANTS)}"
     )
     parser.add_argument("--write", type=Path, help="replace the memory section of this markdown file")
+    parser.add_argument(
+        "--render",
+        type=Path,
+        help="do not run anything: re-render the section from this earlier run's output (its JSON lines), "
+        "with predictions from the current planner",
+    )
     arguments = parser.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     arguments.work_dir.mkdir(parents=True, exist_ok=True)
     models = build_models(arguments.work_dir / "models")
-    resolutions = {"tiny": 64, "scaled": 256}
+    if arguments.render:
+        measurements, sizes = rerender(arguments.render, models, arguments.work_dir / "jobs")
+        text = section(measurements, sizes)
+        print(text)
+        if arguments.write:
+            sys.path.insert(0, str(Path(__file__).parent))
+            from activations import replace_section
+
+            replace_section(arguments.write, SECTION_BEGIN, SECTION_END, text)
+        return
+    resolutions = RESOLUTIONS
     strategies = STRATEGIES
     if arguments.only:
         strategies = tuple(STRATEGIES[int(index)] for index in arguments.only.split(","))
@@ -332,6 +424,8 @@ def main() -> None:
                     {
                         "model": name,
                         "strategy": describe(strategy),
+                        "strategy_fields": list(astuple(strategy)),
+                        "resolution": item.resolution,
                         "allocator": allocator,
                         "predicted": item.predicted_bytes,
                         "measured": item.measured_bytes,

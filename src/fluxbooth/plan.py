@@ -52,6 +52,11 @@ ZERO3_SUB_GROUP_ELEMENTS = 1_000_000_000
 TRAINER_PROCESS_BASELINE_BYTES = int(0.39 * GIB)
 DEEPSPEED_RUNTIME_BYTES = int(0.05 * GIB)
 LAUNCHER_PROCESS_BYTES = int(0.19 * GIB)
+# On the CPU accelerator, memory glibc keeps after frees, in units of the 16-bit weights (P x w):
+# bench/memory.py measured 0.75-1.2 (ZeRO-2, no DeepSpeed) and 1.6-2.2 (ZeRO-3) with glibc's default
+# mmap threshold, and none with MALLOC_MMAP_THRESHOLD_ fixed.
+CPU_ALLOCATOR_RETENTION = 1.0
+CPU_ALLOCATOR_RETENTION_ZERO3 = 2.0
 # CUDA adds its libraries (cuBLAS, cuDNN, NCCL) to every process's resident memory and a context
 # with kernel images and workspaces to every GPU. Not measured here (no GPU in CI); published
 # figures for torch 2.x on Hopper/Ampere are 0.5-0.9 GiB per context and 1.5-3 GiB of host RSS.
@@ -89,7 +94,12 @@ GPU_TRAINING_FLOPS = (
     ("4080", 40e12),
 )
 DEFAULT_GPU_TRAINING_FLOPS = 40e12
-CPU_FLOPS_PER_CORE = 15e9
+# bf16 training on this CI machine's cores: 50-70 GFLOP/s per core in the least disturbed runs of
+# bench/memory.py (a shared 2-core machine: the measured seconds per step vary 3x between runs).
+CPU_FLOPS_PER_CORE = 50e9
+# Python, accelerate and DeepSpeed bookkeeping per optimizer step: 0.3-2 s per step for the
+# 135 k-parameter tiny model on a busy 2-core machine (bench/memory.py); a guess on GPUs.
+STEP_OVERHEAD_SECONDS = {"cpu": 0.5, "cuda": 0.05}
 PCIE_BYTES_PER_SECOND = 20e9
 HOST_MEMCPY_BYTES_PER_SECOND = 5e9
 NVME_BYTES_PER_SECOND = 2e9
@@ -486,6 +496,12 @@ def estimate_memory(
     device_total = sum(device.values())
     activations = device["activations_saved"] + device["activations_working"]
     if on_cpu:
+        # glibc raises its mmap threshold after large frees, so the buffers freed between steps
+        # (activations, ZeRO-3's gathered parameters) stay in the heap: measured by bench/memory.py
+        # as about the 16-bit weights once, twice under ZeRO-3.
+        host["allocator_retention"] = (
+            CPU_ALLOCATOR_RETENTION_ZERO3 if strategy.zero_stage == 3 else CPU_ALLOCATOR_RETENTION
+        ) * model.transformer_params * width
         # Everything the GPU would hold lives in host RAM, next to the offloaded states.
         training_host = sum(host.values()) + device_total
         gpu_peak = 0
@@ -585,7 +601,7 @@ def seconds_per_step(
         transfer += micro_steps * passes * weights / link
     elif strategy.offload_param == "nvme":
         transfer += micro_steps * passes * weights / NVME_BYTES_PER_SECOND
-    return compute + optimizer + transfer
+    return STEP_OVERHEAD_SECONDS[hardware.accelerator] + compute + optimizer + transfer
 
 
 # =================================================================================================
@@ -633,12 +649,13 @@ def _fit_reason(estimate: MemoryEstimate, hardware: Hardware) -> str:
     return "; ".join(problems)
 
 
-def _shortfall(estimate: MemoryEstimate, hardware: Hardware) -> float:
-    """How far a candidate is from fitting: the worst need/available ratio."""
-    ratios = [estimate.host_bytes / max(1, hardware.host_available_bytes)]
+def _shortfall(estimate: MemoryEstimate, hardware: Hardware) -> tuple[int, float]:
+    """How far a candidate is from fitting: how many resources are short, then the worst
+    need/available ratio — so a strategy short only of host RAM is closer than one short of both."""
+    ratios = [estimate.host_bytes * (1 + HOST_MARGIN) / max(1, hardware.host_available_bytes)]
     if hardware.accelerator == "cuda":
-        ratios.append(estimate.gpu_bytes / max(1, hardware.gpu_memory_bytes))
-    return max(ratios)
+        ratios.append(estimate.gpu_bytes * (1 + GPU_MARGIN) / max(1, hardware.gpu_memory_bytes))
+    return sum(ratio > 1 for ratio in ratios), max(ratios)
 
 
 def evaluate_candidates(
