@@ -196,3 +196,8 @@ def test_every_stage_produces_a_config_deepspeed_accepts(stage: int) -> None:
     parsed = DeepSpeedConfig(deepspeed_config(plan, GUIDE_TRAINER), mpu=None)
     assert parsed.zero_optimization_stage == stage
     assert parsed.train_batch_size == 1
+
+
+def test_cosine_without_warmup_gets_the_one_warmup_step_deepspeed_requires() -> None:
+    config = deepspeed_config(GUIDE_DEFAULT_PLAN, replace(GUIDE_TRAINER, lr_scheduler="cosine", lr_warmup_steps=0))
+    assert config["scheduler"]["params"]["warmup_num_steps"] == 1

@@ -110,7 +110,8 @@ def scheduler_section(trainer: TrainerConfig) -> dict[str, Any] | None:
             "type": "WarmupCosineLR",
             "params": {
                 "total_num_steps": trainer.steps,
-                "warmup_num_steps": trainer.lr_warmup_steps,
+                # DeepSpeed's WarmupCosineLR rejects 0 warm-up steps; one step is the smallest it takes.
+                "warmup_num_steps": max(1, trainer.lr_warmup_steps),
                 "warmup_min_ratio": 0.0,
                 "cos_min_ratio": 0.0,
             },

@@ -74,6 +74,8 @@ class TrainerConfig:
     class_image_inference_steps: int = 28  # prior preservation: steps per generated class image
     max_shard_size: str = "5GB"  # safetensors shard size of the exported transformer
     checkpoints_keep: int = 2  # local checkpoint-N folders kept (older ones are deleted once uploaded)
+    class_image_cache_dir: str | None = None  # keep generated class images here across jobs (one folder per recipe)
+    encoders_on_cpu: bool = False  # run the text encoders and VAE on the CPU while caching (Plan.cache_encoders_on_cpu)
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))

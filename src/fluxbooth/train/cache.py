@@ -13,6 +13,7 @@ import gc
 import hashlib
 import json
 import os
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,24 @@ class VaeNormalisation:
         return (latents - self.shift_factor) * self.scaling_factor
 
 
+class ReleaseTracker:
+    """Weak references to the encoders and VAE, to prove they are gone before the transformer loads."""
+
+    def __init__(self) -> None:
+        self._references: list[tuple[str, weakref.ref[Any]]] = []
+
+    def track(self, name: str, module: Any) -> None:
+        self._references.append((name, weakref.ref(module)))
+
+    def alive(self) -> list[str]:
+        gc.collect()
+        return [name for name, reference in self._references if reference() is not None]
+
+    @property
+    def tracked(self) -> list[str]:
+        return [name for name, _ in self._references]
+
+
 def cache_fingerprint(
     base_model: str, images: Sequence[TrainingImage], resolution: tuple[int, int], max_sequence_length: int, text_dtype: str
 ) -> str:
@@ -91,7 +110,8 @@ def free_accelerator_memory() -> None:
 
 
 def pick_encoding_device(preferred: torch.device, bytes_needed: int) -> torch.device:
-    """The accelerator when the encoder fits in its free memory with room to spare, else the CPU."""
+    """The accelerator when the encoder fits in its free memory with room to spare, else the CPU.
+    Pass the CPU as `preferred` to force it (the planner's `cache_encoders_on_cpu`)."""
     if preferred.type != "cuda":
         return preferred
     free_bytes, _ = torch.cuda.mem_get_info(preferred)
@@ -119,6 +139,7 @@ def encode_prompts(
     dtype: torch.dtype,
     max_sequence_length: int,
     loading_context: Callable[[], contextlib.AbstractContextManager[Any]],
+    tracker: ReleaseTracker,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(T5 sequence embeddings [P, L, D], CLIP pooled embeddings [P, D]) for each prompt, on the CPU."""
     from diffusers import FluxPipeline
@@ -126,6 +147,8 @@ def encode_prompts(
     with loading_context():
         pipeline = FluxPipeline.from_pretrained(base_model, transformer=None, vae=None, torch_dtype=dtype)
     encoders = [pipeline.text_encoder, pipeline.text_encoder_2]
+    tracker.track("text_encoder", pipeline.text_encoder)
+    tracker.track("text_encoder_2", pipeline.text_encoder_2)
     encoding_device = pick_encoding_device(device, sum(_parameter_bytes(encoder) for encoder in encoders))
     sequences, pooled = [], []
     try:
@@ -187,6 +210,7 @@ def encode_image_set(
     text_dtype: torch.dtype,
     max_sequence_length: int,
     loading_context: Callable[[], contextlib.AbstractContextManager[Any]],
+    tracker: ReleaseTracker,
 ) -> EncodedImages:
     prompts = sorted({image.prompt for image in images})
     prompt_embeds, pooled_prompt_embeds = encode_prompts(
@@ -196,6 +220,7 @@ def encode_image_set(
         dtype=text_dtype,
         max_sequence_length=max_sequence_length,
         loading_context=loading_context,
+        tracker=tracker,
     )
     latent_mean, latent_std = encode_images(vae, [image.path for image in images], resolution, device=device)
     return EncodedImages(

@@ -181,7 +181,7 @@ def lora_state_dict(model: Any, *, is_main_process: bool) -> dict[str, torch.Ten
     return state
 
 
-def save_lora_diffusers(state: dict[str, torch.Tensor], out_dir: Path, settings: LoraSettings, metadata: dict[str, Any]) -> Path:
+def save_lora_diffusers(state: dict[str, torch.Tensor], out_dir: Path, metadata: dict[str, Any]) -> Path:
     """diffusers/peft format: `FluxPipeline.load_lora_weights(out_dir)` loads it; checked by parsing it
     back with diffusers' own `FluxPipeline.lora_state_dict` and comparing every tensor."""
     from diffusers import FluxPipeline

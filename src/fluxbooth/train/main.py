@@ -25,7 +25,7 @@ from typing import Any
 
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.names import (
-    EXIT_FAILED,
+    EXIT_INVALID_CONFIG,
     FULL_EXPORT_FORMATS,
     LORA_EXPORT_FORMATS,
     SUPPORTED_WEIGHTING_SCHEMES,
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         from fluxbooth.events import format_event
 
         print(format_event("error", code="invalid_config", message=f"cannot read {arguments.config.name}: {error}"), flush=True)
-        return 2
+        return EXIT_INVALID_CONFIG
     # Imported only now: everything below needs torch.
     from fluxbooth.train.runtime import EventReporter
 
@@ -125,6 +125,10 @@ def _without_transformers_zero3_init() -> Any:
         transformers_deepspeed._hf_deepspeed_config_weak_ref = saved
 
 
+def _class_image_name(index: int) -> str:
+    return f"class_{index:05d}.png"
+
+
 @dataclass
 class Precision:
     """How the transformer is held and fed. Under DeepSpeed the engine casts the module to bf16/fp16
@@ -166,24 +170,38 @@ class Trainer:
             self._check_batch_sizes()
             self._check_nvme_offload()
             self.precision = self._precision()
+            from fluxbooth.train.optim import validated_optimizer_name
+
+            # Checked before the slow stages, so a bad name fails in seconds.
+            self.optimizer_name = validated_optimizer_name(config, self.deepspeed_config)
             set_seed(config.seed)
             Path(config.output_dir).mkdir(parents=True, exist_ok=True)
             Path(config.cache_dir).mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
+        from fluxbooth.train.cache import ReleaseTracker
+
+        self.release_tracker = ReleaseTracker()
         with self.clock.stage("cache"):
             instance_set, class_set = self._build_caches()
         self._free_memory()
+        still_alive = self.release_tracker.alive()
+        if still_alive:
+            self.reporter.warning(f"{still_alive} still in memory after caching; the engine will share memory with them")
         with self.clock.stage("load", what="transformer"):
             transformer = self._load_transformer()
         final_loss, optimizer_name = self._train(transformer, instance_set, class_set)
-        del instance_set, class_set
+        # The engine (self.engine) owns the model from here; dropping this name lets export free it.
+        del transformer, instance_set, class_set
         artifacts = self._save_and_export()
         metrics = {
             "steps": config.steps,
             "final_loss": final_loss,
             "optimizer": optimizer_name,
             "zero_stage": self.zero_stage,
+            "offload_optimizer": self._offload_device("offload_optimizer"),
+            "offload_param": self._offload_device("offload_param"),
             "training_type": config.training_type,
+            "export_formats": list(config.export_formats),
             "mixed_precision": self.precision.name,
             "num_processes": accelerator.num_processes,
             "seconds_per_stage": dict(self.clock.seconds),
@@ -191,6 +209,8 @@ class Trainer:
             "peak_host_rss_bytes": self._peak_host_rss(),
             "transformer_loading": self.loading_report,
             "fixed_noise_loss": self.fixed_noise_loss,
+            # Loaded while caching (this process), and all released before the transformer was loaded.
+            "released_before_training": [] if still_alive else self.release_tracker.tracked,
         }
         from fluxbooth.train.runtime import peak_gpu_bytes
 
@@ -230,6 +250,14 @@ class Trainer:
             raise TrainerFailure("invalid_config", "with_prior_preservation needs a class_prompt")
         if config.steps < 1:
             raise TrainerFailure("invalid_config", "steps must be at least 1")
+
+    def _offload_device(self, section: str) -> str:
+        """Where DeepSpeed really keeps the optimizer state / parameters ("none" below ZeRO-3 for parameters,
+        where DeepSpeed ignores offload_param)."""
+        zero = (self.deepspeed_config or {}).get("zero_optimization", {})
+        if section == "offload_param" and self.zero_stage != 3:
+            return "none"
+        return str((zero.get(section) or {}).get("device", "none"))
 
     def _deepspeed_config(self) -> dict[str, Any] | None:
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
@@ -369,6 +397,8 @@ class Trainer:
     # ---------------------------------------------------------------- cache
 
     def _build_caches(self) -> tuple[Any, Any]:
+        import torch
+
         from fluxbooth.train.cache import (
             cache_fingerprint,
             cache_path,
@@ -404,6 +434,8 @@ class Trainer:
         # One process per machine encodes (the cache folder is per machine); the others wait and read.
         if accelerator.is_local_main_process and not all(path.is_file() for path in paths.values()):
             vae = load_vae(config.base_model, self._plain_loading())
+            self.release_tracker.track("vae", vae)
+            device = torch.device("cpu") if config.encoders_on_cpu else accelerator.device
             try:
                 for name, images in sets:
                     if paths[name].is_file():
@@ -413,10 +445,11 @@ class Trainer:
                         images,
                         vae=vae,
                         resolution=config.resolution,
-                        device=accelerator.device,
+                        device=device,
                         text_dtype=self.precision.text_dtype,
                         max_sequence_length=config.max_sequence_length,
                         loading_context=self._plain_loading(),
+                        tracker=self.release_tracker,
                     )
                     save_encoded(encoded, paths[name])
             finally:
@@ -441,35 +474,56 @@ class Trainer:
         supplied = list_image_files(supplied_dir) if supplied_dir else []
         supplied = supplied[: config.num_class_images]
         missing = config.num_class_images - len(supplied)
-        generated_dir = Path(config.cache_dir) / "class_images"
+        generated: list[Path] = []
         if missing > 0:
-            self._generate_class_images(generated_dir, missing)
-        generated = list_image_files(generated_dir)[: max(0, missing)]
+            folder = self._class_image_folder()
+            self._generate_class_images(folder, missing)
+            generated = [folder / _class_image_name(index) for index in range(missing)]
         return [TrainingImage(path=path, prompt=config.class_prompt or "") for path in supplied + generated]
 
+    def _class_image_folder(self) -> Path:
+        """Where generated class images live: a folder per (model, prompt, size, sampler settings, seed) under
+        class_image_cache_dir when the worker keeps one across jobs, else inside this job's cache."""
+        config = self.config
+        if not config.class_image_cache_dir:
+            return Path(config.cache_dir) / "class_images"
+        recipe = {
+            "base_model": config.base_model,
+            "class_prompt": config.class_prompt,
+            "resolution": list(config.resolution),
+            "steps": config.class_image_inference_steps,
+            "guidance_scale": config.validation_guidance_scale,
+            "max_sequence_length": config.max_sequence_length,
+            "seed": config.seed,
+            "dtype": self.precision.name,
+        }
+        fingerprint = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+        return Path(config.class_image_cache_dir) / fingerprint
+
     def _generate_class_images(self, folder: Path, count: int) -> None:
-        """Render `count` class images from class_prompt with the base pipeline (seeded per image), once per
-        machine; images already in `folder` are kept, so an interrupted job resumes generation."""
+        """Render the missing ones of `count` class images from class_prompt with the base pipeline, each seeded
+        by its index, shared out among the processes of this machine. Finished images are kept (written under
+        a temporary name and renamed), so an interrupted job resumes generation where it stopped."""
         import torch
         from diffusers import FluxPipeline
-
-        from fluxbooth.train.data import list_image_files
 
         config = self.config
         accelerator = self.accelerator
         folder.mkdir(parents=True, exist_ok=True)
-        if accelerator.is_local_main_process and len(list_image_files(folder)) < count:
+        local_rank = accelerator.local_process_index
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        mine = [index for index in range(count) if index % local_world == local_rank and not (folder / _class_image_name(index)).is_file()]
+        if any(not (folder / _class_image_name(index)).is_file() for index in range(count)):
             self.reporter.emit("stage", stage="cache", status="generating_class_images", count=count)
-            with self._plain_loading()():
+        if mine:
+            with _without_transformers_zero3_init():
                 pipeline = FluxPipeline.from_pretrained(config.base_model, torch_dtype=self.precision.text_dtype)
             if accelerator.device.type == "cuda":
                 pipeline.enable_model_cpu_offload(device=accelerator.device)
             pipeline.set_progress_bar_config(disable=True)
             width, height = config.resolution
-            for index in range(count):
-                target = folder / f"class_{index:05d}.png"
-                if target.is_file():
-                    continue
+            for index in mine:
+                target = folder / _class_image_name(index)
                 generator = torch.Generator("cpu").manual_seed(_seed_for(config.seed, "class_image", index))
                 image = pipeline(
                     prompt=config.class_prompt,
@@ -480,7 +534,7 @@ class Trainer:
                     generator=generator,
                     max_sequence_length=config.max_sequence_length,
                 ).images[0]
-                staging = target.with_name(f".{target.name}.tmp.png")
+                staging = target.with_name(f".{target.name}.{os.getpid()}.tmp.png")
                 image.save(staging)
                 os.replace(staging, target)
             del pipeline
@@ -528,13 +582,12 @@ class Trainer:
         from fluxbooth.train.cache import vae_normalisation
         from fluxbooth.train.flow import SigmaSampler
         from fluxbooth.train.model import trainable_parameters
-        from fluxbooth.train.optim import build_optimizer, build_scheduler, optimizer_class_name, validated_optimizer_name
+        from fluxbooth.train.optim import build_optimizer, build_scheduler, optimizer_class_name
 
         config = self.config
         accelerator = self.accelerator
-        optimizer_name = validated_optimizer_name(config, self.deepspeed_config)
         parameters = trainable_parameters(transformer)
-        optimizer = build_optimizer(optimizer_name, parameters, config, self.deepspeed_config)
+        optimizer = build_optimizer(self.optimizer_name, parameters, config, self.deepspeed_config)
         scheduler = build_scheduler(optimizer, config, self.deepspeed_config, accelerator.num_processes)
         if self.deepspeed_config is not None:
             transformer, optimizer, scheduler = accelerator.prepare(transformer, optimizer, scheduler)
@@ -654,6 +707,10 @@ class Trainer:
                 for sigma in FIXED_NOISE_SIGMAS:
                     generator = torch.Generator("cpu").manual_seed(_seed_for(self.config.seed, "fixed_noise", index, sigma))
                     losses.append(float(self._per_sample_loss(transformer, batch, generator, torch.tensor([sigma])).mean()))
+        # A forward without backward leaves ZeRO-3's prefetched parameters gathered ("in flight"), which the
+        # next gather (the export) would trip over; hand them back to their partitions.
+        if hasattr(transformer, "empty_partition_cache"):
+            transformer.empty_partition_cache()
         return sum(losses) / len(losses)
 
     def _micro_batch(self, instance_set: Any, class_set: Any, position: int, normalisation: Any) -> dict[str, Any]:
@@ -878,7 +935,7 @@ class Trainer:
         folder = output_dir / folder_name
         folder.mkdir(parents=True, exist_ok=True)
         if "diffusers" in self.config.export_formats:
-            save_lora_diffusers(state, folder, self.config.lora, lora_adapter_metadata(self.config.lora))
+            save_lora_diffusers(state, folder, lora_adapter_metadata(self.config.lora))
             artifacts.append(
                 Artifact(name=f"{prefix}lora", path=f"{folder_name}/pytorch_lora_weights.safetensors", kind=f"{prefix}lora_diffusers")
             )

@@ -89,7 +89,6 @@ def load_transformer_zero3(base_model: str, dtype: torch.dtype, deepspeed_config
 
 def _stream_weights_into_partitioned_model(model: torch.nn.Module, files: list[Path], is_source_rank: bool) -> None:
     import deepspeed
-    from safetensors import safe_open
 
     with _open_safetensors(files if is_source_rank else []) as tensor_source:
         expected = set()

@@ -3,13 +3,26 @@ validate requests and classify exits before anything is launched."""
 
 from __future__ import annotations
 
-# Optimizers the trainer can build, by canonical name. Under DeepSpeed, "adamw" and "adam" come from the
-# DeepSpeed JSON's `optimizer` block (DeepSpeedCPUAdam when the optimizer is offloaded to the CPU); the
-# others are torch optimizers handed to DeepSpeed, which needs `zero_force_ds_cpu_optimizer: false`
-# in the JSON when the optimizer is offloaded.
-SUPPORTED_OPTIMIZERS = ("adamw", "adam", "adafactor", "sgd")
-# DeepSpeed `optimizer.type` values that mean the same algorithm as a canonical name.
-DEEPSPEED_OPTIMIZER_TYPES = {"adamw": "AdamW", "adam": "Adam"}
+# Optimizers the trainer can build, by canonical (lower-case) name: the DeepSpeed optimizer types SimpleTuner's
+# DeepSpeed guide lists that run here, plus two torch ones. Under DeepSpeed, the names in
+# DEEPSPEED_OPTIMIZER_TYPES come from the DeepSpeed JSON's `optimizer` block (offloaded to the CPU they
+# become DeepSpeedCPUAdam / DeepSpeedCPUAdagrad / DeepSpeedCPULion); "adafactor" and "sgd" are torch
+# optimizers handed to DeepSpeed, which needs `zero_force_ds_cpu_optimizer: false` in the JSON when the
+# optimizer is offloaded. SimpleTuner's other names (Lamb, OneBitAdam, OneBitLamb, ZeroOneAdam, MuAdam,
+# MuAdamW, MuSGD, Muon) need CUDA-only kernels or extra packages and are refused, as are the
+# implementation names "cpuadam"/"fusedadam" (SimpleTuner silently swaps those for AdamW).
+SUPPORTED_OPTIMIZERS = ("adamw", "adam", "adagrad", "lion", "adafactor", "sgd")
+DEEPSPEED_OPTIMIZER_TYPES = {"adamw": "AdamW", "adam": "Adam", "adagrad": "Adagrad", "lion": "Lion"}
+# The parameters each DeepSpeed optimizer type accepts in its JSON block (DeepSpeedCPUAdagrad refuses `betas`,
+# DeepSpeedCPULion has no `eps`).
+DEEPSPEED_OPTIMIZER_PARAMS = {
+    "AdamW": ("lr", "betas", "eps", "weight_decay"),
+    "Adam": ("lr", "betas", "eps", "weight_decay"),
+    "Adagrad": ("lr", "eps", "weight_decay"),
+    "Lion": ("lr", "betas", "weight_decay"),
+}
+# Optimizers that exist only as DeepSpeed implementations (no torch class): they need the JSON block.
+DEEPSPEED_ONLY_OPTIMIZERS = ("lion",)
 
 # Learning-rate schedules (with optional linear warm-up in front).
 SUPPORTED_LR_SCHEDULERS = ("constant", "cosine")

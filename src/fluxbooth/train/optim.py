@@ -10,6 +10,7 @@ import torch
 
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.names import (
+    DEEPSPEED_ONLY_OPTIMIZERS,
     DEEPSPEED_OPTIMIZER_TYPES,
     SUPPORTED_LR_SCHEDULERS,
     SUPPORTED_OPTIMIZERS,
@@ -29,6 +30,12 @@ def validated_optimizer_name(config: TrainerConfig, deepspeed_config: dict[str, 
             "invalid_config", f"optimizer {config.optimizer!r} is not supported; use one of {list(SUPPORTED_OPTIMIZERS)}"
         )
     block = (deepspeed_config or {}).get("optimizer")
+    if block is None and name in DEEPSPEED_ONLY_OPTIMIZERS:
+        raise TrainerFailure(
+            "invalid_config",
+            f"optimizer {name!r} exists only inside DeepSpeed: run with DeepSpeed and an optimizer block of type "
+            f"{DEEPSPEED_OPTIMIZER_TYPES[name]!r}, or choose one of {[n for n in SUPPORTED_OPTIMIZERS if n not in DEEPSPEED_ONLY_OPTIMIZERS]}",
+        )
     if block is not None:
         declared = str(block.get("type", ""))
         if DEEPSPEED_OPTIMIZER_TYPES.get(name, "").lower() != declared.lower():
@@ -60,6 +67,8 @@ def build_optimizer(
         return torch.optim.AdamW(parameters, lr=config.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY)
     if name == "adam":
         return torch.optim.Adam(parameters, lr=config.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS)
+    if name == "adagrad":
+        return torch.optim.Adagrad(parameters, lr=config.learning_rate)
     if name == "sgd":
         return torch.optim.SGD(parameters, lr=config.learning_rate, momentum=0.9)
     if name == "adafactor":
