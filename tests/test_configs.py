@@ -115,16 +115,66 @@ def test_cpu_accelerator_does_not_ask_for_pinned_memory() -> None:
     assert config["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": False}
 
 
-def test_warmup_becomes_deepspeeds_warmuplr_and_cosine_its_warmupcosinelr() -> None:
-    warm = deepspeed_config(GUIDE_DEFAULT_PLAN, replace(GUIDE_TRAINER, lr_warmup_steps=100))
-    cosine = deepspeed_config(GUIDE_DEFAULT_PLAN, replace(GUIDE_TRAINER, lr_scheduler="cosine", lr_warmup_steps=10))
-    assert warm["scheduler"] == {
-        "type": "WarmupLR",
-        "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 2e-6, "warmup_num_steps": 100, "warmup_type": "linear"},
+@pytest.mark.parametrize(
+    ("lr_scheduler", "lr_warmup_steps"), [("constant", 0), ("constant", 100), ("cosine", 0), ("cosine", 10)]
+)
+def test_no_scheduler_block_so_the_trainers_own_schedule_runs(lr_scheduler: str, lr_warmup_steps: int) -> None:
+    trainer = replace(GUIDE_TRAINER, lr_scheduler=lr_scheduler, lr_warmup_steps=lr_warmup_steps)
+    assert "scheduler" not in deepspeed_config(GUIDE_DEFAULT_PLAN, trainer)
+
+
+def test_adamw_writes_an_adamw_block_with_decoupled_weight_decay() -> None:
+    config = deepspeed_config(GUIDE_DEFAULT_PLAN, replace(GUIDE_TRAINER, optimizer="adamw"))
+    assert config["optimizer"] == {
+        "type": "AdamW",
+        "params": {"lr": 2e-6, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01},
     }
-    assert cosine["scheduler"]["type"] == "WarmupCosineLR"
-    assert cosine["scheduler"]["params"]["total_num_steps"] == 2000
-    assert "scheduler" not in deepspeed_config(GUIDE_DEFAULT_PLAN, GUIDE_TRAINER)
+
+
+def test_optimizer_names_are_normalised_before_choosing_the_block() -> None:
+    config = deepspeed_config(GUIDE_DEFAULT_PLAN, replace(GUIDE_TRAINER, optimizer="Adam-W"))
+    assert config["optimizer"]["type"] == "AdamW"
+
+
+def test_adam_writes_an_adam_block_that_deepspeed_does_not_turn_into_adamw() -> None:
+    config = deepspeed_config(GUIDE_DEFAULT_PLAN, replace(GUIDE_TRAINER, optimizer="adam"))
+    assert config["optimizer"] == {
+        "type": "Adam",
+        "params": {"lr": 2e-6, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "adam_w_mode": False},
+    }
+
+
+def test_adagrad_writes_an_adagrad_block_without_betas() -> None:
+    config = deepspeed_config(GUIDE_DEFAULT_PLAN, replace(GUIDE_TRAINER, optimizer="adagrad"))
+    assert config["optimizer"] == {"type": "Adagrad", "params": {"lr": 2e-6, "eps": 1e-10, "weight_decay": 0.0}}
+
+
+def test_lion_writes_a_lion_block_without_eps() -> None:
+    config = deepspeed_config(GUIDE_DEFAULT_PLAN, replace(GUIDE_TRAINER, optimizer="lion"))
+    assert config["optimizer"] == {"type": "Lion", "params": {"lr": 2e-6, "betas": [0.9, 0.99], "weight_decay": 0.01}}
+
+
+@pytest.mark.parametrize("name", ["adafactor", "sgd"])
+def test_torch_optimizers_write_no_block_and_let_deepspeed_take_them_next_to_an_offload(name: str) -> None:
+    config = deepspeed_config(GUIDE_DEFAULT_PLAN, replace(GUIDE_TRAINER, optimizer=name))
+    assert "optimizer" not in config
+    assert config["zero_force_ds_cpu_optimizer"] is False
+
+
+def test_torch_optimizers_without_offload_leave_deepspeeds_cpu_optimizer_check_alone() -> None:
+    plan = replace(GUIDE_DEFAULT_PLAN, offload_optimizer="none")
+    config = deepspeed_config(plan, replace(GUIDE_TRAINER, optimizer="sgd"))
+    assert "optimizer" not in config
+    assert "zero_force_ds_cpu_optimizer" not in config
+
+
+def test_deepspeed_optimizers_keep_deepspeeds_cpu_optimizer_check() -> None:
+    assert "zero_force_ds_cpu_optimizer" not in deepspeed_config(GUIDE_DEFAULT_PLAN, replace(GUIDE_TRAINER, optimizer="lion"))
+
+
+def test_an_unsupported_optimizer_name_is_refused_with_the_supported_ones() -> None:
+    with pytest.raises(ValueError, match=r"optimizer 'prodigy' is not supported; use one of \['adamw', 'adam', 'adagrad', 'lion', 'adafactor', 'sgd'\]"):
+        deepspeed_config(GUIDE_DEFAULT_PLAN, replace(GUIDE_TRAINER, optimizer="prodigy"))
 
 
 def test_accelerate_yaml_is_the_guides_with_the_deepspeed_file(tmp_path: Path) -> None:
@@ -198,6 +248,10 @@ def test_every_stage_produces_a_config_deepspeed_accepts(stage: int) -> None:
     assert parsed.train_batch_size == 1
 
 
-def test_cosine_without_warmup_gets_the_one_warmup_step_deepspeed_requires() -> None:
-    config = deepspeed_config(GUIDE_DEFAULT_PLAN, replace(GUIDE_TRAINER, lr_scheduler="cosine", lr_warmup_steps=0))
-    assert config["scheduler"]["params"]["warmup_num_steps"] == 1
+@pytest.mark.parametrize("name", ["adamw", "adam", "adagrad", "lion", "adafactor", "sgd"])
+def test_every_optimizer_produces_a_config_deepspeed_accepts(name: str) -> None:
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    raw = deepspeed_config(GUIDE_DEFAULT_PLAN, replace(GUIDE_TRAINER, optimizer=name))
+    expected = raw["optimizer"]["type"].lower() if "optimizer" in raw else None
+    assert DeepSpeedConfig(raw, mpu=None).optimizer_name == expected

@@ -89,3 +89,20 @@ def test_an_export_without_any_weights_is_refused(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hi")
     with pytest.raises(FluxboothError, match="exported no safetensors weights"):
         collect_artifacts(tmp_path, [{"name": "notes", "path": "notes.txt"}])
+
+
+def test_validation_images_of_each_training_step_keep_their_step_folder_in_the_name(tmp_path: Path) -> None:
+    write_safetensors(tmp_path / "lora" / "pytorch_lora_weights.safetensors", {"a": ("F32", [1], b"\0" * 4)})
+    (tmp_path / "validation" / "step-000002").mkdir(parents=True)
+    (tmp_path / "validation" / "step-000002" / "validation_00.png").write_bytes(b"png at step 2")
+    (tmp_path / "validation" / "validation_00.png").write_bytes(b"png at the end")
+    announced = [
+        {"name": "lora", "path": "lora/pytorch_lora_weights.safetensors", "kind": "lora_diffusers"},
+        {"name": "validation_step000002_00", "path": "validation/step-000002/validation_00.png", "kind": "validation_image"},
+        {"name": "validation_00", "path": "validation/validation_00.png", "kind": "validation_image"},
+    ]
+    artifacts = collect_artifacts(tmp_path, announced)
+    assert [(a.name, a.kind) for a in artifacts[1:]] == [
+        ("validation/step-000002/validation_00.png", "validation_image"),
+        ("validation/validation_00.png", "validation_image"),
+    ]

@@ -225,6 +225,32 @@ def test_disk_filled_by_the_dataset_is_does_not_fit_before_training(
     assert files_left_under(work_root) == []
 
 
+def test_disk_filled_by_the_checkpoint_to_resume_from_is_does_not_fit_before_training(
+    fake_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fluxbooth.checkpoints import open_checkpoint_store, upload_checkpoint
+    from tests.test_checkpoints import build_checkpoint
+
+    settings = WorkerSettings.from_environ(fake_env)
+    stored = upload_checkpoint(open_checkpoint_store(settings, "sks-dog"), build_checkpoint(tmp_path / "made", 2), 2)
+    work_root = tmp_path / "work"
+    real_disk_usage = shutil.disk_usage
+    left_after_downloading = 100_000
+
+    def disk_filled_by_the_checkpoint(path: str | os.PathLike[str]) -> Any:
+        downloaded = any(work_root.glob("job-*/checkpoints/checkpoint-2/pytorch_model/*.pt"))
+        usage = real_disk_usage(path)
+        return usage._replace(free=left_after_downloading) if downloaded else usage
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_filled_by_the_checkpoint)
+    caplog.set_level(logging.INFO)
+    result = run(fake_env, job_input(resume_from=stored))
+
+    assert_error(result, ErrorCode.DOES_NOT_FIT, "disk: training needs about", refresh_worker=False)
+    assert trainer_lines(caplog) == [], "the trainer was launched"
+    assert files_left_under(work_root) == []
+
+
 # --- 2. deadline ---------------------------------------------------------------------------------
 
 

@@ -32,6 +32,7 @@ from fluxbooth.plan import (
     choose_plan,
     estimate_memory,
     evaluate_candidates,
+    strategies_for,
 )
 from fluxbooth.trainer_config import LoraSettings
 
@@ -284,6 +285,15 @@ def test_nvme_offload_without_an_offload_path_is_refused() -> None:
         choose_plan(FakeRequest(offload="nvme"), gpu_machine(80, 256), model_size(FLUX_DEV_NAME))
     assert caught.value.code is ErrorCode.DOES_NOT_FIT
     assert "FLUXBOOTH_NVME_PATH" in caught.value.message
+
+
+def test_only_full_fine_tunes_consider_parameters_on_nvme() -> None:
+    def layouts(training_type: str) -> set[tuple[int, str, str]]:
+        return {(s.zero_stage, s.offload_optimizer, s.offload_param) for s in strategies_for(training_type, True, True)}
+
+    assert (3, "nvme", "nvme") in layouts("full")
+    assert (3, "nvme", "nvme") not in layouts("lora")
+    assert (3, "nvme", "cpu") in layouts("lora")
 
 
 def test_lora_on_an_8_gib_card_offloads_the_frozen_base_under_zero3() -> None:

@@ -244,6 +244,17 @@ def test_unknown_mixed_precision_is_refused(dataset_b64: str) -> None:
     )
 
 
+@pytest.mark.parametrize(("spelling", "name"), [("AdamW", "adamw"), ("adam-w", "adamw"), ("Lion", "lion"), ("adafactor", "adafactor")])
+def test_optimizer_names_are_normalised(dataset_b64: str, spelling: str, name: str) -> None:
+    assert parse_request(minimal(dataset_b64, optimizer=spelling)).optimizer == name
+
+
+def test_unknown_optimizer_is_refused_with_the_supported_names(dataset_b64: str) -> None:
+    assert "input.optimizer: is not supported; use one of adamw, adam, adagrad, lion, adafactor, sgd" in refusal(
+        minimal(dataset_b64, optimizer="prodigy")
+    )
+
+
 def test_zero_stage_true_is_not_taken_for_stage_1(dataset_b64: str) -> None:
     assert "input.zero_stage: expected 'auto', 1, 2 or 3" in refusal(minimal(dataset_b64, zero_stage=True))
 
@@ -434,6 +445,12 @@ def test_zero_stage_without_deepspeed_is_refused(dataset_b64: str) -> None:
     assert "input.zero_stage: need input.use_deepspeed true" in message
 
 
+def test_lion_without_deepspeed_is_refused_before_launch(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, use_deepspeed=False, optimizer="Lion"))
+
+    assert "input.optimizer, input.use_deepspeed: 'lion' exists only inside DeepSpeed" in message
+
+
 def test_offload_without_deepspeed_is_refused(dataset_b64: str) -> None:
     message = refusal(minimal(dataset_b64, use_deepspeed=False, offload="cpu"))
 
@@ -455,6 +472,39 @@ def test_warmup_longer_than_the_run_is_refused(dataset_b64: str) -> None:
     message = refusal(minimal(dataset_b64, steps=100, lr_warmup_steps=101))
 
     assert "input.lr_warmup_steps, input.steps: warmup (101) is longer than the run (100 steps)" in message
+
+
+def test_validation_steps_without_validation_prompts_is_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, validation_steps=100))
+
+    assert message == (
+        "invalid request: input.validation_steps: needs input.validation_prompts (the prompts rendered every "
+        "validation_steps steps); add prompts or remove validation_steps"
+    )
+
+
+def test_validation_steps_with_validation_prompts_is_accepted(dataset_b64: str) -> None:
+    request = parse_request(minimal(dataset_b64, steps=1000, validation_steps=250, validation_prompts=["sks dog"]))
+
+    assert (request.validation_steps, request.warnings()) == (250, [])
+
+
+def test_validation_steps_defaults_to_only_the_final_validation(dataset_b64: str) -> None:
+    assert parse_request(minimal(dataset_b64, validation_prompts=["sks dog"])).validation_steps is None
+
+
+def test_validation_steps_below_one_is_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, validation_steps=0, validation_prompts=["sks dog"]))
+
+    assert message == "invalid request: input.validation_steps: Input should be greater than or equal to 1"
+
+
+def test_validation_steps_not_below_steps_is_accepted_with_a_warning(dataset_b64: str) -> None:
+    request = parse_request(minimal(dataset_b64, steps=100, validation_steps=100, validation_prompts=["sks dog"]))
+
+    assert request.warnings() == [
+        "validation_steps 100 is not below steps 100: validation images are rendered only at the end"
+    ]
 
 
 def test_request_model_refuses_directly_too(dataset_b64: str) -> None:

@@ -21,7 +21,20 @@ from typing import Any
 
 import yaml
 
-from fluxbooth.plan import Plan
+from fluxbooth.plan import (
+    ZERO2_ALLGATHER_BUCKET_ELEMENTS,
+    ZERO2_REDUCE_BUCKET_ELEMENTS,
+    ZERO3_PREFETCH_BUCKET_ELEMENTS,
+    ZERO3_REDUCE_BUCKET_ELEMENTS,
+    Plan,
+)
+from fluxbooth.train.names import (
+    DEEPSPEED_OPTIMIZER_PARAMS,
+    DEEPSPEED_OPTIMIZER_TYPES,
+    OPTIMIZER_HYPERPARAMETERS,
+    SUPPORTED_OPTIMIZERS,
+    normalise_optimizer_name,
+)
 from fluxbooth.trainer_config import LoraSettings, TrainerConfig
 
 # Parent-environment variables the trainer may inherit. Everything else (bucket keys above
@@ -50,7 +63,6 @@ GUIDE_FP16_SECTION: dict[str, Any] = {
     "hysteresis": 2,
     "min_loss_scale": 1,
 }
-
 
 @dataclass(frozen=True)
 class LaunchFiles:
@@ -81,8 +93,8 @@ def zero_optimization_section(plan: Plan, trainer: TrainerConfig) -> dict[str, A
                 "overlap_comm": False,
                 "contiguous_gradients": True,
                 "sub_group_size": 1e9,
-                "reduce_bucket_size": 5e7,
-                "stage3_prefetch_bucket_size": 5e7,
+                "reduce_bucket_size": ZERO3_REDUCE_BUCKET_ELEMENTS,
+                "stage3_prefetch_bucket_size": ZERO3_PREFETCH_BUCKET_ELEMENTS,
                 "stage3_param_persistence_threshold": 1e5,
                 "stage3_max_live_parameters": 1e8,
                 "stage3_max_reuse_distance": 1e8,
@@ -93,40 +105,32 @@ def zero_optimization_section(plan: Plan, trainer: TrainerConfig) -> dict[str, A
         zero.update(
             {
                 "allgather_partitions": True,
-                "allgather_bucket_size": 2e8,
+                "allgather_bucket_size": ZERO2_ALLGATHER_BUCKET_ELEMENTS,
                 "overlap_comm": plan.accelerator == "cuda",
                 "reduce_scatter": True,
-                "reduce_bucket_size": 2e8,
+                "reduce_bucket_size": ZERO2_REDUCE_BUCKET_ELEMENTS,
                 "contiguous_gradients": True,
             }
         )
     return zero
 
 
-def scheduler_section(trainer: TrainerConfig) -> dict[str, Any] | None:
-    """DeepSpeed's own schedulers, so the engine steps them on accumulation boundaries."""
-    if trainer.lr_scheduler == "cosine":
-        return {
-            "type": "WarmupCosineLR",
-            "params": {
-                "total_num_steps": trainer.steps,
-                # DeepSpeed's WarmupCosineLR rejects 0 warm-up steps; one step is the smallest it takes.
-                "warmup_num_steps": max(1, trainer.lr_warmup_steps),
-                "warmup_min_ratio": 0.0,
-                "cos_min_ratio": 0.0,
-            },
-        }
-    if trainer.lr_warmup_steps > 0:
-        return {
-            "type": "WarmupLR",
-            "params": {
-                "warmup_min_lr": 0.0,
-                "warmup_max_lr": trainer.learning_rate,
-                "warmup_num_steps": trainer.lr_warmup_steps,
-                "warmup_type": "linear",
-            },
-        }
-    return None
+def optimizer_section(trainer: TrainerConfig) -> dict[str, Any] | None:
+    """DeepSpeed's block for the requested optimizer, or None for the torch-only ones (adafactor, sgd),
+    which the trainer builds itself and hands to DeepSpeed."""
+    name = normalise_optimizer_name(trainer.optimizer)
+    if name not in SUPPORTED_OPTIMIZERS:
+        raise ValueError(f"optimizer {trainer.optimizer!r} is not supported; use one of {list(SUPPORTED_OPTIMIZERS)}")
+    deepspeed_type = DEEPSPEED_OPTIMIZER_TYPES.get(name)
+    if deepspeed_type is None:
+        return None
+    values = {"lr": trainer.learning_rate, **OPTIMIZER_HYPERPARAMETERS[name]}
+    accepted = DEEPSPEED_OPTIMIZER_PARAMS[deepspeed_type]
+    params = {key: list(value) if isinstance(value, tuple) else value for key, value in values.items() if key in accepted}
+    if deepspeed_type == "Adam":
+        # DeepSpeed's "Adam" is AdamW unless told otherwise; "adam" means Adam.
+        params["adam_w_mode"] = False
+    return {"type": deepspeed_type, "params": params}
 
 
 def deepspeed_config(plan: Plan, trainer: TrainerConfig) -> dict[str, Any]:
@@ -136,15 +140,6 @@ def deepspeed_config(plan: Plan, trainer: TrainerConfig) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": trainer.batch_size,
         "gradient_accumulation_steps": trainer.gradient_accumulation_steps,
         "gradient_clipping": trainer.max_grad_norm,
-        "optimizer": {
-            "type": "AdamW",
-            "params": {
-                "lr": trainer.learning_rate,
-                "betas": [0.9, 0.999],
-                "eps": 1e-8,
-                "weight_decay": 0.01,
-            },
-        },
         "zero_optimization": zero_optimization_section(plan, trainer),
         "steps_per_print": 1_000_000_000,
         "wall_clock_breakdown": False,
@@ -153,9 +148,14 @@ def deepspeed_config(plan: Plan, trainer: TrainerConfig) -> dict[str, Any]:
         config["bf16"] = {"enabled": True}
     elif plan.mixed_precision == "fp16":
         config["fp16"] = dict(GUIDE_FP16_SECTION)
-    scheduler = scheduler_section(trainer)
-    if scheduler is not None:
-        config["scheduler"] = scheduler
+    optimizer = optimizer_section(trainer)
+    if optimizer is not None:
+        config["optimizer"] = optimizer
+    elif plan.offload_optimizer != "none":
+        # DeepSpeed refuses a torch optimizer next to ZeRO-Offload unless told the slower CPU update is wanted.
+        config["zero_force_ds_cpu_optimizer"] = False
+    # No `scheduler` block: the trainer's own schedule runs (warm-up from a non-zero first rate, cosine with or
+    # without warm-up; DeepSpeed's WarmupLR starts at 0 and WarmupCosineLR refuses 0 warm-up steps).
     if "nvme" in (plan.offload_optimizer, plan.offload_param):
         config["aio"] = {
             "block_size": 1048576,
@@ -199,7 +199,11 @@ def accelerate_config(plan: Plan, deepspeed_config_path: Path | None) -> dict[st
         # accelerate refuses a second source for what the DeepSpeed JSON already sets.
         del config["mixed_precision"]
     elif plan.num_processes > 1:
-        config["distributed_type"] = "MULTI_CPU" if plan.accelerator == "cpu" else "MULTI_GPU"
+        # accelerate starts several CPU processes only through mpirun (MULTI_CPU + an MPI hostfile); without
+        # one it quietly runs a single process. Its torchrun launcher (MULTI_GPU) starts them all, and each
+        # falls back to gloo on a machine without GPUs.
+        config["distributed_type"] = "MULTI_GPU"
+        config["use_cpu"] = False
     return config
 
 
@@ -264,8 +268,10 @@ def trainer_config_for(
     instance_dir: Path,
     class_dir: Path | None,
     job_dir: Path,
+    class_image_cache_dir: Path | None = None,
 ) -> TrainerConfig:
-    """The trainer's input for one job. `request` is a validated `TrainingRequest`."""
+    """The trainer's input for one job. `request` is a validated `TrainingRequest`; generated class images
+    are kept in `class_image_cache_dir` (outside the job) for the next job with the same recipe."""
     lora = LoraSettings(
         rank=request.lora_rank,
         alpha=float(request.lora_alpha if request.lora_alpha is not None else request.lora_rank),
@@ -305,5 +311,8 @@ def trainer_config_for(
         checkpoint_dir=str(job_dir / "checkpoints") if request.checkpointing_steps else None,
         resume_from=request.resume_from,
         validation_prompts=tuple(request.validation_prompts),
+        validation_steps=request.validation_steps,
         export_formats=tuple(request.output_formats or default_formats),
+        class_image_cache_dir=str(class_image_cache_dir) if class_image_cache_dir else None,
+        encoders_on_cpu=plan.cache_encoders_on_cpu,
     )

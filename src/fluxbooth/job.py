@@ -163,6 +163,25 @@ def _fresh_job_dir(settings: WorkerSettings, safe_id: str) -> Path:
     return job_dir
 
 
+SWAP_FOLDER_PREFIX = "fluxbooth-swap-"
+
+
+def job_swap_dir(nvme_root: Path, safe_id: str) -> Path:
+    """This job's own DeepSpeed swap folder under the NVMe offload path."""
+    return nvme_root / f"{SWAP_FOLDER_PREFIX}{safe_id}"
+
+
+def remove_stale_swap_dirs(nvme_root: Path) -> list[Path]:
+    """Remove swap folders that killed or crashed jobs left behind (this worker runs one job at a time, so
+    every one of them is stale): swap files of a dead run fill the disk and crash a resume that reads them."""
+    removed = []
+    if nvme_root.is_dir():
+        for folder in nvme_root.glob(f"{SWAP_FOLDER_PREFIX}*"):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
 def _filesystem_free_bytes(paths: list[Path]) -> int:
     """Free bytes summed over the distinct filesystems holding `paths` (or their nearest existing parents)."""
     free_by_device: dict[int, int] = {}
@@ -275,17 +294,20 @@ async def _run(
     hardware = await _in_thread(probe_hardware, job_dir, settings.environ)
     plan = choose_plan(request, hardware, model_size(base_model), deadline_seconds=deadline)
     warnings.extend(plan.warnings)
+    if plan.nvme_path:
+        for stale in await _in_thread(remove_stale_swap_dirs, Path(plan.nvme_path)):
+            logger.warning("job %s: removed a stale DeepSpeed swap folder %s", job_id, stale)
+        plan = dataclasses.replace(plan, nvme_path=str(job_swap_dir(Path(plan.nvme_path), job_id)))
     seconds["plan"] = _elapsed(started)
 
     reporter.stage("dataset")
     stage_started = time.monotonic()
     dataset = await _in_thread(prepare_dataset, request, job_dir, settings.dataset_limits)
     seconds["dataset"] = _elapsed(stage_started)
-    ensure_disk_for_training(plan, settings.work_root)
 
     trainer = trainer_config_for(
         request, plan, base_model=base_model, instance_dir=dataset.instance_dir,
-        class_dir=dataset.class_dir, job_dir=job_dir,
+        class_dir=dataset.class_dir, job_dir=job_dir, class_image_cache_dir=settings.cache_dir / "class-images",
     )
     resume_folder = None
     if resume_checkpoint is not None:
@@ -295,6 +317,8 @@ async def _run(
         resume_folder = str(await _in_thread(download_checkpoint, resume_checkpoint, _checkpoint_root(trainer)))
     # The trainer only ever sees a local folder: the request's URI or `latest` is resolved above.
     trainer = dataclasses.replace(trainer, resume_from=resume_folder)
+    # After the dataset and the checkpoint to resume from have taken their share of the disk.
+    ensure_disk_for_training(plan, settings.work_root)
     files = write_launch_files(job_dir, plan, trainer)
     env = child_environment(
         plan,
@@ -394,6 +418,9 @@ async def run_job(
     finally:
         if job_dir is not None:
             shutil.rmtree(job_dir, ignore_errors=True)
+        nvme_root = settings.environ.get("FLUXBOOTH_NVME_PATH", "").strip()
+        if nvme_root:
+            shutil.rmtree(job_swap_dir(Path(nvme_root), safe_id), ignore_errors=True)
 
 
 # A SigV4 presigned URL must carry the access key ID (never the secret): masking it would break the URL.

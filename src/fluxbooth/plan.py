@@ -305,7 +305,11 @@ def strategies_for(training_type: str, use_deepspeed: bool, has_nvme: bool) -> l
     ]
     if has_nvme:
         # DeepSpeed offloads to NVMe only under ZeRO-3 (ZeRO-Infinity).
-        layouts += [(3, "nvme", "none"), (3, "nvme", "cpu"), (3, "nvme", "nvme")]
+        layouts += [(3, "nvme", "none"), (3, "nvme", "cpu")]
+        if training_type == "full":
+            # A frozen LoRA base swapped to NVMe runs DeepSpeed 0.19 out of swap buffers under gradient
+            # checkpointing (the trainer refuses it); LoRA's base fits in host RAM wherever FLUX trains anyway.
+            layouts.append((3, "nvme", "nvme"))
     return [Strategy(training_type, True, stage, optimizer, param) for stage, optimizer, param in layouts]
 
 

@@ -28,6 +28,7 @@ from pydantic import (
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.settings import TINY_MODEL_NAME
+from fluxbooth.train.names import DEEPSPEED_ONLY_OPTIMIZERS, SUPPORTED_OPTIMIZERS, normalise_optimizer_name
 
 DEFAULT_FULL_LEARNING_RATE = 2e-6
 DEFAULT_LORA_LEARNING_RATE = 1e-4
@@ -122,7 +123,7 @@ class TrainingRequest(BaseModel):
     lora_target_modules: list[LoraModuleName] | None = Field(default=None, min_length=1, max_length=64)
 
     # Optimisation details.
-    optimizer: str = Field(default="adamw", min_length=1, max_length=32, pattern=r"^[a-z0-9_]+$")
+    optimizer: str = Field(default="adamw", min_length=1, max_length=32)
     lr_scheduler: Literal["constant", "cosine"] = "constant"
     lr_warmup_steps: int = Field(default=0, ge=0, le=100_000)
     max_grad_norm: float = Field(default=1.0, gt=0, le=1e6)
@@ -132,6 +133,7 @@ class TrainingRequest(BaseModel):
     checkpointing_steps: int | None = Field(default=None, ge=1, le=100_000)
     resume_from: str | None = Field(default=None, min_length=1, max_length=1024)
     validation_prompts: list[Prompt] = Field(default_factory=list, max_length=8)
+    validation_steps: int | None = Field(default=None, ge=1, le=100_000)
     output_formats: list[OutputFormat] | None = Field(default=None, min_length=1, max_length=3)
     timeout_seconds: int | None = Field(default=None, ge=60, le=86_400)
     debug: bool = False
@@ -234,6 +236,14 @@ class TrainingRequest(BaseModel):
             raise ValueError("must not contain '..'")
         return value
 
+    @field_validator("optimizer")
+    @classmethod
+    def _optimizer_is_supported(cls, value: str) -> str:
+        name = normalise_optimizer_name(value)
+        if name not in SUPPORTED_OPTIMIZERS:
+            raise ValueError(f"is not supported; use one of {', '.join(SUPPORTED_OPTIMIZERS)}")
+        return name
+
     @field_validator("output_formats")
     @classmethod
     def _output_formats_unique(cls, value: list[str] | None) -> list[str] | None:
@@ -270,10 +280,20 @@ class TrainingRequest(BaseModel):
                 problems.append(
                     f"{', '.join(forced)}: need input.use_deepspeed true; leave them 'auto' or enable DeepSpeed"
                 )
+            if normalise_optimizer_name(self.optimizer) in DEEPSPEED_ONLY_OPTIMIZERS:
+                problems.append(
+                    f"input.optimizer, input.use_deepspeed: {normalise_optimizer_name(self.optimizer)!r} exists only "
+                    "inside DeepSpeed; enable DeepSpeed or choose another optimizer"
+                )
         if self.offload == "nvme" and self.zero_stage in (1, 2):
             problems.append(
                 "input.offload, input.zero_stage: 'nvme' offload needs ZeRO stage 3; at stages 1 and 2 "
                 "DeepSpeed silently keeps the optimizer in CPU RAM instead. Use zero_stage 3 or offload 'cpu'"
+            )
+        if self.validation_steps is not None and not self.validation_prompts:
+            problems.append(
+                "input.validation_steps: needs input.validation_prompts (the prompts rendered every "
+                "validation_steps steps); add prompts or remove validation_steps"
             )
         if self.lr_warmup_steps > self.steps:
             problems.append(
@@ -304,6 +324,11 @@ class TrainingRequest(BaseModel):
             )
         if self.class_prompt is not None and not self.with_prior_preservation:
             notes.append("class_prompt is ignored because with_prior_preservation is false")
+        if self.validation_steps is not None and self.validation_steps >= self.steps:
+            notes.append(
+                f"validation_steps {self.validation_steps} is not below steps {self.steps}: "
+                "validation images are rendered only at the end"
+            )
         return notes
 
 

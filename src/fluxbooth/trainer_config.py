@@ -76,6 +76,7 @@ class TrainerConfig:
     checkpoints_keep: int = 2  # local checkpoint-N folders kept (older ones are deleted once uploaded)
     class_image_cache_dir: str | None = None  # keep generated class images here across jobs (one folder per recipe)
     encoders_on_cpu: bool = False  # run the text encoders and VAE on the CPU while caching (Plan.cache_encoders_on_cpu)
+    validation_steps: int | None = None  # also render validation_prompts every N optimizer steps, with the weights being trained
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))

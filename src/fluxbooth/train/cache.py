@@ -26,6 +26,10 @@ from fluxbooth.train.data import TrainingImage, pixel_batch
 CACHE_FORMAT_VERSION = 1
 TEXT_BATCH = 8
 IMAGE_BATCH = 4
+# Decoding-memory estimate: FLUX's VAE decoder ends with 128-channel feature maps at full resolution,
+# of which a few are alive at once.
+DECODE_CHANNELS = 128
+DECODE_LIVE_FEATURE_MAPS = 4
 
 
 @dataclass
@@ -168,12 +172,58 @@ def encode_prompts(
     return torch.cat(sequences), torch.cat(pooled)
 
 
-def load_vae(base_model: str, loading_context: Callable[[], contextlib.AbstractContextManager[Any]]) -> Any:
+def load_vae(
+    base_model: str, loading_context: Callable[[], contextlib.AbstractContextManager[Any]], dtype: torch.dtype = torch.float32
+) -> Any:
     from diffusers import AutoencoderKL
 
     with loading_context():
-        # float32: the VAE is small (84 M parameters for FLUX) and its latents are the training targets.
-        return AutoencoderKL.from_pretrained(base_model, subfolder="vae", torch_dtype=torch.float32).eval()
+        # float32 by default: the VAE is small (84 M parameters for FLUX) and its latents are the training targets.
+        return AutoencoderKL.from_pretrained(base_model, subfolder="vae", torch_dtype=dtype).eval()
+
+
+def decoding_device(preferred: torch.device, vae: Any, resolution: tuple[int, int]) -> torch.device:
+    """Where to decode validation latents while the engine holds the accelerator: there only when the VAE
+    and its full-resolution activations (a few 128-channel feature maps) fit beside it, else the CPU."""
+    width, height = resolution
+    activation_bytes = DECODE_LIVE_FEATURE_MAPS * DECODE_CHANNELS * width * height * torch.finfo(next(vae.parameters()).dtype).bits // 8
+    return pick_encoding_device(preferred, _parameter_bytes(vae) + activation_bytes)
+
+
+@dataclass
+class EncodedPrompts:
+    """Prompts encoded once while the text encoders are loaded, for rendering later without them."""
+
+    prompts: list[str]
+    prompt_embeds: torch.Tensor  # [P, L, D] T5 sequence embeddings
+    pooled_prompt_embeds: torch.Tensor  # [P, D] CLIP pooled embeddings
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompts": list(self.prompts), "prompt_embeds": self.prompt_embeds, "pooled_prompt_embeds": self.pooled_prompt_embeds}
+
+
+def prompts_fingerprint(base_model: str, prompts: Sequence[str], max_sequence_length: int, text_dtype: str) -> str:
+    description = {
+        "version": CACHE_FORMAT_VERSION,
+        "base_model": str(base_model),
+        "prompts": list(prompts),
+        "max_sequence_length": max_sequence_length,
+        "text_dtype": text_dtype,
+    }
+    return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def save_encoded_prompts(encoded: EncodedPrompts, path: Path) -> None:
+    """Write atomically, like `save_encoded`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(encoded.to_dict(), staging)
+    os.replace(staging, path)
+
+
+def load_encoded_prompts(path: Path) -> EncodedPrompts:
+    data = torch.load(path, map_location="cpu", weights_only=True)
+    return EncodedPrompts(prompts=list(data["prompts"]), prompt_embeds=data["prompt_embeds"], pooled_prompt_embeds=data["pooled_prompt_embeds"])
 
 
 def vae_normalisation(base_model: str) -> VaeNormalisation:

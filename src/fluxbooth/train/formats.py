@@ -10,6 +10,7 @@ stacked, and the final adaLN modulation stores (shift, scale) where diffusers st
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 
@@ -63,17 +64,28 @@ def _block_indices(state_dict: dict[str, torch.Tensor], prefix: str) -> list[int
     return sorted({int(match.group(2)) for key in state_dict if (match := _BLOCK_KEY.match(key)) and match.group(1) == prefix})
 
 
+def _move_linear(
+    source: dict[str, torch.Tensor],
+    converted: dict[str, torch.Tensor],
+    source_module: str,
+    target_module: str,
+    transform: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> None:
+    """Move a module's weight and bias (those present) from `source` to `converted` under a new name."""
+    for suffix in ("weight", "bias"):
+        key = f"{source_module}.{suffix}"
+        if key in source:
+            tensor = source.pop(key)
+            converted[f"{target_module}.{suffix}"] = transform(tensor) if transform else tensor
+
+
 def diffusers_to_original_transformer(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A full diffusers FluxTransformer2DModel state dict → the original single-file layout."""
     source = dict(state_dict)
     converted: dict[str, torch.Tensor] = {}
 
-    def move(source_module: str, target_module: str, transform: object = None) -> None:
-        for suffix in ("weight", "bias"):
-            key = f"{source_module}.{suffix}"
-            if key in source:
-                tensor = source.pop(key)
-                converted[f"{target_module}.{suffix}"] = transform(tensor) if transform else tensor
+    def move(source_module: str, target_module: str, transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        _move_linear(source, converted, source_module, target_module, transform)
 
     def fuse(source_modules: tuple[str, ...], target_module: str) -> None:
         for suffix in ("weight", "bias"):
@@ -119,12 +131,8 @@ def original_to_diffusers_transformer(
     source = dict(state_dict)
     converted: dict[str, torch.Tensor] = {}
 
-    def move(source_module: str, target_module: str, transform: object = None) -> None:
-        for suffix in ("weight", "bias"):
-            key = f"{source_module}.{suffix}"
-            if key in source:
-                tensor = source.pop(key)
-                converted[f"{target_module}.{suffix}"] = transform(tensor) if transform else tensor
+    def move(source_module: str, target_module: str, transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        _move_linear(source, converted, source_module, target_module, transform)
 
     def split(source_module: str, sizes: list[int], target_modules: tuple[str, ...]) -> None:
         for suffix in ("weight", "bias"):

@@ -110,6 +110,17 @@ def _process_group_settings(uses_deepspeed: bool) -> Any:
     return InitProcessGroupKwargs(**arguments)
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def launched_world_size() -> int:
+    """How many processes the launcher started (torchrun's WORLD_SIZE; 1 when run directly)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 @contextlib.contextmanager
 def _without_transformers_zero3_init() -> Any:
     """transformers partitions every model it loads while accelerate's HfDeepSpeedConfig says ZeRO-3, which
@@ -144,6 +155,11 @@ class Trainer:
     def __init__(self, config: TrainerConfig, reporter: Any) -> None:
         self.config = config
         self.reporter = reporter
+        # Rendered during training (validation_steps); the final validation adds its own and writes the index.
+        self.validation_records: list[dict[str, Any]] = []
+        self.validation_artifacts: list[Any] = []
+        self.nvme_paths: list[Path] = []
+        self.nvme_swap_peak_bytes: dict[str, int] = {}
 
     # ---------------------------------------------------------------- setup
 
@@ -161,8 +177,12 @@ class Trainer:
             accelerator_arguments: dict[str, Any] = {"kwargs_handlers": [_process_group_settings(uses_deepspeed)]}
             if not uses_deepspeed:
                 accelerator_arguments["gradient_accumulation_steps"] = config.gradient_accumulation_steps
+                # Several plain processes on a machine without GPUs (torchrun started them: accelerate's own
+                # MULTI_CPU launch needs mpirun): without `cpu`, accelerate would not make them data parallel.
+                accelerator_arguments["cpu"] = launched_world_size() > 1 and not _cuda_available()
             accelerator = Accelerator(**accelerator_arguments)
             self.accelerator = accelerator
+            self._check_process_group()
             self.reporter.enabled = accelerator.is_main_process
             self.deepspeed_config = self._deepspeed_config()
             self._fill_deepspeed_auto_values()
@@ -219,6 +239,8 @@ class Trainer:
             metrics["peak_gpu_bytes"] = gpu_peak
         if self.start_step:
             metrics["resumed_from_step"] = self.start_step
+        if self.nvme_swap_peak_bytes:
+            metrics["nvme_swap_peak_bytes"] = self.nvme_swap_peak_bytes
         if accelerator.is_main_process:
             from fluxbooth.train.export import write_json
 
@@ -299,6 +321,20 @@ class Trainer:
         # accelerate read the accumulation steps before they were filled.
         self.accelerator.gradient_accumulation_steps = config.gradient_accumulation_steps
 
+    def _check_process_group(self) -> None:
+        """Every process must know the others: otherwise each believes it is rank 0 and trains alone on the
+        same data, and all of them write the same files."""
+        from accelerate.utils import DistributedType
+
+        world = launched_world_size()
+        accelerator = self.accelerator
+        if world > 1 and (accelerator.num_processes != world or accelerator.distributed_type == DistributedType.NO):
+            raise TrainerFailure(
+                "invalid_config",
+                f"the launcher started {world} processes but accelerate formed {accelerator.distributed_type.value} "
+                f"with {accelerator.num_processes}; check the accelerate config's distributed_type and use_cpu",
+            )
+
     def _check_batch_sizes(self) -> None:
         """The DeepSpeed JSON and train.json must agree; a silent mismatch changes what is trained."""
         if self.deepspeed_config is None:
@@ -338,20 +374,48 @@ class Trainer:
                 f"NVMe offload needs ZeRO stage 3; at stage {self.zero_stage} DeepSpeed silently keeps the optimizer "
                 "in CPU RAM instead. Use zero_stage 3, or offload 'cpu'",
             )
+        param_offload = (self.deepspeed_config or {}).get("zero_optimization", {}).get("offload_param") or {}
+        if self.config.training_type == "lora" and self.config.gradient_checkpointing and param_offload.get("device") == "nvme":
+            raise TrainerFailure(
+                "invalid_config",
+                "LoRA with the frozen base offloaded to NVMe fails under gradient checkpointing in DeepSpeed 0.19: the "
+                "recomputed forward re-gathers frozen parameters whose swap buffers are never returned ('Not enough "
+                "buffers 0 for swapping 1', DeepSpeed issue #3062). Use offload_param 'cpu', or turn "
+                "gradient_checkpointing off",
+            )
         from deepspeed.accelerator import get_accelerator
 
         builder = get_accelerator().create_op_builder("AsyncIOBuilder")
         if builder is None or not builder.is_compatible(verbose=False):
             raise TrainerFailure(
                 "missing_libaio",
-                "NVMe offload needs DeepSpeed's async_io op, which cannot be built here: libaio is missing. "
-                "Install it in the image (apt-get install libaio-dev) or use offload 'cpu'",
+                "NVMe offload needs DeepSpeed's async_io op, which cannot be built here: it needs libaio's headers "
+                "and library and a C compiler. Install them in the image (apt-get install libaio-dev build-essential) "
+                "or use offload 'cpu'",
             )
         if self.accelerator.is_local_main_process:
             for path in paths:
                 shutil.rmtree(path, ignore_errors=True)
                 path.mkdir(parents=True, exist_ok=True)
+        self.nvme_paths = paths
         self.accelerator.wait_for_everyone()
+
+    def _measure_nvme_swap(self) -> None:
+        """Record how many bytes DeepSpeed keeps in its swap files (this machine's ranks), per kind.
+
+        The proof that NVMe offload really swaps: DeepSpeed deletes the files when the engine goes away, and
+        keeps parameters below `stage3_param_persistence_threshold` elements in memory instead."""
+        if not self.nvme_paths or not self.accelerator.is_local_main_process:
+            return
+        for kind, pattern in (("optimizer", "zero_stage_3/optimizer"), ("params", "zero_stage_3/*params")):
+            swapped = sum(
+                file.stat().st_size
+                for path in self.nvme_paths
+                for folder in path.glob(pattern)
+                for file in folder.rglob("*.swp")
+                if file.is_file()
+            )
+            self.nvme_swap_peak_bytes[kind] = max(self.nvme_swap_peak_bytes.get(kind, 0), swapped)
 
     def _precision(self) -> Precision:
         import torch
@@ -404,6 +468,7 @@ class Trainer:
             cache_path,
             encode_image_set,
             load_encoded,
+            load_encoded_prompts,
             load_vae,
             save_encoded,
         )
@@ -431,7 +496,10 @@ class Trainer:
             )
             for name, images in sets
         }
+        validation_path = self._validation_prompts_path() if self._validates_during_training() else None
         # One process per machine encodes (the cache folder is per machine); the others wait and read.
+        if accelerator.is_local_main_process and validation_path is not None and not validation_path.is_file():
+            self._encode_validation_prompts(validation_path)
         if accelerator.is_local_main_process and not all(path.is_file() for path in paths.values()):
             vae = load_vae(config.base_model, self._plain_loading())
             self.release_tracker.track("vae", vae)
@@ -456,6 +524,7 @@ class Trainer:
                 del vae
         accelerator.wait_for_everyone()
         loaded = {name: load_encoded(path) for name, path in paths.items()}
+        self.validation_embeddings = None if validation_path is None else load_encoded_prompts(validation_path)
         self.reporter.emit(
             "stage",
             stage="cache",
@@ -464,6 +533,38 @@ class Trainer:
             status="ready",
         )
         return loaded["instance"], loaded.get("class")
+
+    def _validates_during_training(self) -> bool:
+        config = self.config
+        return bool(config.validation_prompts and config.validation_steps and config.validation_steps < config.steps)
+
+    def _validation_prompts_path(self) -> Path:
+        from fluxbooth.train.cache import cache_path, prompts_fingerprint
+
+        text_dtype_name = str(self.precision.text_dtype).removeprefix("torch.")
+        config = self.config
+        fingerprint = prompts_fingerprint(config.base_model, config.validation_prompts, config.max_sequence_length, text_dtype_name)
+        return cache_path(Path(config.cache_dir), "validation", fingerprint)
+
+    def _encode_validation_prompts(self, path: Path) -> None:
+        """The validation prompts' embeddings, so renders during training need no text encoders (they are
+        released before the transformer loads and would cost gigabytes beside the engine)."""
+        import torch
+
+        from fluxbooth.train.cache import EncodedPrompts, encode_prompts, save_encoded_prompts
+
+        config = self.config
+        prompts = list(config.validation_prompts)
+        prompt_embeds, pooled_prompt_embeds = encode_prompts(
+            config.base_model,
+            prompts,
+            device=torch.device("cpu") if config.encoders_on_cpu else self.accelerator.device,
+            dtype=self.precision.text_dtype,
+            max_sequence_length=config.max_sequence_length,
+            loading_context=self._plain_loading(),
+            tracker=self.release_tracker,
+        )
+        save_encoded_prompts(EncodedPrompts(prompts, prompt_embeds, pooled_prompt_embeds), path)
 
     def _class_images(self) -> list[Any]:
         """Supplied class images (class_dir), topped up with images generated by the base pipeline."""
@@ -582,20 +683,27 @@ class Trainer:
         from fluxbooth.train.cache import vae_normalisation
         from fluxbooth.train.flow import SigmaSampler
         from fluxbooth.train.model import trainable_parameters
-        from fluxbooth.train.optim import build_optimizer, build_scheduler, optimizer_class_name
+        from fluxbooth.train.optim import (
+            build_optimizer,
+            build_scheduler,
+            innermost_optimizer,
+            optimizer_class_name,
+            schedule_stepped_by_deepspeed,
+        )
 
         config = self.config
         accelerator = self.accelerator
         parameters = trainable_parameters(transformer)
         optimizer = build_optimizer(self.optimizer_name, parameters, config, self.deepspeed_config)
-        scheduler = build_scheduler(optimizer, config, self.deepspeed_config, accelerator.num_processes)
-        if self.deepspeed_config is not None:
+        self.scheduler_stepped_by_engine = schedule_stepped_by_deepspeed(optimizer, self.deepspeed_config)
+        if self.scheduler_stepped_by_engine:
+            scheduler = build_scheduler(optimizer, config, self.deepspeed_config, accelerator.num_processes)
             transformer, optimizer, scheduler = accelerator.prepare(transformer, optimizer, scheduler)
-            self.scheduler_stepped_by_engine = True
         else:
-            # Stepped by hand once per optimizer step: accelerate's wrapper would step it once per process.
+            # Stepped by hand once per optimizer step: accelerate's wrapper would step it once per process. Built on
+            # the optimizer that really steps (accelerate swaps an offloaded torch AdamW for DeepSpeedCPUAdam).
             transformer, optimizer = accelerator.prepare(transformer, optimizer)
-            self.scheduler_stepped_by_engine = False
+            scheduler = build_scheduler(innermost_optimizer(optimizer), config, self.deepspeed_config, accelerator.num_processes)
         self.engine, self.optimizer, self.scheduler = transformer, optimizer, scheduler
         real_optimizer_name = optimizer_class_name(optimizer)
         self.start_step = self._maybe_resume()
@@ -649,6 +757,7 @@ class Trainer:
                 if self.ema is not None:
                     self.ema.update(accelerator.unwrap_model(transformer))
                 final_loss = step_loss
+                self._measure_nvme_swap()
                 self.reporter.step(
                     step=step + 1,
                     total=config.steps,
@@ -658,6 +767,9 @@ class Trainer:
                 )
                 if config.checkpointing_steps and (step + 1) % config.checkpointing_steps == 0 and step + 1 < config.steps:
                     self._save_checkpoint(step + 1)
+                # The last step is left to the final validation, which renders the same weights once exported.
+                if self.validation_embeddings is not None and (step + 1) % config.validation_steps == 0 and step + 1 < config.steps:
+                    self._render_validation_during_training(transformer, step + 1)
         self.fixed_noise_loss["end"] = self._fixed_noise_loss(transformer, instance_set, normalisation)
         return final_loss, real_optimizer_name
 
@@ -976,7 +1088,7 @@ class Trainer:
         import torch
         from diffusers import FluxPipeline, FluxTransformer2DModel
 
-        from fluxbooth.train.export import Artifact, write_json
+        from fluxbooth.train.export import Artifact
 
         config = self.config
         device = self.accelerator.device
@@ -994,9 +1106,9 @@ class Trainer:
         folder = output_dir / "validation"
         folder.mkdir(parents=True, exist_ok=True)
         width, height = config.resolution
-        records, artifacts = [], []
+        artifacts = list(self.validation_artifacts)
         for index, prompt in enumerate(config.validation_prompts):
-            seed = _seed_for(config.seed, "validation", index) % (2**32)
+            seed = self._validation_seed(index)
             image = pipeline(
                 prompt=prompt,
                 width=width,
@@ -1008,10 +1120,111 @@ class Trainer:
             ).images[0]
             name = f"validation_{index:02d}.png"
             image.save(folder / name)
-            records.append({"file": name, "prompt": prompt, "seed": seed, "steps": config.validation_inference_steps})
+            self.validation_records.append(self._validation_record(name, prompt, seed, config.steps))
             artifacts.append(Artifact(name=f"validation_{index:02d}", path=f"validation/{name}", kind="validation_image"))
-        write_json(folder / "validation.json", {"images": records, "guidance_scale": config.validation_guidance_scale})
+        self._write_validation_index()
         artifacts.append(Artifact(name="validation_index", path="validation/validation.json", kind="validation_index"))
         del pipeline
         gc.collect()
         return artifacts
+
+    def _validation_seed(self, index: int) -> int:
+        """The same per prompt at every step and at the end, so the images of a run compare."""
+        return _seed_for(self.config.seed, "validation", index) % (2**32)
+
+    def _validation_record(self, file: str, prompt: str, seed: int, training_step: int) -> dict[str, Any]:
+        """`file` is relative to validation/; `steps` counts inference steps, `training_step` optimizer steps."""
+        return {
+            "file": file,
+            "prompt": prompt,
+            "seed": seed,
+            "steps": self.config.validation_inference_steps,
+            "training_step": training_step,
+        }
+
+    def _write_validation_index(self) -> None:
+        from fluxbooth.train.export import write_json
+
+        write_json(
+            Path(self.config.output_dir) / "validation" / "validation.json",
+            {"images": self.validation_records, "guidance_scale": self.config.validation_guidance_scale},
+        )
+
+    def _render_validation_during_training(self, engine: Any, step: int) -> None:
+        """*Collective under ZeRO-3*, where every rank holds a slice of each layer and the forward gathers
+        them together; below it only the main process renders. The validation prompts, from their cached
+        embeddings (no text encoders), through the weights being trained, with the seeds of the final
+        validation; written to validation/step-NNNNNN/."""
+        import torch
+        from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
+
+        from fluxbooth.train.cache import decoding_device, load_vae
+        from fluxbooth.train.export import Artifact
+
+        class PipelineOnDevice(FluxPipeline):
+            """The pipeline guesses where to compute from its modules' parameters; under ZeRO-3 those are empty
+            partitions that may sit on the CPU (offload) while the forward gathers them on the accelerator."""
+
+            @property
+            def _execution_device(self) -> torch.device:
+                return device
+
+        accelerator, config = self.accelerator, self.config
+        device = accelerator.device
+        is_main = accelerator.is_main_process
+        with self.clock.stage("validate", step=step, prompts=len(config.validation_prompts)):
+            if is_main or self.zero_stage == 3:
+                dtype = self.precision.input_dtype
+                # Loaded for each render, not kept: training steps never share memory with it.
+                vae = load_vae(config.base_model, self._plain_loading(), dtype=dtype)
+                if is_main:
+                    preferred = torch.device("cpu") if config.encoders_on_cpu else device
+                    vae.to(decoding_device(preferred, vae, config.resolution))
+                pipeline = PipelineOnDevice(
+                    scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(config.base_model, subfolder="scheduler"),
+                    vae=vae,
+                    text_encoder=None,
+                    tokenizer=None,
+                    text_encoder_2=None,
+                    tokenizer_2=None,
+                    transformer=accelerator.unwrap_model(engine),
+                )
+                pipeline.set_progress_bar_config(disable=True)
+                folder = Path(config.output_dir) / "validation" / f"step-{step:06d}"
+                folder.mkdir(parents=True, exist_ok=True)
+                width, height = config.resolution
+                embeddings = self.validation_embeddings
+                engine.eval()
+                try:
+                    for index, prompt in enumerate(config.validation_prompts):
+                        seed = self._validation_seed(index)
+                        rendered = pipeline(
+                            prompt_embeds=embeddings.prompt_embeds[index : index + 1].to(device=device, dtype=dtype),
+                            pooled_prompt_embeds=embeddings.pooled_prompt_embeds[index : index + 1].to(device=device, dtype=dtype),
+                            width=width,
+                            height=height,
+                            num_inference_steps=config.validation_inference_steps,
+                            guidance_scale=config.validation_guidance_scale,
+                            generator=torch.Generator("cpu").manual_seed(seed),
+                            # The other ranks only lend their slices to the forward.
+                            output_type="pil" if is_main else "latent",
+                        ).images[0]
+                        if is_main:
+                            name = f"validation_{index:02d}.png"
+                            rendered.save(folder / name)
+                            file = f"{folder.name}/{name}"
+                            self.validation_records.append(self._validation_record(file, prompt, seed, step))
+                            self.validation_artifacts.append(
+                                Artifact(name=f"validation_step{step:06d}_{index:02d}", path=f"validation/{file}", kind="validation_image")
+                            )
+                finally:
+                    engine.train()
+                    # As after the fixed-noise loss: a forward without backward leaves ZeRO-3's prefetched
+                    # parameters gathered, which the next training step would trip over.
+                    if hasattr(engine, "empty_partition_cache"):
+                        engine.empty_partition_cache()
+                    del pipeline, vae
+                    self._free_memory()
+                if is_main:
+                    self._write_validation_index()
+            accelerator.wait_for_everyone()

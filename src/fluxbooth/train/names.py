@@ -21,6 +21,18 @@ DEEPSPEED_OPTIMIZER_PARAMS = {
     "Adagrad": ("lr", "eps", "weight_decay"),
     "Lion": ("lr", "betas", "weight_decay"),
 }
+# Each optimizer's hyperparameters besides the learning rate: one table for the DeepSpeed JSON blocks
+# (configs.py, each type keeping only the keys it accepts) and the torch optimizers (train/optim.py), so a
+# name means the same update with or without DeepSpeed. torch's Adam and Adagrad default to no weight decay,
+# Adagrad to eps 1e-10; Lion uses its paper's betas (DeepSpeed's default second beta, 0.999, is Adam's).
+OPTIMIZER_HYPERPARAMETERS: dict[str, dict[str, object]] = {
+    "adamw": {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01},
+    "adam": {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0},
+    "adagrad": {"eps": 1e-10, "weight_decay": 0.0},
+    "lion": {"betas": (0.9, 0.99), "weight_decay": 0.01},
+    "sgd": {"momentum": 0.9},
+    "adafactor": {"relative_step": False, "scale_parameter": False, "warmup_init": False},
+}
 # Optimizers that exist only as DeepSpeed implementations (no torch class): they need the JSON block.
 DEEPSPEED_ONLY_OPTIMIZERS = ("lion",)
 

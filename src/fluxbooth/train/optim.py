@@ -1,4 +1,9 @@
-"""Optimizer and learning-rate schedule: DeepSpeed's own when its JSON defines them, torch's otherwise."""
+"""Optimizer and learning-rate schedule.
+
+The optimizer is DeepSpeed's when its JSON has an `optimizer` block (adamw/adam/adagrad/lion), torch's
+otherwise (adafactor/sgd, or any name without DeepSpeed). The schedule is the trainer's own LambdaLR
+(`learning_rate_factor`) unless a hand-written DeepSpeed JSON brings a `scheduler` block: DeepSpeed builds
+and steps it next to its own optimizer; next to a torch optimizer the trainer steps it."""
 
 from __future__ import annotations
 
@@ -12,15 +17,13 @@ from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.names import (
     DEEPSPEED_ONLY_OPTIMIZERS,
     DEEPSPEED_OPTIMIZER_TYPES,
+    OPTIMIZER_HYPERPARAMETERS,
     SUPPORTED_LR_SCHEDULERS,
     SUPPORTED_OPTIMIZERS,
     normalise_optimizer_name,
 )
 from fluxbooth.trainer_config import TrainerConfig
 
-ADAM_BETAS = (0.9, 0.999)
-ADAM_EPS = 1e-8
-WEIGHT_DECAY = 0.01
 
 
 def validated_optimizer_name(config: TrainerConfig, deepspeed_config: dict[str, Any] | None) -> str:
@@ -36,6 +39,15 @@ def validated_optimizer_name(config: TrainerConfig, deepspeed_config: dict[str, 
             f"optimizer {name!r} exists only inside DeepSpeed: run with DeepSpeed and an optimizer block of type "
             f"{DEEPSPEED_OPTIMIZER_TYPES[name]!r}, or choose one of {[n for n in SUPPORTED_OPTIMIZERS if n not in DEEPSPEED_ONLY_OPTIMIZERS]}",
         )
+    if block is None and name not in DEEPSPEED_OPTIMIZER_TYPES and _offloads_optimizer(deepspeed_config):
+        if (deepspeed_config or {}).get("zero_force_ds_cpu_optimizer", True) is not False:
+            # accelerate would replace the torch optimizer by DeepSpeedCPUAdam without a word.
+            raise TrainerFailure(
+                "invalid_config",
+                f"optimizer {name!r} is a torch optimizer and the DeepSpeed JSON offloads the optimizer without "
+                '"zero_force_ds_cpu_optimizer": false, so it would be swapped for DeepSpeedCPUAdam; add that '
+                f"setting to run {name!r} on the CPU, or choose one of {sorted(DEEPSPEED_OPTIMIZER_TYPES)}",
+            )
     if block is not None:
         declared = str(block.get("type", ""))
         if DEEPSPEED_OPTIMIZER_TYPES.get(name, "").lower() != declared.lower():
@@ -53,6 +65,11 @@ def validated_optimizer_name(config: TrainerConfig, deepspeed_config: dict[str, 
     return name
 
 
+def _offloads_optimizer(deepspeed_config: dict[str, Any] | None) -> bool:
+    zero = (deepspeed_config or {}).get("zero_optimization", {})
+    return str(zero.get("offload_optimizer", {}).get("device", "none")) != "none"
+
+
 def build_optimizer(
     name: str, parameters: Sequence[torch.nn.Parameter], config: TrainerConfig, deepspeed_config: dict[str, Any] | None
 ) -> Any:
@@ -61,20 +78,19 @@ def build_optimizer(
     if deepspeed_config is not None and "optimizer" in deepspeed_config:
         from accelerate.utils import DummyOptim
 
-        weight_decay = deepspeed_config["optimizer"].get("params", {}).get("weight_decay", WEIGHT_DECAY)
+        default_decay = OPTIMIZER_HYPERPARAMETERS["adamw"]["weight_decay"]
+        weight_decay = deepspeed_config["optimizer"].get("params", {}).get("weight_decay", default_decay)
         return DummyOptim(list(parameters), lr=config.learning_rate, weight_decay=weight_decay)
-    if name == "adamw":
-        return torch.optim.AdamW(parameters, lr=config.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY)
-    if name == "adam":
-        return torch.optim.Adam(parameters, lr=config.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS)
-    if name == "adagrad":
-        return torch.optim.Adagrad(parameters, lr=config.learning_rate)
-    if name == "sgd":
-        return torch.optim.SGD(parameters, lr=config.learning_rate, momentum=0.9)
+    hyperparameters: dict[str, Any] = dict(OPTIMIZER_HYPERPARAMETERS.get(name, {}))
+    torch_classes: dict[str, Any] = {
+        "adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD,
+    }
+    if name in torch_classes:
+        return torch_classes[name](parameters, lr=config.learning_rate, **hyperparameters)
     if name == "adafactor":
         from transformers.optimization import Adafactor
 
-        return Adafactor(parameters, lr=config.learning_rate, relative_step=False, scale_parameter=False, warmup_init=False)
+        return Adafactor(parameters, lr=config.learning_rate, **hyperparameters)
     raise TrainerFailure("invalid_config", f"optimizer {name!r} is not supported; use one of {list(SUPPORTED_OPTIMIZERS)}")
 
 
@@ -94,8 +110,21 @@ def learning_rate_factor(config: TrainerConfig) -> Callable[[int], float]:
     return factor
 
 
+def schedule_stepped_by_deepspeed(optimizer: Any, deepspeed_config: dict[str, Any] | None) -> bool:
+    """Whether DeepSpeed builds and steps the schedule (on accumulation boundaries, saved in its checkpoints).
+
+    It does for a `scheduler` block and next to its own optimizer (DummyOptim). Next to a torch optimizer
+    accelerate hands DeepSpeed only DeepSpeed's schedule classes, so the trainer steps its LambdaLR itself."""
+    from accelerate.utils import DummyOptim
+
+    if deepspeed_config is None:
+        return False
+    return "scheduler" in deepspeed_config or isinstance(optimizer, DummyOptim)
+
+
 def build_scheduler(optimizer: Any, config: TrainerConfig, deepspeed_config: dict[str, Any] | None, num_processes: int) -> Any:
-    """The schedule object to hand to `accelerator.prepare` (DeepSpeed) or to step by hand (no DeepSpeed)."""
+    """The schedule object to hand to `accelerator.prepare` when `schedule_stepped_by_deepspeed`, else a
+    LambdaLR to step by hand: build that one on `innermost_optimizer` of the prepared optimizer."""
     from accelerate.utils import DummyOptim, DummyScheduler
 
     if deepspeed_config is not None and "scheduler" in deepspeed_config:
@@ -112,11 +141,12 @@ def build_scheduler(optimizer: Any, config: TrainerConfig, deepspeed_config: dic
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def optimizer_class_name(optimizer: Any) -> str:
-    """The class of the optimizer that really steps, unwrapped from accelerate's and DeepSpeed's wrappers.
+def innermost_optimizer(optimizer: Any) -> Any:
+    """The optimizer that really steps, unwrapped from accelerate's and DeepSpeed's wrappers.
 
     ZeRO-1/2 wrap it in DeepSpeedZeroOptimizer, ZeRO-3 in DeepSpeedZeroOptimizer_Stage3, fp16 in a loss
     scaler, accelerate in AcceleratedOptimizer/DeepSpeedOptimizerWrapper; the innermost `.optimizer` is it.
+    The wrappers share its `param_groups`, so a schedule on it sets the rate they step with.
     """
     current = optimizer
     for _ in range(8):
@@ -124,4 +154,8 @@ def optimizer_class_name(optimizer: Any) -> str:
         if inner is None or inner is current:
             break
         current = inner
-    return type(current).__name__
+    return current
+
+
+def optimizer_class_name(optimizer: Any) -> str:
+    return type(innermost_optimizer(optimizer)).__name__

@@ -1,0 +1,60 @@
+"""NVMe offload through the worker: the job trains under ZeRO-3 with the optimizer and parameters offloaded
+to FLUXBOOTH_NVME_PATH, in a swap folder of its own that is gone afterwards, and swap folders that killed
+jobs left behind are cleared first. (That DeepSpeed really swaps is shown in tests/test_trainer.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fluxbooth.job import run_job
+from fluxbooth.settings import WorkerSettings
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def nvme_job(libaio: None, tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, torch_extensions_dir: Path) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("nvme-worker")
+    nvme_root = root / "nvme"
+    (nvme_root / "fluxbooth-swap-killed-job" / "zero_stage_3" / "optimizer" / "rank0").mkdir(parents=True)
+    (nvme_root / "someone-elses-folder").mkdir()
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(Path.home()),
+        "FLUXBOOTH_WORK_DIR": str(root / "work"),
+        "FLUXBOOTH_OUTPUT_DIR": str(root / "outputs"),
+        "FLUXBOOTH_CACHE_DIR": str(model_cache_dir),
+        "FLUXBOOTH_VOLUME_DIR": str(root / "no-volume"),
+        "FLUXBOOTH_NVME_PATH": str(nvme_root),
+        "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir),
+        "HF_HUB_OFFLINE": "1",
+    }
+    job_input = dict(json.loads((REPO_ROOT / "test_input.json").read_text())["input"], steps=2, zero_stage=3, offload="nvme")
+    result = asyncio.run(run_job(job_input, job_id="nvme-1", settings=WorkerSettings.from_environ(env)))
+    assert "error" not in result, result
+    return {"result": result, "nvme_root": nvme_root}
+
+
+def test_the_job_offloads_the_optimizer_to_nvme_under_zero3(nvme_job: dict[str, Any]) -> None:
+    plan, metrics = nvme_job["result"]["plan"], nvme_job["result"]["metrics"]
+    assert (plan["zero_stage"], plan["offload_optimizer"]) == (3, "nvme")
+    assert (metrics["zero_stage"], metrics["offload_optimizer"]) == (3, "nvme")
+
+
+def test_the_job_swaps_in_a_folder_of_its_own(nvme_job: dict[str, Any]) -> None:
+    assert nvme_job["result"]["plan"]["nvme_path"] == str(nvme_job["nvme_root"] / "fluxbooth-swap-nvme-1")
+
+
+def test_the_jobs_swap_folder_is_removed_afterwards(nvme_job: dict[str, Any]) -> None:
+    assert not (nvme_job["nvme_root"] / "fluxbooth-swap-nvme-1").exists()
+
+
+def test_a_swap_folder_left_by_a_killed_job_is_removed_and_other_folders_are_kept(nvme_job: dict[str, Any]) -> None:
+    assert sorted(path.name for path in nvme_job["nvme_root"].iterdir()) == ["someone-elses-folder"]
