@@ -32,6 +32,7 @@ from fluxbooth.plan import (
     choose_plan,
     estimate_memory,
     evaluate_candidates,
+    optimizer_for,
     strategies_for,
 )
 from fluxbooth.trainer_config import LoraSettings
@@ -285,6 +286,29 @@ def test_nvme_offload_without_an_offload_path_is_refused() -> None:
         choose_plan(FakeRequest(offload="nvme"), gpu_machine(80, 256), model_size(FLUX_DEV_NAME))
     assert caught.value.code is ErrorCode.DOES_NOT_FIT
     assert "FLUXBOOTH_NVME_PATH" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "offload", "expected"),
+    [
+        ("adamw", "cpu", "DeepSpeedCPUAdam"),
+        ("Adagrad", "cpu", "DeepSpeedCPUAdagrad"),
+        ("lion", "nvme", "DeepSpeedCPULion"),
+        ("sgd", "cpu", "SGD"),
+        ("adamw", "none", "FusedAdam"),
+    ],
+)
+def test_the_plan_names_the_optimizer_class_that_will_step(optimizer: str, offload: str, expected: str) -> None:
+    strategy = Strategy("full", True, 3, offload, "none")  # type: ignore[arg-type]
+    assert optimizer_for(strategy, optimizer) == expected
+
+
+def test_optimizers_with_less_state_than_adam_are_predicted_to_need_less_host_memory() -> None:
+    machine = gpu_machine(80, 512)
+    adam = choose_plan(FakeRequest(zero_stage=2, offload="cpu"), machine, model_size(FLUX_DEV_NAME))
+    sgd = choose_plan(FakeRequest(zero_stage=2, offload="cpu", optimizer="sgd"), machine, model_size(FLUX_DEV_NAME))
+    # One fp32 state buffer fewer per trainable parameter: 4 bytes x 11.9 B parameters.
+    assert adam.predicted_host_bytes - sgd.predicted_host_bytes == 4 * 11_901_408_320
 
 
 def test_only_full_fine_tunes_consider_parameters_on_nvme() -> None:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import GIB, Hardware, format_bytes
 from fluxbooth.modelsize import ModelSize, model_size
+from fluxbooth.train.names import normalise_optimizer_name
 
 __all__ = ["Candidate", "JobShape", "Plan", "Strategy", "choose_plan", "evaluate_candidates", "model_size", "plan_for_strategy"]
 
@@ -380,27 +381,52 @@ def trainable_params(model: ModelSize, training_type: str, lora_rank: int, targe
     return model.transformer_params
 
 
+# fp32 optimizer state per trainable parameter, besides the master weights: Adam's m and v; one buffer for
+# Adagrad's sum, Lion's and SGD's momentum; Adafactor keeps a full second moment on ZeRO's flat partitions.
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "adagrad": 4, "lion": 4, "sgd": 4, "adafactor": 4}
+
+# The class that steps each optimizer when DeepSpeed offloads it to the CPU (or NVMe).
+OFFLOADED_OPTIMIZER_CLASSES = {
+    "adamw": "DeepSpeedCPUAdam", "adam": "DeepSpeedCPUAdam", "adagrad": "DeepSpeedCPUAdagrad",
+    "lion": "DeepSpeedCPULion", "sgd": "SGD", "adafactor": "Adafactor",
+}
+# Not offloaded: DeepSpeed builds its fused GPU kernels for its own types; torch's classes otherwise.
+DEEPSPEED_GPU_OPTIMIZER_CLASSES = {"adamw": "FusedAdam", "adam": "FusedAdam", "lion": "FusedLion"}
+TORCH_OPTIMIZER_CLASSES = {"adamw": "AdamW", "adam": "Adam", "adagrad": "Adagrad", "sgd": "SGD", "adafactor": "Adafactor"}
+
+
+def optimizer_state_bytes(optimizer: str) -> int:
+    return OPTIMIZER_STATE_BYTES.get(normalise_optimizer_name(optimizer), 8)
+
+
 def model_state_bytes(
-    strategy: Strategy, model: ModelSize, trainable: int, processes: int, width: int, on_cuda: bool = True
+    strategy: Strategy,
+    model: ModelSize,
+    trainable: int,
+    processes: int,
+    width: int,
+    on_cuda: bool = True,
+    state: int = 8,
 ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """(device, host, disk) terms of the model states. DeepSpeed's estimators
     (`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`) without
     their 1.5x buffer factor — margins are applied once, in `fits` — extended to frozen weights
-    (LoRA's base) and to NVMe. Device terms are per GPU, host and disk terms for the node."""
+    (LoRA's base) and to NVMe. Device terms are per GPU, host and disk terms for the node. `state`: the
+    optimizer's fp32 state bytes per trainable parameter (8 for Adam, as DeepSpeed's estimators assume)."""
     frozen = model.transformer_params if strategy.training_type == "lora" else 0
     n = processes
     # fp32 master weights exist only when training in 16 bits.
     master = 4 if width == 2 else 0
-    # Per trainable parameter: 16-bit grads, fp32 grads, fp32 master, Adam m and v (DeepSpeed's 18).
-    partitioned_state = width + 4 + master + 8 if width == 2 else 4 + 8
-    offloaded_state = 4 + master + 8 if width == 2 else 4 + 8  # fp32 grads, master, m, v on the host
+    # Per trainable parameter: 16-bit grads, fp32 grads, fp32 master, optimizer state (Adam: DeepSpeed's 18).
+    partitioned_state = width + 4 + master + state if width == 2 else 4 + state
+    offloaded_state = 4 + master + state if width == 2 else 4 + state  # fp32 grads, master, state on the host
     device: dict[str, int] = {}
     host: dict[str, int] = {}
     disk: dict[str, int] = {}
     if not strategy.use_deepspeed:
         # Plain accelerate: fp32 trainable weights under autocast, fp32 grads, Adam; frozen in
         # the compute dtype.
-        device["trainable_weights_grads_optimizer"] = trainable * 16
+        device["trainable_weights_grads_optimizer"] = trainable * (8 + state)
         device["frozen_weights"] = frozen * width
         return device, host, disk
     stage = strategy.zero_stage
@@ -444,9 +470,9 @@ def model_state_bytes(
     else:
         # ZeRO-Infinity swaps the fp32 master and Adam states; fp32 gradients stay in host RAM.
         host["gradients_fp32"] = trainable * 4
-        disk["optimizer_states_swapped"] = trainable * (master + 8)
-        # One sub-group (configs.py: sub_group_size 1e9) of fp32 master, m and v is swapped in at a time.
-        host["optimizer_swap_buffers"] = min(trainable, ZERO3_SUB_GROUP_ELEMENTS) * 12
+        disk["optimizer_states_swapped"] = trainable * (master + state)
+        # One sub-group (configs.py: sub_group_size 1e9) of fp32 master and state is swapped in at a time.
+        host["optimizer_swap_buffers"] = min(trainable, ZERO3_SUB_GROUP_ELEMENTS) * (4 + state)
     return device, host, disk
 
 
@@ -462,7 +488,8 @@ def estimate_memory(
     on_cpu = hardware.accelerator == "cpu"
     processes = 1 if on_cpu else max(1, hardware.gpu_count)
     trainable = trainable_params(model, strategy.training_type, job.lora_rank, job.lora_targets)
-    device, host, disk = model_state_bytes(strategy, model, trainable, processes, width, on_cuda=not on_cpu)
+    state = optimizer_state_bytes(job.optimizer)
+    device, host, disk = model_state_bytes(strategy, model, trainable, processes, width, on_cuda=not on_cpu, state=state)
     device.update(activation_bytes(model, job, mixed_precision))
 
     fixed_host = {
@@ -529,8 +556,8 @@ def estimate_memory(
     # Disk in the job directory: exported weights and one checkpoint at a time.
     disk_work = exported + images * per_image
     if job.checkpointing_steps:
-        # One resumable checkpoint at a time: 16-bit weights, fp32 master and Adam states of what trains.
-        disk_work += trainable * (width + 4 + 8)
+        # One resumable checkpoint at a time: 16-bit weights, fp32 master and optimizer state of what trains.
+        disk_work += trainable * (width + 4 + state)
     nvme = sum(disk.values())
     breakdown = {**{f"gpu.{k}": v for k, v in device.items()}, **{f"host.{k}": v for k, v in host.items()}}
     breakdown.update({f"host.{k}": v for k, v in fixed_host.items()})
@@ -796,9 +823,14 @@ def _deadline_check(candidate: Candidate, job: JobShape, deadline_seconds: float
     return []
 
 
-def optimizer_for(strategy: Strategy) -> str:
-    # ZeRO-Offload needs DeepSpeed's CPU Adam kernel for the host-side update (also for NVMe).
-    return "DeepSpeedCPUAdam" if strategy.offload_optimizer != "none" else "AdamW"
+def optimizer_for(strategy: Strategy, optimizer: str = "adamw") -> str:
+    """The optimizer class that will step (what the trainer's metrics.optimizer reports)."""
+    name = normalise_optimizer_name(optimizer)
+    if strategy.offload_optimizer != "none":
+        return OFFLOADED_OPTIMIZER_CLASSES.get(name, name)
+    if strategy.use_deepspeed and name in DEEPSPEED_GPU_OPTIMIZER_CLASSES:
+        return DEEPSPEED_GPU_OPTIMIZER_CLASSES[name]
+    return TORCH_OPTIMIZER_CLASSES.get(name, name)
 
 
 def choose_plan(
@@ -867,7 +899,7 @@ def _plan_from(candidate: Candidate, job: JobShape, hardware: Hardware, precisio
         offload_param=strategy.offload_param,
         mixed_precision=precision,  # type: ignore[arg-type]
         gradient_checkpointing=job.gradient_checkpointing,
-        optimizer=optimizer_for(strategy),
+        optimizer=optimizer_for(strategy, job.optimizer),
         predicted_gpu_bytes=candidate.estimate.gpu_bytes,
         predicted_host_bytes=candidate.estimate.host_bytes,
         predicted_disk_bytes=candidate.estimate.disk_bytes,
