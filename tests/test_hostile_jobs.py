@@ -200,19 +200,23 @@ def test_too_little_disk_for_the_dataset_is_does_not_fit_before_extraction(
     assert files_left_under(tmp_path / "work") == []
 
 
+def fill_disk_once_written(monkeypatch: pytest.MonkeyPatch, work_root: Path, pattern: str, free_bytes: int) -> None:
+    """The disk reports `free_bytes` free as soon as a file matching `pattern` exists under `work_root`."""
+    real_disk_usage = shutil.disk_usage
+
+    def disk_usage(path: str | os.PathLike[str]) -> Any:
+        usage = real_disk_usage(path)
+        return usage._replace(free=free_bytes) if any(work_root.glob(pattern)) else usage
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+
+
 def test_disk_filled_by_the_dataset_is_does_not_fit_before_training(
     fake_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     work_root = tmp_path / "work"
-    real_disk_usage = shutil.disk_usage
     left_after_unpacking = 100_000
-
-    def disk_filled_by_the_dataset(path: str | os.PathLike[str]) -> Any:
-        unpacked = any(work_root.glob("job-*/data/instance/*.png"))
-        usage = real_disk_usage(path)
-        return usage._replace(free=left_after_unpacking) if unpacked else usage
-
-    monkeypatch.setattr(shutil, "disk_usage", disk_filled_by_the_dataset)
+    fill_disk_once_written(monkeypatch, work_root, "job-*/data/instance/*.png", left_after_unpacking)
     caplog.set_level(logging.INFO)
     result = run(fake_env, job_input())
 
@@ -234,15 +238,7 @@ def test_disk_filled_by_the_checkpoint_to_resume_from_is_does_not_fit_before_tra
     settings = WorkerSettings.from_environ(fake_env)
     stored = upload_checkpoint(open_checkpoint_store(settings, "sks-dog"), build_checkpoint(tmp_path / "made", 2), 2)
     work_root = tmp_path / "work"
-    real_disk_usage = shutil.disk_usage
-    left_after_downloading = 100_000
-
-    def disk_filled_by_the_checkpoint(path: str | os.PathLike[str]) -> Any:
-        downloaded = any(work_root.glob("job-*/checkpoints/checkpoint-2/pytorch_model/*.pt"))
-        usage = real_disk_usage(path)
-        return usage._replace(free=left_after_downloading) if downloaded else usage
-
-    monkeypatch.setattr(shutil, "disk_usage", disk_filled_by_the_checkpoint)
+    fill_disk_once_written(monkeypatch, work_root, "job-*/checkpoints/checkpoint-2/pytorch_model/*.pt", 100_000)
     caplog.set_level(logging.INFO)
     result = run(fake_env, job_input(resume_from=stored))
 

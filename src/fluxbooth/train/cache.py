@@ -214,11 +214,7 @@ def prompts_fingerprint(base_model: str, prompts: Sequence[str], max_sequence_le
 
 
 def save_encoded_prompts(encoded: EncodedPrompts, path: Path) -> None:
-    """Write atomically, like `save_encoded`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(encoded.to_dict(), staging)
-    os.replace(staging, path)
+    _save_atomically(encoded.to_dict(), path)
 
 
 def load_encoded_prompts(path: Path) -> EncodedPrompts:
@@ -288,10 +284,14 @@ def cache_path(cache_dir: Path, name: str, fingerprint: str) -> Path:
 
 
 def save_encoded(encoded: EncodedImages, path: Path) -> None:
-    """Write atomically: a reader on another rank sees the whole file or none."""
+    _save_atomically(encoded.to_dict(), path)
+
+
+def _save_atomically(tensors: dict[str, Any], path: Path) -> None:
+    """A reader on another rank sees the whole file or none."""
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(encoded.to_dict(), staging)
+    torch.save(tensors, staging)
     os.replace(staging, path)
 
 
