@@ -45,6 +45,14 @@ ZERO2_ALLGATHER_BUCKET_ELEMENTS = 200_000_000
 ZERO3_REDUCE_BUCKET_ELEMENTS = 50_000_000
 ZERO3_PREFETCH_BUCKET_ELEMENTS = 50_000_000
 ZERO3_SUB_GROUP_ELEMENTS = 1_000_000_000
+# DeepSpeed's NVMe defaults (configs.py leaves them): pinned host buffers for swapping parameters
+# (offload_param.buffer_count x buffer_size elements, 16-bit) and optimizer sub-groups
+# (offload_optimizer.buffer_count fp32 buffers of one sub-group each), and the 16-bit parameter elements
+# ZeRO-3 keeps in host RAM before the rest lives only on disk (offload_param.max_in_cpu).
+PARAM_SWAP_BUFFER_COUNT = 5
+PARAM_SWAP_BUFFER_ELEMENTS = 100_000_000
+OPTIMIZER_SWAP_BUFFER_COUNT = 4
+PARAMS_KEPT_IN_CPU_ELEMENTS = 1_000_000_000
 
 # ---- Fixed costs (see docs/memory.md, "Fixed costs"). ------------------------------------------
 # Proportional set size of the trainer process with torch, diffusers, transformers and accelerate
@@ -462,7 +470,8 @@ def model_state_bytes(
         host["weights_16bit_offloaded"] = weights_16bit
     else:
         disk["weights_16bit_swapped"] = weights_16bit
-        host["param_swap_buffers"] = 2 * ZERO3_PREFETCH_BUCKET_ELEMENTS * width
+        host["param_swap_buffers"] = PARAM_SWAP_BUFFER_COUNT * min(model.transformer_params, PARAM_SWAP_BUFFER_ELEMENTS) * width
+        host["weights_16bit_kept_in_cpu"] = min(trainable + frozen, PARAMS_KEPT_IN_CPU_ELEMENTS) * width
     if strategy.offload_optimizer == "none":
         device["optimizer_states_partition"] = trainable * (partitioned_state - width) // n
     elif strategy.offload_optimizer == "cpu":
@@ -471,8 +480,8 @@ def model_state_bytes(
         # ZeRO-Infinity swaps the fp32 master and Adam states; fp32 gradients stay in host RAM.
         host["gradients_fp32"] = trainable * 4
         disk["optimizer_states_swapped"] = trainable * (master + state)
-        # One sub-group (configs.py: sub_group_size 1e9) of fp32 master and state is swapped in at a time.
-        host["optimizer_swap_buffers"] = min(trainable, ZERO3_SUB_GROUP_ELEMENTS) * (4 + state)
+        # Pinned fp32 buffers of one sub-group each (configs.py: sub_group_size 1e9) for the master and state.
+        host["optimizer_swap_buffers"] = OPTIMIZER_SWAP_BUFFER_COUNT * min(trainable, ZERO3_SUB_GROUP_ELEMENTS) * 4
     return device, host, disk
 
 
