@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import random
 import shutil
 from pathlib import Path
@@ -21,11 +22,12 @@ from fluxbooth.checkpoints import (
     download_checkpoint,
     find_resume_checkpoint,
     latest_complete_checkpoint,
+    prune_checkpoints,
     upload_checkpoint,
 )
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.settings import WorkerSettings
-from fluxbooth.storage import open_checkpoint_store
+from fluxbooth.storage import LocalStore, ReadableStore, S3Store, open_checkpoint_store
 from tests.conftest import REPO_ROOT
 from tests.s3server import InjectedFault, RecordedRequest, S3FaultProxy
 
@@ -204,6 +206,177 @@ def test_uploader_refuses_a_reported_folder_outside_the_checkpoint_root(
 
     assert uploader.uploaded == [] and store.list_folders() == []
     assert "was not uploaded" in uploader.warnings[0]
+
+
+# --- pruning -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["s3", "local"])
+def checkpoint_store(request: pytest.FixtureRequest, tmp_path: Path) -> ReadableStore:
+    """The model's checkpoint store, in moto's bucket and in the local output directory."""
+    if request.param == "s3":
+        return open_checkpoint_store(s3_settings(request.getfixturevalue("s3_bucket_env"), tmp_path), MODEL)
+    return open_checkpoint_store(local_settings(tmp_path), MODEL)
+
+
+def stored_names(store: ReadableStore) -> list[str]:
+    """Every stored object or file, relative to the store."""
+    if isinstance(store, LocalStore):
+        files = (path for path in store.directory.rglob("*") if path.is_file())
+        return sorted(path.relative_to(store.directory).as_posix() for path in files)
+    assert isinstance(store, S3Store)
+    bucket, _, prefix = store.describe().removeprefix("s3://").partition("/")
+    pages = store.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/")
+    return sorted(item["Key"][len(prefix) + 1 :] for page in pages for item in page.get("Contents", []))
+
+
+def store_complete(store: ReadableStore, step: int, made: Path) -> None:
+    upload_checkpoint(store, build_checkpoint(made, step), step)
+
+
+def store_incomplete(store: ReadableStore, step: int, made: Path) -> None:
+    """What an upload cut short leaves: some files, no COMPLETE marker."""
+    file = build_checkpoint(made, step) / "random_states_0.pkl"
+    store.upload(file, f"checkpoint-{step}/random_states_0.pkl", sha256=sha256_of(file))
+
+
+def complete_files(step: int) -> list[str]:
+    return [f"checkpoint-{step}/{name}" for name in [*CHECKPOINT_FILES, COMPLETE_MARKER]]
+
+
+def incomplete_files(step: int) -> list[str]:
+    return [f"checkpoint-{step}/random_states_0.pkl"]
+
+
+def test_pruning_keeps_the_newest_complete_checkpoints_by_step_number(
+    checkpoint_store: ReadableStore, tmp_path: Path
+) -> None:
+    for step in (8, 9, 10):  # by name, "10" sorts before "8"
+        store_complete(checkpoint_store, step, tmp_path / "made")
+
+    deleted = prune_checkpoints(checkpoint_store, keep=2, just_uploaded=10)
+
+    assert deleted == ["checkpoint-8"]
+    assert stored_names(checkpoint_store) == sorted(complete_files(9) + complete_files(10))
+
+
+def test_pruning_deletes_incomplete_uploads_below_the_newest_complete_checkpoint(
+    checkpoint_store: ReadableStore, tmp_path: Path
+) -> None:
+    store_incomplete(checkpoint_store, 3, tmp_path / "made")
+    store_complete(checkpoint_store, 4, tmp_path / "made")
+
+    deleted = prune_checkpoints(checkpoint_store, keep=2, just_uploaded=4)
+
+    assert deleted == ["checkpoint-3"]
+    assert stored_names(checkpoint_store) == sorted(complete_files(4))
+
+
+def test_pruning_keeps_an_incomplete_folder_above_the_newest_complete_checkpoint(
+    checkpoint_store: ReadableStore, tmp_path: Path
+) -> None:
+    store_complete(checkpoint_store, 4, tmp_path / "made")
+    store_incomplete(checkpoint_store, 6, tmp_path / "made")  # another job's upload, still running
+
+    deleted = prune_checkpoints(checkpoint_store, keep=1, just_uploaded=4)
+
+    assert deleted == []
+    assert stored_names(checkpoint_store) == sorted(complete_files(4) + incomplete_files(6))
+
+
+def test_keep_zero_deletes_nothing(checkpoint_store: ReadableStore, tmp_path: Path) -> None:
+    store_incomplete(checkpoint_store, 1, tmp_path / "made")
+    for step in (2, 4, 6):
+        store_complete(checkpoint_store, step, tmp_path / "made")
+
+    deleted = prune_checkpoints(checkpoint_store, keep=0, just_uploaded=6)
+
+    assert deleted == []
+    assert stored_names(checkpoint_store) == sorted(
+        incomplete_files(1) + complete_files(2) + complete_files(4) + complete_files(6)
+    )
+
+
+def test_pruning_never_deletes_the_checkpoint_just_uploaded_even_when_newer_ones_exist(tmp_path: Path) -> None:
+    store = open_checkpoint_store(local_settings(tmp_path), MODEL)
+    for step in (6, 8, 4):  # a job resumed from an older checkpoint uploads step 4 last
+        store_complete(store, step, tmp_path / "made")
+
+    deleted = prune_checkpoints(store, keep=1, just_uploaded=4)
+
+    assert deleted == ["checkpoint-6"]
+    assert stored_names(store) == sorted(complete_files(4) + complete_files(8))
+
+
+def test_pruning_leaves_folders_that_are_not_checkpoints(tmp_path: Path) -> None:
+    store = open_checkpoint_store(local_settings(tmp_path), MODEL)
+    store_complete(store, 2, tmp_path / "made")
+    store_complete(store, 4, tmp_path / "made")
+    notes = tmp_path / "made" / "notes.txt"
+    notes.write_text("kept by hand")
+    store.upload(notes, "checkpoint-best/notes.txt", sha256=sha256_of(notes))
+
+    deleted = prune_checkpoints(store, keep=1, just_uploaded=4)
+
+    assert deleted == ["checkpoint-2"]
+    assert stored_names(store) == sorted([*complete_files(4), "checkpoint-best/notes.txt"])
+
+
+def test_pruning_logs_each_deleted_folder(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = open_checkpoint_store(local_settings(tmp_path), MODEL)
+    store_incomplete(store, 1, tmp_path / "made")
+    store_complete(store, 2, tmp_path / "made")
+    store_complete(store, 4, tmp_path / "made")
+    caplog.set_level(logging.INFO, logger="fluxbooth.checkpoints")
+
+    prune_checkpoints(store, keep=1, just_uploaded=4)
+
+    assert [record.getMessage() for record in caplog.records if record.name == "fluxbooth.checkpoints"] == [
+        f"pruned incomplete checkpoint upload {store.describe()}/checkpoint-1 (1 objects)",
+        f"pruned checkpoint {store.describe()}/checkpoint-2 ({len(CHECKPOINT_FILES) + 1} objects)",
+    ]
+
+
+def test_the_uploader_prunes_to_the_newest_checkpoints_after_each_upload(
+    s3_bucket_env: dict[str, str], tmp_path: Path
+) -> None:
+    checkpoint_root = tmp_path / "job" / "checkpoints"
+    store = open_checkpoint_store(s3_settings(s3_bucket_env, tmp_path), MODEL)
+    uploader = CheckpointUploader(store, checkpoint_root, staging_root=tmp_path / "job" / "uploads", keep=1)
+
+    for step in (2, 4, 6):
+        uploader.on_trainer_event(checkpoint_event(build_checkpoint(checkpoint_root, step), step))
+    asyncio.run(uploader.finish())
+
+    prefix = f"s3://{s3_bucket_env['BUCKET_NAME']}/{checkpoint_prefix(s3_bucket_env)}"
+    assert uploader.uploaded == [f"{prefix}/checkpoint-{step}" for step in (2, 4, 6)]
+    assert uploader.warnings == []
+    assert stored_names(store) == sorted(complete_files(6))
+
+
+def test_a_failed_prune_is_a_warning_and_the_old_checkpoint_stays(
+    s3_bucket_env: dict[str, str], s3_fault_proxy: S3FaultProxy, tmp_path: Path
+) -> None:
+    settings = s3_settings({**s3_bucket_env, "BUCKET_ENDPOINT_URL": s3_fault_proxy.url}, tmp_path)
+    store = open_checkpoint_store(settings, MODEL)
+    s3_fault_proxy.fail_always(
+        lambda request: request.method == "POST" and "delete" in request.query,
+        InjectedFault(status=403, code="AccessDenied"),
+    )
+    checkpoint_root = tmp_path / "checkpoints"
+    uploader = CheckpointUploader(store, checkpoint_root, tmp_path / "uploads", keep=1)
+
+    for step in (2, 4):
+        uploader.on_trainer_event(checkpoint_event(build_checkpoint(checkpoint_root, step), step))
+    asyncio.run(uploader.finish())
+
+    assert len(uploader.uploaded) == 2
+    assert len(s3_fault_proxy.faults_answered) == 1
+    (warning,) = uploader.warnings
+    assert warning.startswith("pruning old checkpoints after checkpoint 4 failed, they stay in storage: deleting ")
+    assert "/checkpoint-2/ failed: access denied" in warning
+    assert s3_bucket_env["BUCKET_SECRET_ACCESS_KEY"] not in warning
+    assert stored_names(store) == sorted(complete_files(2) + complete_files(4))
 
 
 # --- latest ------------------------------------------------------------------------------------
@@ -393,6 +566,27 @@ def test_a_resubmitted_job_resumes_from_the_latest_uploaded_checkpoint(
     assert second["metrics"]["steps"] == 6
     assert any(update.get("stage") == "resume" for update in progress)
     assert [update["step"] for update in progress if "step" in update][-1] == 6
+
+
+@pytest.mark.slow
+def test_a_job_keeps_only_the_newest_checkpoints_the_environment_asks_for(
+    worker_env: dict[str, str], s3_bucket_env: dict[str, str], s3_client: BaseClient
+) -> None:
+    from fluxbooth.job import run_job
+
+    settings = WorkerSettings.from_environ({**worker_env, **s3_bucket_env, "FLUXBOOTH_CHECKPOINTS_KEEP": "1"})
+    bucket, model_name = s3_bucket_env["BUCKET_NAME"], "sks-toy-prune"
+    prefix = f"{s3_bucket_env['BUCKET_PREFIX']}/{model_name}/checkpoints"
+
+    result = asyncio.run(
+        run_job(demo_input(model_name=model_name, steps=6, checkpointing_steps=2), job_id="pruned", settings=settings)
+    )
+
+    assert "error" not in result, result
+    assert result["checkpoints"] == [f"s3://{bucket}/{prefix}/checkpoint-{step}" for step in (2, 4)]
+    assert [warning for warning in result.get("warnings", []) if "checkpoint" in warning] == []
+    stored_folders = {key.split("/")[len(prefix.split("/"))] for key in keys_in(s3_client, bucket, prefix)}
+    assert stored_folders == {"checkpoint-4"}
 
 
 def test_a_job_id_that_names_the_checkpoint_folder_cannot_write_into_it() -> None:

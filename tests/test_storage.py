@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -756,3 +757,146 @@ def test_bucket_env_hides_host_aws_configuration(
     assert "AWS_PROFILE" not in os.environ
     assert "AWS_ACCESS_KEY_ID" not in os.environ
     assert os.environ.get("BUCKET_NAME") is None
+
+
+# --- deleting a folder (checkpoint pruning) -----------------------------------------------------
+
+
+def is_delete_objects(request: RecordedRequest) -> bool:
+    return request.method == "POST" and "delete" in request.query
+
+
+def put_tiny_objects(client: BaseClient, env: dict[str, str], names: list[str]) -> None:
+    for name in names:
+        client.put_object(Bucket=env["BUCKET_NAME"], Key=key_of(env, name), Body=b"x")
+
+
+def keys_under_job(client: BaseClient, env: dict[str, str]) -> list[str]:
+    prefix = key_of(env, "")
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=env["BUCKET_NAME"], Prefix=prefix)
+    return sorted(item["Key"][len(prefix) :] for page in pages for item in page.get("Contents", []))
+
+
+def test_s3_delete_folder_removes_more_than_1000_objects_in_batches_of_at_most_1000(
+    s3_bucket_env: dict[str, str], s3_fault_proxy: S3FaultProxy, s3_client: BaseClient
+) -> None:
+    put_tiny_objects(s3_client, s3_bucket_env, [f"checkpoint-2/file-{index:04d}" for index in range(1001)])
+
+    removed = s3_store(via_proxy(s3_bucket_env, s3_fault_proxy)).delete_folder("checkpoint-2")
+
+    assert removed == 1001
+    assert keys_under_job(s3_client, s3_bucket_env) == []
+    assert len([request for request in s3_fault_proxy.requests if is_delete_objects(request)]) == 2
+
+
+def test_s3_delete_folder_leaves_a_sibling_whose_name_starts_the_same(
+    s3_bucket_env: dict[str, str], s3_client: BaseClient
+) -> None:
+    put_tiny_objects(s3_client, s3_bucket_env, ["checkpoint-1/a", "checkpoint-1/nested/b", "checkpoint-10/a"])
+
+    removed = s3_store(s3_bucket_env).delete_folder("checkpoint-1")
+
+    assert removed == 2
+    assert keys_under_job(s3_client, s3_bucket_env) == ["checkpoint-10/a"]
+
+
+def test_s3_delete_folder_of_a_missing_folder_removes_nothing(s3_bucket_env: dict[str, str]) -> None:
+    assert s3_store(s3_bucket_env).delete_folder("checkpoint-404") == 0
+
+
+def test_s3_delete_folder_sends_content_md5_for_services_that_refuse_crc32_only(
+    s3_bucket_env: dict[str, str], s3_fault_proxy: S3FaultProxy, s3_client: BaseClient
+) -> None:
+    put_tiny_objects(s3_client, s3_bucket_env, ["checkpoint-2/a"])
+
+    s3_store(via_proxy(s3_bucket_env, s3_fault_proxy)).delete_folder("checkpoint-2")
+
+    (delete,) = [request for request in s3_fault_proxy.requests if is_delete_objects(request)]
+    assert len(base64.b64decode(delete.headers["content-md5"])) == 16
+
+
+def test_s3_delete_folder_refused_by_the_service_fails_with_upload_failed_naming_the_folder(
+    s3_bucket_env: dict[str, str], s3_fault_proxy: S3FaultProxy, s3_client: BaseClient
+) -> None:
+    put_tiny_objects(s3_client, s3_bucket_env, ["checkpoint-2/a"])
+    s3_fault_proxy.fail_always(is_delete_objects, InjectedFault(status=403, code="AccessDenied"))
+
+    with pytest.raises(FluxboothError) as caught:
+        s3_store(via_proxy(s3_bucket_env, s3_fault_proxy)).delete_folder("checkpoint-2")
+
+    assert caught.value.code is ErrorCode.UPLOAD_FAILED
+    folder_uri = f"s3://{s3_bucket_env['BUCKET_NAME']}/{key_of(s3_bucket_env, 'checkpoint-2/')}"
+    assert caught.value.message.startswith(f"deleting {folder_uri} failed: access denied")
+    assert keys_under_job(s3_client, s3_bucket_env) == ["checkpoint-2/a"]
+
+
+def test_s3_delete_folder_with_keys_refused_in_the_response_fails_without_echoing_credentials(
+    s3_bucket_env: dict[str, str], s3_client: BaseClient
+) -> None:
+    put_tiny_objects(s3_client, s3_bucket_env, ["checkpoint-2/a", "checkpoint-2/b"])
+    store = s3_store(s3_bucket_env)
+    access_key = s3_bucket_env["BUCKET_ACCESS_KEY_ID"]
+
+    # A test double on the real client: DeleteObjects answers 200 and lists refused keys in `Errors`,
+    # which moto does only for object-locked versions (never for the plain keys delete_folder sends).
+    def refuse_one_key(parsed: dict[str, object], **_: object) -> None:
+        refused = {"Key": key_of(s3_bucket_env, "checkpoint-2/b"), "Code": "AccessDenied"}
+        parsed["Errors"] = [{**refused, "Message": f"Access Denied for {access_key}"}]
+
+    store.client.meta.events.register("after-call.s3.DeleteObjects", refuse_one_key)
+
+    with pytest.raises(FluxboothError) as caught:
+        store.delete_folder("checkpoint-2")
+
+    assert caught.value.code is ErrorCode.UPLOAD_FAILED
+    folder_uri = f"s3://{s3_bucket_env['BUCKET_NAME']}/{key_of(s3_bucket_env, 'checkpoint-2/')}"
+    assert caught.value.message == (
+        f"deleting {folder_uri} failed: the service refused 1 of its 2 objects (AccessDenied on "
+        f"{key_of(s3_bucket_env, 'checkpoint-2/b')}: Access Denied for [redacted]); give the key in "
+        "BUCKET_ACCESS_KEY_ID permission to delete objects, or remove them by hand"
+    )
+
+
+def test_s3_delete_folder_refuses_a_name_that_is_not_one_path_segment(s3_bucket_env: dict[str, str]) -> None:
+    with pytest.raises(FluxboothError) as caught:
+        s3_store(s3_bucket_env).delete_folder("checkpoint-2/..")
+
+    assert caught.value.code is ErrorCode.INTERNAL
+    assert "cannot be used as a folder or key segment" in caught.value.message
+
+
+def test_local_delete_folder_removes_the_folder_and_counts_its_files(tmp_path: Path) -> None:
+    for name in ("checkpoint-1/a", "checkpoint-1/nested/b", "checkpoint-10/a"):
+        build_file(tmp_path / "out", name, 10)
+
+    removed = LocalStore(tmp_path / "out").delete_folder("checkpoint-1")
+
+    assert removed == 2
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["checkpoint-10"]
+
+
+def test_local_delete_folder_of_a_missing_folder_removes_nothing(tmp_path: Path) -> None:
+    assert LocalStore(tmp_path / "out").delete_folder("checkpoint-404") == 0
+
+
+def test_local_delete_folder_refuses_a_symlinked_folder_and_keeps_what_it_points_to(tmp_path: Path) -> None:
+    kept = build_file(tmp_path / "out", "checkpoint-8/a", 10)
+    (tmp_path / "out" / "checkpoint-2").symlink_to(tmp_path / "out" / "checkpoint-8")
+
+    with pytest.raises(FluxboothError) as caught:
+        LocalStore(tmp_path / "out").delete_folder("checkpoint-2")
+
+    assert caught.value.code is ErrorCode.UPLOAD_FAILED
+    assert "is a link or leads outside" in caught.value.message
+    assert kept.path.read_bytes() == kept.content
+
+
+@pytest.mark.parametrize("name", ["..", ".", "", "a/b", "a\\b"])
+def test_local_delete_folder_refuses_a_name_that_is_not_one_path_segment(tmp_path: Path, name: str) -> None:
+    outside = build_file(tmp_path, "precious/a", 10)
+
+    with pytest.raises(FluxboothError) as caught:
+        LocalStore(tmp_path / "out").delete_folder(name)
+
+    assert caught.value.code is ErrorCode.INTERNAL
+    assert outside.path.is_file()

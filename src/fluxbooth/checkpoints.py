@@ -5,7 +5,7 @@ Layout in the store (per model, shared by every job of that model):
     <prefix>/<model_name>/checkpoints/checkpoint-<step>/COMPLETE
 COMPLETE is uploaded last and lists every file with its size and sha256: a checkpoint without it
 (an upload cut short by a timeout or a crash) is never resumed from, and a download is verified
-against it.
+against it. After each upload, older checkpoints are pruned (`prune_checkpoints`).
 """
 
 from __future__ import annotations
@@ -68,6 +68,36 @@ def upload_checkpoint(store: ReadableStore, folder: Path, step: int) -> str:
     return f"{store.describe()}/{name}"
 
 
+def prune_checkpoints(store: ReadableStore, keep: int, just_uploaded: int) -> list[str]:
+    """Delete what a resume no longer needs; return the deleted folder names, oldest first.
+
+    Kept: the newest `keep` complete checkpoints (by step), the one just uploaded, and incomplete
+    folders above the newest complete step (another job of this model may be uploading one right now).
+    Deleted: older complete checkpoints and incomplete folders below the newest complete step (uploads
+    cut short). `keep` 0 deletes nothing. Folders that are not `checkpoint-N` are never touched."""
+    if keep <= 0:
+        return []
+    steps = sorted(step for step in map(step_of_folder, store.list_folders()) if step is not None)
+    complete = [
+        step
+        for step in steps
+        if step == just_uploaded or store.exists(f"{checkpoint_folder_name(step)}/{COMPLETE_MARKER}")
+    ]
+    if not complete:
+        return []
+    kept = set(complete[-keep:]) | {just_uploaded}
+    newest_complete = complete[-1]
+    doomed = [step for step in steps if step not in kept and (step in complete or step < newest_complete)]
+    deleted: list[str] = []
+    for step in doomed:
+        name = checkpoint_folder_name(step)
+        removed = store.delete_folder(name)
+        what = "checkpoint" if step in complete else "incomplete checkpoint upload"
+        logger.info("pruned %s %s/%s (%d objects)", what, store.describe(), name, removed)
+        deleted.append(name)
+    return deleted
+
+
 def _snapshot(folder: Path, snapshot: Path) -> None:
     """Hard-link the checkpoint's files into `snapshot` (copy where linking is refused): the trainer
     prunes old checkpoint folders on its own schedule, and an upload still running must keep its files."""
@@ -88,14 +118,17 @@ class CheckpointUploader:
 
     `checkpoint_made` is called from the trainer's log pump in the event loop, so it only snapshots the
     folder (hard links: milliseconds) and queues the upload. `finish` waits for the queue. A failed
-    upload is a warning: the trained weights matter more than an intermediate checkpoint."""
+    upload is a warning: the trained weights matter more than an intermediate checkpoint. After each
+    upload the model's stored checkpoints are pruned to the newest `keep` (0: never pruned); a failed
+    prune is a warning too."""
 
-    def __init__(self, store: ReadableStore, checkpoint_root: Path, staging_root: Path) -> None:
+    def __init__(self, store: ReadableStore, checkpoint_root: Path, staging_root: Path, *, keep: int = 0) -> None:
         self._store = store
+        self._keep = keep
         self._checkpoint_root = checkpoint_root.resolve()
         self._staging_root = staging_root
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-upload")
-        self._pending: list[Future[str]] = []
+        self._pending: list[Future[tuple[str, str | None]]] = []
         self.uploaded: list[str] = []
         self.warnings: list[str] = []
 
@@ -117,13 +150,23 @@ class CheckpointUploader:
             return
         self._pending.append(self._executor.submit(self._upload, snapshot, step))
 
-    def _upload(self, snapshot: Path, step: int) -> str:
+    def _upload(self, snapshot: Path, step: int) -> tuple[str, str | None]:
+        """The uploaded checkpoint's URI, and a warning when pruning after it failed."""
         try:
             uri = upload_checkpoint(self._store, snapshot, step)
             logger.info("checkpoint %d uploaded to %s", step, uri)
-            return uri
         finally:
             shutil.rmtree(snapshot, ignore_errors=True)
+        return uri, self._prune_after(step)
+
+    def _prune_after(self, step: int) -> str | None:
+        try:
+            prune_checkpoints(self._store, self._keep, just_uploaded=step)
+        except FluxboothError as error:
+            return f"pruning old checkpoints after checkpoint {step} failed, they stay in storage: {error.message}"
+        except Exception as error:  # same: a warning, never the job's failure
+            return f"pruning old checkpoints after checkpoint {step} failed ({type(error).__name__}: {error})"
+        return None
 
     async def finish(self) -> None:
         """Wait for every queued upload. When cancelled, drop the queue but wait for the upload in
@@ -131,7 +174,10 @@ class CheckpointUploader:
         try:
             for future in self._pending:
                 try:
-                    self.uploaded.append(await asyncio.wrap_future(future))
+                    uri, prune_warning = await asyncio.wrap_future(future)
+                    self.uploaded.append(uri)
+                    if prune_warning is not None:
+                        self._warn(prune_warning)
                 except FluxboothError as error:
                     self._warn(f"a checkpoint upload failed, resuming from it will not be possible: {error.message}")
                 except Exception as error:  # same: a warning, never the job's failure

@@ -250,7 +250,9 @@ def _checkpoint_uploader(
     from fluxbooth.storage import open_checkpoint_store
 
     store = open_checkpoint_store(settings, model_name)
-    return CheckpointUploader(store, _checkpoint_root(trainer), staging_root=job_dir / "checkpoint-uploads")
+    return CheckpointUploader(
+        store, _checkpoint_root(trainer), staging_root=job_dir / "checkpoint-uploads", keep=settings.checkpoints_keep
+    )
 
 
 def _with_resume_hint(failure: FluxboothError, uploader: CheckpointUploader | None) -> FluxboothError:

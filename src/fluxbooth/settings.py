@@ -39,6 +39,20 @@ def _int(environ: Mapping[str, str], name: str, default: int) -> int:
         raise ValueError(f"environment variable {name}={raw!r} is not a number") from error
 
 
+def _count(environ: Mapping[str, str], name: str, default: int) -> int:
+    """A whole number of things, 0 or more: "2.5" or "-1" is a mistake to report, not to round."""
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError as error:
+        raise ValueError(f"environment variable {name}={raw!r} is not a whole number") from error
+    if value < 0:
+        raise ValueError(f"environment variable {name}={raw!r} must be 0 or more")
+    return value
+
+
 @dataclass(frozen=True)
 class BucketSettings:
     """S3-compatible object storage, named as RunPod names it."""
@@ -80,6 +94,8 @@ class WorkerSettings:
     # The module `accelerate launch` runs. Replaceable so a deployment can ship its own trainer
     # (and tests can launch fault-injecting ones) through the very same launcher.
     trainer_module: str = "fluxbooth.train"
+    # Complete checkpoints kept per model in storage after each upload; 0 keeps every one.
+    checkpoints_keep: int = 2
     dataset_limits: DatasetLimits = field(default_factory=DatasetLimits)
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
 
@@ -126,6 +142,7 @@ class WorkerSettings:
             job_deadline_seconds=_int(env, "FLUXBOOTH_JOB_DEADLINE_SECONDS", 3300),
             volume_dir=Path(volume) if volume and Path(volume).is_dir() else None,
             trainer_module=env.get("FLUXBOOTH_TRAINER_MODULE") or "fluxbooth.train",
+            checkpoints_keep=_count(env, "FLUXBOOTH_CHECKPOINTS_KEEP", 2),
             dataset_limits=limits,
             environ=env,
         )

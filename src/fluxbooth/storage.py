@@ -10,6 +10,7 @@ handler's cold start should not pay for it when artifacts stay on local disk.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import os
@@ -17,7 +18,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from fluxbooth.export import sha256_file
@@ -38,6 +39,8 @@ DEFAULT_CONNECT_TIMEOUT_SECONDS = 10.0
 DEFAULT_READ_TIMEOUT_SECONDS = 120.0
 # SigV4 presigned URLs are refused by S3 beyond seven days.
 MAX_PRESIGN_SECONDS = 7 * 24 * 3600
+# S3's DeleteObjects takes at most this many keys per request.
+MAX_KEYS_PER_DELETE = 1000
 UNUPLOADED_DIR_NAME = "fluxbooth-unuploaded"
 
 _CREDENTIAL_ERROR_CODES = frozenset(
@@ -70,13 +73,18 @@ class ArtifactStore(Protocol):
 
 @runtime_checkable
 class ReadableStore(ArtifactStore, Protocol):
-    """A store that can also be read back (checkpoints: list, check, download)."""
+    """A store that can also be read back and pruned (checkpoints: list, check, download, delete)."""
 
     def list_folders(self) -> list[str]: ...
 
     def exists(self, name: str) -> bool: ...
 
     def download(self, name: str, target: Path) -> None: ...
+
+    def delete_folder(self, name: str) -> int:
+        """Remove the folder `name` (one path segment) and everything in it; return how many objects
+        or files went. A folder that does not exist removes nothing."""
+        ...
 
 
 def open_store(settings: WorkerSettings, model_name: str, job_id: str) -> ArtifactStore:
@@ -202,6 +210,7 @@ class S3Store:
                 region_name=bucket.region or None,
             )
             self._client: BaseClient = session.client("s3", endpoint_url=bucket.endpoint_url or None, config=config)
+            self._client.meta.events.register("before-call.s3.DeleteObjects", _add_content_md5)
         except ValueError as error:
             raise FluxboothError(
                 ErrorCode.UPLOAD_FAILED,
@@ -286,6 +295,43 @@ class S3Store:
             temporary.unlink(missing_ok=True)
             uri = f"s3://{self._bucket_settings.bucket}/{key}"
             raise self._upload_error(error, uri, doing="downloading") from error
+
+    def delete_folder(self, name: str) -> int:
+        """Delete every object under `<key_prefix>/<name>/`, listed first and then removed in batches."""
+        _check_path_segment(name, "folder name")
+        bucket = self._bucket_settings.bucket
+        prefix = f"{self.key_for(name)}/"
+        uri = f"s3://{bucket}/{prefix}"
+        try:
+            # The whole listing first: deleting while paginating would move the pages under the cursor.
+            keys = [
+                item["Key"]
+                for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+                for item in page.get("Contents", [])
+            ]
+            deleted = 0
+            for start in range(0, len(keys), MAX_KEYS_PER_DELETE):
+                batch = keys[start : start + MAX_KEYS_PER_DELETE]
+                response = self._client.delete_objects(
+                    Bucket=bucket, Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True}
+                )
+                # DeleteObjects answers 200 even when some keys were refused; those are listed in Errors.
+                refused = response.get("Errors") or []
+                if refused:
+                    first = refused[0]
+                    message = (
+                        f"deleting {uri} failed: the service refused {len(refused)} of its {len(keys)} objects "
+                        f"({first.get('Code', 'unknown')} on {first.get('Key', '?')}: {first.get('Message', '')}); "
+                        "give the key in BUCKET_ACCESS_KEY_ID permission to delete objects, or remove them by hand"
+                    )
+                    raise FluxboothError(ErrorCode.UPLOAD_FAILED, _without_secrets(message, self._bucket_settings))
+                deleted += len(batch)
+        except FluxboothError:
+            raise
+        except Exception as error:
+            raise self._upload_error(error, uri, doing="deleting") from error
+        logger.info("deleted %s (%d objects)", uri, deleted)
+        return deleted
 
     def _transfer(self, local_path: Path, key: str, extra_args: dict[str, object]) -> None:
         # The transfer manager, unlike client.upload_file, raises the original botocore error
@@ -376,6 +422,26 @@ class LocalStore:
     def exists(self, name: str) -> bool:
         _check_artifact_name(name)
         return (self._directory / name).is_file()
+
+    def delete_folder(self, name: str) -> int:
+        _check_path_segment(name, "folder name")
+        folder = self._directory / name
+        try:
+            # Exactly a folder of this directory: a symlink (even to a sibling) or a way out is refused.
+            if folder.resolve() != folder:
+                raise OSError(f"{folder} is a link or leads outside {self._directory}")
+            if not folder.exists():
+                return 0
+            if not folder.is_dir():
+                raise NotADirectoryError(f"{folder} is not a folder")
+            removed = sum(len(files) for _, _, files in os.walk(folder))
+            shutil.rmtree(folder)
+        except OSError as error:
+            raise FluxboothError(
+                ErrorCode.UPLOAD_FAILED, f"deleting {name} from {self._directory} failed: {_os_reason(error)}"
+            ) from error
+        logger.info("deleted %s (%d files)", folder, removed)
+        return removed
 
     def download(self, name: str, target: Path) -> None:
         _check_artifact_name(name)
@@ -545,7 +611,7 @@ def _describe_s3_failure(error: BaseException, bucket: BucketSettings, total_att
         if code in _PERMISSION_ERROR_CODES or status == 403:
             return (
                 f"access denied to bucket {bucket.bucket!r} ({code}); give the key in BUCKET_ACCESS_KEY_ID "
-                "permission to put, get and list objects and multipart uploads in it"
+                "permission to put, get, list and delete objects and multipart uploads in it"
             )
         if code in _MISSING_BUCKET_ERROR_CODES:
             return f"bucket {bucket.bucket!r} does not exist at {endpoint}; create it, or fix BUCKET_NAME"
@@ -563,6 +629,17 @@ def _describe_s3_failure(error: BaseException, bucket: BucketSettings, total_att
     if isinstance(error, OSError):
         return f"reading the local file failed: {_os_reason(error)}"
     return f"{type(error).__name__}: {error}"
+
+
+def _add_content_md5(params: dict[str, Any], **_: object) -> None:
+    """DeleteObjects must carry a body checksum. botocore >= 1.36 sends only CRC32, which older MinIO,
+    Ceph and other S3-compatible services refuse (MissingContentMD5); Content-MD5 as well satisfies both."""
+    body = params.get("body")
+    if isinstance(body, str):
+        body = body.encode()
+    if isinstance(body, bytes) and "Content-MD5" not in params["headers"]:
+        digest = hashlib.md5(body, usedforsecurity=False).digest()
+        params["headers"]["Content-MD5"] = base64.b64encode(digest).decode("ascii")
 
 
 def _public_endpoint(endpoint_url: str | None) -> str:
