@@ -1,7 +1,10 @@
-"""Build DeepSpeed's CPU Adam op (and async_io, for NVMe offload, where libaio is installed) at image-build
-time, so no job pays the minutes of JIT build.
+"""Build the DeepSpeed ops the trainer loads, ahead of time, so no job (or test) pays their JIT build:
+CPU Adam (and Adagrad and Lion, the other offloaded optimizers), async_io for NVMe offload (where libaio
+is installed) and, on DeepSpeed's CPU accelerator, its shared-memory collectives.
 
-Run with TORCH_EXTENSIONS_DIR set to where the worker will look (the Dockerfile sets it).
+The ops are built for the accelerator DeepSpeed selects (DS_ACCELERATOR) into TORCH_EXTENSIONS_DIR, the
+folder the worker passes to the trainer (the Dockerfile sets both; CI builds the CPU ones in the
+background while the fast tests run).
 """
 
 from __future__ import annotations
@@ -9,18 +12,27 @@ from __future__ import annotations
 import os
 import sys
 
+OPTIMIZER_OPS = ("CPUAdamBuilder", "CPUAdagradBuilder", "CPULionBuilder")
+
 
 def build_ops() -> list[str]:
-    """Build the ops the worker's plans use; returns the names built."""
-    from deepspeed.ops.op_builder import AsyncIOBuilder, CPUAdamBuilder
+    """Build every op the trainer may load here; returns the names built."""
+    from deepspeed.accelerator import get_accelerator
 
-    CPUAdamBuilder().load()
-    built = ["cpu_adam"]
-    if AsyncIOBuilder().is_compatible(verbose=True):
-        AsyncIOBuilder().load()
-        built.append("async_io")
+    accelerator = get_accelerator()
+    wanted = list(OPTIMIZER_OPS)
+    if accelerator.device_name() == "cpu":
+        wanted.append("ShareMemCommBuilder")
+    built = []
+    for name in wanted:
+        accelerator.create_op_builder(name).load()
+        built.append(name)
+    async_io = accelerator.create_op_builder("AsyncIOBuilder")
+    if async_io is not None and async_io.is_compatible(verbose=False):
+        async_io.load()
+        built.append("AsyncIOBuilder")
     else:
-        print("async_io not built: libaio-dev is missing, so NVMe offload is unavailable in this image", file=sys.stderr)
+        print("async_io not built: libaio-dev is missing, so NVMe offload is unavailable here", file=sys.stderr)
     return built
 
 
