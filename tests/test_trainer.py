@@ -441,9 +441,9 @@ def close_after_resume(a: torch.Tensor, b: torch.Tensor, learning_rate: float) -
     return bool(((a - b).abs() <= torch.clamp(ulp, min=0.1 * learning_rate)).all())
 
 
-def resume_pair(tiny_base: Path, root: Path, training_type: str) -> tuple[TrainerRun, TrainerRun]:
+def resume_pair(tiny_base: Path, root: Path, training_type: str, **overrides: Any) -> tuple[TrainerRun, TrainerRun]:
     plan = make_plan(training_type=training_type)
-    settings = {"steps": 4, "checkpointing_steps": 2, "lr_scheduler": "cosine", "lr_warmup_steps": 1}
+    settings = {"steps": 4, "checkpointing_steps": 2, "lr_scheduler": "cosine", "lr_warmup_steps": 1, **overrides}
     if training_type == "lora":
         settings["export_formats"] = ("diffusers",)
     uninterrupted = new_job(root / "uninterrupted", tiny_base, plan=plan, **settings).launch()
@@ -485,6 +485,20 @@ def test_resumed_run_ends_with_the_uninterrupted_weights_within_float_tolerance(
     for name in a:
         assert close_after_resume(a[name], b[name], uninterrupted.config.learning_rate), name
     assert resumed.metrics["final_loss"] == pytest.approx(uninterrupted.metrics["final_loss"], rel=1e-3)
+
+
+def test_resume_with_a_torch_optimizer_under_deepspeed_continues_the_schedule_the_trainer_steps(
+    tiny_base: Path, tmp_path: Path
+) -> None:
+    uninterrupted, resumed = resume_pair(tiny_base, tmp_path, "lora", optimizer="sgd")
+
+    assert resumed.metrics["optimizer"] == "SGD"
+    assert [event["step"] for event in resumed.of_kind("step")] == [3, 4]
+    assert [event["lr"] for event in resumed.of_kind("step")] == pytest.approx(
+        [event["lr"] for event in uninterrupted.of_kind("step")][2:]
+    )
+    a, b = load_file(uninterrupted.artifact("lora_diffusers")), load_file(resumed.artifact("lora_diffusers"))
+    assert all(close_after_resume(a[name], b[name], uninterrupted.config.learning_rate) for name in a)
 
 
 def test_lora_checkpoint_holds_only_the_adapter(lora_resume: tuple[TrainerRun, TrainerRun]) -> None:
