@@ -29,7 +29,7 @@ from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.settings import WorkerSettings
 from fluxbooth.storage import LocalStore, ReadableStore, S3Store, open_checkpoint_store
 from tests.conftest import REPO_ROOT
-from tests.s3server import InjectedFault, RecordedRequest, S3FaultProxy
+from tests.s3server import InjectedFault, S3FaultProxy
 
 MODEL = "sks-toy"
 # What accelerate + DeepSpeed write into a checkpoint folder (a nested folder included).

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
-from fluxbooth.export import sha256_file
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.settings import BucketSettings, WorkerSettings
 

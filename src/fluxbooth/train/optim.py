@@ -25,7 +25,6 @@ from fluxbooth.train.names import (
 from fluxbooth.trainer_config import TrainerConfig
 
 
-
 def validated_optimizer_name(config: TrainerConfig, deepspeed_config: dict[str, Any] | None) -> str:
     name = normalise_optimizer_name(config.optimizer)
     if name not in SUPPORTED_OPTIMIZERS:
