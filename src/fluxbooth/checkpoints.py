@@ -68,6 +68,16 @@ def upload_checkpoint(store: ReadableStore, folder: Path, step: int) -> str:
     return f"{store.describe()}/{name}"
 
 
+def stored_steps(store: ReadableStore) -> list[int]:
+    """The steps of the `checkpoint-N` folders in `store`, ascending (complete or not)."""
+    return sorted(step for step in map(step_of_folder, store.list_folders()) if step is not None)
+
+
+def is_complete(store: ReadableStore, step: int) -> bool:
+    """Whether checkpoint `step` finished uploading: its COMPLETE marker, written last, exists."""
+    return store.exists(f"{checkpoint_folder_name(step)}/{COMPLETE_MARKER}")
+
+
 def prune_checkpoints(store: ReadableStore, keep: int, just_uploaded: int) -> list[str]:
     """Delete what a resume no longer needs; return the deleted folder names, oldest first.
 
@@ -77,12 +87,8 @@ def prune_checkpoints(store: ReadableStore, keep: int, just_uploaded: int) -> li
     cut short). `keep` 0 deletes nothing. Folders that are not `checkpoint-N` are never touched."""
     if keep <= 0:
         return []
-    steps = sorted(step for step in map(step_of_folder, store.list_folders()) if step is not None)
-    complete = [
-        step
-        for step in steps
-        if step == just_uploaded or store.exists(f"{checkpoint_folder_name(step)}/{COMPLETE_MARKER}")
-    ]
+    steps = stored_steps(store)
+    complete = [step for step in steps if step == just_uploaded or is_complete(store, step)]
     if not complete:
         return []
     kept = set(complete[-keep:]) | {just_uploaded}
@@ -210,11 +216,8 @@ class StoredCheckpoint:
 
 def latest_complete_checkpoint(store: ReadableStore) -> StoredCheckpoint | None:
     """The highest step whose COMPLETE marker exists; half-uploaded checkpoints are passed over."""
-    steps = sorted(
-        (step for step in map(step_of_folder, store.list_folders()) if step is not None), reverse=True
-    )
-    for step in steps:
-        if store.exists(f"{checkpoint_folder_name(step)}/{COMPLETE_MARKER}"):
+    for step in reversed(stored_steps(store)):
+        if is_complete(store, step):
             return StoredCheckpoint(store, step)
     return None
 
@@ -257,7 +260,7 @@ def find_resume_checkpoint(
             return None, [f"resume_from 'latest': no complete checkpoint under {store.describe()}; started at step 0"]
         return found, []
     checkpoint = checkpoint_at_uri(resume_from, settings)
-    if not checkpoint.store.exists(f"{checkpoint_folder_name(checkpoint.step)}/{COMPLETE_MARKER}"):
+    if not is_complete(checkpoint.store, checkpoint.step):
         raise _invalid_resume(
             f"{resume_from} is not a complete checkpoint (no {COMPLETE_MARKER} marker): its upload was cut "
             "short or it does not exist; pass 'latest' or another checkpoint"

@@ -64,6 +64,7 @@ GUIDE_FP16_SECTION: dict[str, Any] = {
     "min_loss_scale": 1,
 }
 
+
 @dataclass(frozen=True)
 class LaunchFiles:
     deepspeed_config: Path | None

@@ -399,6 +399,12 @@ def free_disk_bytes(path: Path) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+def nvme_root(environ: Mapping[str, str]) -> Path | None:
+    """FLUXBOOTH_NVME_PATH: the fast local disk DeepSpeed may offload to (None when unset)."""
+    raw = environ.get("FLUXBOOTH_NVME_PATH", "").strip()
+    return Path(raw) if raw else None
+
+
 def probe_hardware(
     work_dir: Path,
     environ: Mapping[str, str],
@@ -413,8 +419,7 @@ def probe_hardware(
     if gpu_note:
         notes.append(gpu_note)
     total, available, limit = host_memory(root)
-    nvme_raw = environ.get("FLUXBOOTH_NVME_PATH", "").strip()
-    nvme_path = Path(nvme_raw) if nvme_raw else None
+    nvme_path = nvme_root(environ)
     return Hardware(
         gpus=tuple(gpus),
         host_total_bytes=total,

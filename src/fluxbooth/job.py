@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fluxbooth.configs import child_environment, trainer_config_for, write_launch_files
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.export import LocalArtifact, collect_artifacts
-from fluxbooth.hardware import format_bytes, free_disk_bytes, probe_hardware
+from fluxbooth.hardware import format_bytes, free_disk_bytes, nvme_root, probe_hardware
 from fluxbooth.launch import Redactor, classify_outcome, run_trainer, trainer_command
 from fluxbooth.plan import Plan, choose_plan, model_size
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
@@ -420,9 +420,9 @@ async def run_job(
     finally:
         if job_dir is not None:
             shutil.rmtree(job_dir, ignore_errors=True)
-        nvme_root = settings.environ.get("FLUXBOOTH_NVME_PATH", "").strip()
-        if nvme_root:
-            shutil.rmtree(job_swap_dir(Path(nvme_root), safe_id), ignore_errors=True)
+        swap_root = nvme_root(settings.environ)
+        if swap_root is not None:
+            shutil.rmtree(job_swap_dir(swap_root, safe_id), ignore_errors=True)
 
 
 # A SigV4 presigned URL must carry the access key ID (never the secret): masking it would break the URL.

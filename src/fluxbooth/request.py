@@ -280,9 +280,10 @@ class TrainingRequest(BaseModel):
                 problems.append(
                     f"{', '.join(forced)}: need input.use_deepspeed true; leave them 'auto' or enable DeepSpeed"
                 )
-            if normalise_optimizer_name(self.optimizer) in DEEPSPEED_ONLY_OPTIMIZERS:
+            # `optimizer` is already normalised by its field validator.
+            if self.optimizer in DEEPSPEED_ONLY_OPTIMIZERS:
                 problems.append(
-                    f"input.optimizer, input.use_deepspeed: {normalise_optimizer_name(self.optimizer)!r} exists only "
+                    f"input.optimizer, input.use_deepspeed: {self.optimizer!r} exists only "
                     "inside DeepSpeed; enable DeepSpeed or choose another optimizer"
                 )
         if self.offload == "nvme" and self.zero_stage in (1, 2):

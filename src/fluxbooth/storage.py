@@ -412,7 +412,6 @@ class LocalStore:
             ) from mismatch
         return StoredArtifact(name=name, uri=target.as_uri(), url=None, bytes=copied_bytes, sha256=copied_sha256)
 
-
     def list_folders(self) -> list[str]:
         if not self._directory.is_dir():
             return []

@@ -94,17 +94,23 @@ def cache_fingerprint(
     base_model: str, images: Sequence[TrainingImage], resolution: tuple[int, int], max_sequence_length: int, text_dtype: str
 ) -> str:
     """Changes whenever anything that shapes the cached tensors changes."""
-    description = {
-        "version": CACHE_FORMAT_VERSION,
-        "base_model": str(base_model),
-        "resolution": list(resolution),
-        "max_sequence_length": max_sequence_length,
-        "text_dtype": text_dtype,
-        "images": [
-            [image.path.name, image.path.stat().st_size, image.path.stat().st_mtime_ns, image.prompt] for image in images
-        ],
-    }
-    return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:32]
+    return _fingerprint(
+        {
+            "base_model": str(base_model),
+            "resolution": list(resolution),
+            "max_sequence_length": max_sequence_length,
+            "text_dtype": text_dtype,
+            "images": [
+                [image.path.name, image.path.stat().st_size, image.path.stat().st_mtime_ns, image.prompt] for image in images
+            ],
+        }
+    )
+
+
+def _fingerprint(description: dict[str, Any]) -> str:
+    """A short stable hash of what shaped a cache file, cache format version included."""
+    versioned = {"version": CACHE_FORMAT_VERSION, **description}
+    return hashlib.sha256(json.dumps(versioned, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def free_accelerator_memory() -> None:
@@ -203,14 +209,14 @@ class EncodedPrompts:
 
 
 def prompts_fingerprint(base_model: str, prompts: Sequence[str], max_sequence_length: int, text_dtype: str) -> str:
-    description = {
-        "version": CACHE_FORMAT_VERSION,
-        "base_model": str(base_model),
-        "prompts": list(prompts),
-        "max_sequence_length": max_sequence_length,
-        "text_dtype": text_dtype,
-    }
-    return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:32]
+    return _fingerprint(
+        {
+            "base_model": str(base_model),
+            "prompts": list(prompts),
+            "max_sequence_length": max_sequence_length,
+            "text_dtype": text_dtype,
+        }
+    )
 
 
 def save_encoded_prompts(encoded: EncodedPrompts, path: Path) -> None:

@@ -461,8 +461,6 @@ class Trainer:
     # ---------------------------------------------------------------- cache
 
     def _build_caches(self) -> tuple[Any, Any]:
-        import torch
-
         from fluxbooth.train.cache import (
             cache_fingerprint,
             cache_path,
@@ -503,7 +501,7 @@ class Trainer:
         if accelerator.is_local_main_process and not all(path.is_file() for path in paths.values()):
             vae = load_vae(config.base_model, self._plain_loading())
             self.release_tracker.track("vae", vae)
-            device = torch.device("cpu") if config.encoders_on_cpu else accelerator.device
+            device = self._encoder_device()
             try:
                 for name, images in sets:
                     if paths[name].is_file():
@@ -534,6 +532,12 @@ class Trainer:
         )
         return loaded["instance"], loaded.get("class")
 
+    def _encoder_device(self) -> Any:
+        """Where the text encoders and the VAE run: the CPU when the planner keeps them off the GPU."""
+        import torch
+
+        return torch.device("cpu") if self.config.encoders_on_cpu else self.accelerator.device
+
     def _validates_during_training(self) -> bool:
         config = self.config
         return bool(config.validation_prompts and config.validation_steps and config.validation_steps < config.steps)
@@ -549,8 +553,6 @@ class Trainer:
     def _encode_validation_prompts(self, path: Path) -> None:
         """The validation prompts' embeddings, so renders during training need no text encoders (they are
         released before the transformer loads and would cost gigabytes beside the engine)."""
-        import torch
-
         from fluxbooth.train.cache import EncodedPrompts, encode_prompts, save_encoded_prompts
 
         config = self.config
@@ -558,7 +560,7 @@ class Trainer:
         prompt_embeds, pooled_prompt_embeds = encode_prompts(
             config.base_model,
             prompts,
-            device=torch.device("cpu") if config.encoders_on_cpu else self.accelerator.device,
+            device=self._encoder_device(),
             dtype=self.precision.text_dtype,
             max_sequence_length=config.max_sequence_length,
             loading_context=self._plain_loading(),
@@ -1178,8 +1180,7 @@ class Trainer:
                 # Loaded for each render, not kept: training steps never share memory with it.
                 vae = load_vae(config.base_model, self._plain_loading(), dtype=dtype)
                 if is_main:
-                    preferred = torch.device("cpu") if config.encoders_on_cpu else device
-                    vae.to(decoding_device(preferred, vae, config.resolution))
+                    vae.to(decoding_device(self._encoder_device(), vae, config.resolution))
                 pipeline = PipelineOnDevice(
                     scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(config.base_model, subfolder="scheduler"),
                     vae=vae,
