@@ -1,0 +1,331 @@
+"""The request's dataset as bytes on disk: strict base64, or an SSRF-safe, bounded HTTP(S) download.
+
+Problems with the request's fields themselves (bad base64, a forbidden URL) are `invalid_input`; problems
+with what the server sends are `invalid_dataset`; too little free disk is `does_not_fit`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import http.client
+import ipaddress
+import re
+import socket
+import ssl
+import time
+from pathlib import Path
+from urllib.parse import quote, urljoin, urlsplit
+
+from fluxbooth.dataset.guards import (
+    CHUNK_BYTES,
+    DISK_RESERVE_BYTES,
+    ensure_free_disk,
+    input_error,
+    megabytes,
+    url_error,
+)
+from fluxbooth.errors import FluxboothError
+from fluxbooth.settings import DatasetLimits
+
+MAX_REDIRECTS = 5
+# A server that trickles bytes can stay under the idle timeout forever; the whole download gets this
+# many idle timeouts in total unless the caller says otherwise.
+TOTAL_TIMEOUT_FACTOR = 30
+
+_DATA_URI_PREFIX = re.compile(rb"^data:[^,]{0,200};base64,", re.IGNORECASE)
+_BASE64_WHITESPACE = b" \t\r\n\v\f"
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+# ----------------------------------------------------------------------------------------------- base64
+
+
+def decode_base64_dataset(text: str, limits: DatasetLimits) -> bytes:
+    """Strict base64 (standard or URL-safe alphabet, whitespace tolerated) → the zip's bytes."""
+    if len(text) > limits.max_base64_chars:
+        raise input_error(
+            "dataset",
+            f"is {len(text):,} characters of base64, over the {limits.max_base64_chars:,} cap; "
+            "send a link in dataset_url instead",
+        )
+    try:
+        encoded = text.encode("ascii")
+    except UnicodeEncodeError:
+        raise input_error("dataset", "contains non-base64 characters; send the zip as plain base64") from None
+    encoded = _DATA_URI_PREFIX.sub(b"", encoded, count=1).translate(None, _BASE64_WHITESPACE)
+    if not encoded:
+        raise input_error("dataset", "is empty; send the dataset zip as base64, or use dataset_url")
+    if (b"-" in encoded or b"_" in encoded) and b"+" not in encoded and b"/" not in encoded:
+        encoded = encoded.translate(bytes.maketrans(b"-_", b"+/"))
+    try:
+        data = base64.b64decode(encoded, validate=True)
+    except binascii.Error as error:
+        raise input_error(
+            "dataset", f"is not valid base64 ({error}); send standard base64 of the zip, with '=' padding"
+        ) from None
+    if not data:
+        raise input_error("dataset", "decodes to zero bytes; send the dataset zip as base64")
+    return data
+
+
+# ------------------------------------------------------------------------------------------------- URLs
+
+
+def forbidden_address_reason(address: Address, *, allow_private: bool) -> str | None:
+    """Why the worker must not connect to `address`, or None.
+
+    Link-local (cloud metadata), multicast and unspecified addresses are refused even when private
+    addresses are allowed for local testing.
+    """
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = address.ipv4_mapped or address.sixtofour
+        if embedded is not None:
+            return forbidden_address_reason(embedded, allow_private=allow_private)
+        if address.teredo is not None:
+            return "a Teredo tunnel address"
+    if address.is_link_local:
+        return "link-local (the cloud metadata range)"
+    if address.is_multicast:
+        return "multicast"
+    if address.is_unspecified:
+        return "unspecified"
+    if allow_private:
+        return None
+    if address.is_loopback:
+        return "loopback"
+    if address.is_private:
+        return "private"
+    if address.is_reserved:
+        return "reserved"
+    if not address.is_global:
+        return "not publicly routable"
+    return None
+
+
+def _resolve_allowed_addresses(host: str, port: int, limits: DatasetLimits) -> list[str]:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as error:
+        raise url_error(f"cannot resolve host {host!r} ({error}); check the URL") from None
+    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    if not addresses:
+        raise url_error(f"host {host!r} has no addresses; check the URL")
+    for text in addresses:
+        # Every address must pass: a DNS answer mixing a public and a private address must not let the
+        # connection pick the private one.
+        address = ipaddress.ip_address(text.split("%", 1)[0])
+        reason = forbidden_address_reason(address, allow_private=limits.allow_private_urls)
+        if reason is not None:
+            raise input_error(
+                "dataset_url",
+                f"host {host!r} resolves to {address}, a {reason} address; the worker only downloads from "
+                "public addresses (set FLUXBOOTH_ALLOW_PRIVATE_URLS=1 for local testing)",
+            )
+    return addresses
+
+
+class _PinnedHTTPConnection(http.client.HTTPConnection):
+    """Connects to the address that was checked, not to whatever DNS answers a second time."""
+
+    def __init__(self, host: str, port: int, *, address: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._pinned_address = address
+
+    def connect(self) -> None:
+        self.sock = socket.create_connection((self._pinned_address, self.port), self.timeout)
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, host: str, port: int, *, address: str, timeout: float, context: ssl.SSLContext) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._pinned_address = address
+        self._tls_context = context
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self._pinned_address, self.port), self.timeout)
+        self.sock = self._tls_context.wrap_socket(sock, server_hostname=self.host)
+
+
+def display_url(url: str) -> str:
+    """scheme://host/path without the query (presigned URLs carry signatures there)."""
+    parts = urlsplit(url)
+    path = parts.path if len(parts.path) <= 100 else parts.path[:100] + "..."
+    return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}{path}"
+
+
+def _checked_url(url: str, *, redirected: bool) -> tuple[str, str, int, str]:
+    """(scheme, host, port, request target) for an http(s) URL, or an invalid_input error."""
+    where = "redirected to" if redirected else "is"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise input_error("dataset_url", f"{where} a malformed URL") from None
+    scheme = parts.scheme.lower()
+    if scheme not in {"http", "https"}:
+        raise input_error("dataset_url", f"{where} a {scheme or 'scheme-less'}: URL; only http and https are followed")
+    if not parts.hostname:
+        raise input_error("dataset_url", f"{where} a URL without a host")
+    if parts.username is not None or parts.password is not None:
+        raise input_error("dataset_url", "must not carry credentials (user:password@); use a presigned URL")
+    target = quote(parts.path or "/", safe="/%:@!$&'()*+,;=-._~")
+    if parts.query:
+        target += "?" + quote(parts.query, safe="/%:@!$&'()*+,;=-._~?")
+    return scheme, parts.hostname, port or (443 if scheme == "https" else 80), target
+
+
+def _connect(
+    scheme: str, host: str, port: int, addresses: list[str], timeout: float, url: str
+) -> http.client.HTTPConnection:
+    """A connected HTTP(S) connection to the first checked address that answers."""
+    failure: str = "no address answered"
+    for address in addresses:
+        connection: http.client.HTTPConnection
+        if scheme == "https":
+            connection = _PinnedHTTPSConnection(
+                host, port, address=address, timeout=timeout, context=ssl.create_default_context()
+            )
+        else:
+            connection = _PinnedHTTPConnection(host, port, address=address, timeout=timeout)
+        try:
+            connection.connect()
+            return connection
+        except ssl.SSLError as error:
+            connection.close()
+            raise url_error(f"TLS failed for {display_url(url)} ({error.reason or error}); check the URL") from None
+        except TimeoutError:
+            connection.close()
+            failure = f"timed out after {timeout:g} s"
+        except OSError as error:
+            connection.close()
+            failure = str(error.strerror or error)
+    raise url_error(f"cannot connect to {host}:{port} ({failure}); check the URL or the server")
+
+
+def _status_error(status: int, reason: str, url: str) -> FluxboothError:
+    hints = {
+        401: "the link needs credentials; use a presigned or public URL",
+        403: "access denied; presigned URLs expire, so create a fresh one",
+        404: "nothing at that address; check the URL (presigned URLs expire)",
+        410: "the file is gone; upload it again",
+    }
+    hint = hints.get(status) or (
+        "the server failed; try again later" if status >= 500 else "expected 200 OK with the zip"
+    )
+    return url_error(f"the server answered {status} {reason} for {display_url(url)}: {hint}")
+
+
+def download_dataset(
+    url: str,
+    destination: Path,
+    limits: DatasetLimits,
+    *,
+    total_timeout_seconds: float | None = None,
+) -> int:
+    """GET `url` into `destination`, following up to MAX_REDIRECTS redirects; returns the byte count.
+
+    Every hop is checked (scheme, resolved addresses) and the connection goes to the checked address.
+    `limits.download_timeout_seconds` bounds connecting and every wait for data; the whole download is
+    bounded by `total_timeout_seconds` (default TOTAL_TIMEOUT_FACTOR idle timeouts).
+    """
+    idle_timeout = float(limits.download_timeout_seconds)
+    deadline = time.monotonic() + (total_timeout_seconds or idle_timeout * TOTAL_TIMEOUT_FACTOR)
+    current = url.strip()
+    for hop in range(MAX_REDIRECTS + 1):
+        scheme, host, port, target = _checked_url(current, redirected=hop > 0)
+        addresses = _resolve_allowed_addresses(host, port, limits)
+        connection = _connect(scheme, host, port, addresses, idle_timeout, current)
+        try:
+            try:
+                connection.request(
+                    "GET",
+                    target,
+                    headers={"User-Agent": "fluxbooth-worker", "Accept-Encoding": "identity", "Accept": "*/*"},
+                )
+                response = connection.getresponse()
+            except TimeoutError:
+                raise url_error(
+                    f"{display_url(current)} did not answer within {idle_timeout:g} s; "
+                    "check the server or host the file elsewhere"
+                ) from None
+            except (OSError, http.client.HTTPException) as error:
+                raise url_error(
+                    f"{display_url(current)} failed before answering ({type(error).__name__}: {error}); "
+                    "check the URL or try again"
+                ) from None
+            if response.status in (301, 302, 303, 307, 308):
+                location = response.getheader("Location")
+                if not location:
+                    raise url_error(f"{display_url(current)} redirected without a Location header")
+                current = urljoin(current, location.strip())
+                continue
+            if response.status != 200:
+                raise _status_error(response.status, response.reason, current)
+            return _stream_to_file(response, destination, limits, deadline=deadline, url=current)
+        finally:
+            connection.close()
+    raise url_error(f"more than {MAX_REDIRECTS} redirects starting at {display_url(url)}; give the final URL")
+
+
+def _stream_to_file(
+    response: http.client.HTTPResponse,
+    destination: Path,
+    limits: DatasetLimits,
+    *,
+    deadline: float,
+    url: str,
+) -> int:
+    cap = limits.max_download_bytes
+    declared = response.getheader("Content-Length")
+    declared_bytes = int(declared) if declared and declared.strip().isdigit() else None
+    if declared_bytes is not None and declared_bytes > cap:
+        raise url_error(
+            f"{display_url(url)} is {megabytes(declared_bytes)}, over the {megabytes(cap)} download cap; "
+            "use a smaller dataset"
+        )
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    if declared_bytes is not None:
+        ensure_free_disk(destination.parent, declared_bytes + DISK_RESERVE_BYTES, purpose="downloading the dataset")
+    received = 0
+    partial = destination.with_name(destination.name + ".part")
+    try:
+        with partial.open("wb") as sink:
+            while True:
+                try:
+                    # read1: whatever has arrived, so the deadline is checked even while a server trickles.
+                    chunk = response.read1(CHUNK_BYTES)
+                except TimeoutError:
+                    raise url_error(
+                        f"{display_url(url)} stopped sending data for {limits.download_timeout_seconds} s "
+                        f"after {megabytes(received)}; the server is too slow, host the file elsewhere"
+                    ) from None
+                except (http.client.IncompleteRead, ConnectionError) as error:
+                    raise url_error(
+                        f"the connection to {display_url(url)} broke after {megabytes(received)} "
+                        f"({type(error).__name__}); try again"
+                    ) from None
+                if not chunk:
+                    break
+                received += len(chunk)
+                if received > cap:
+                    raise url_error(
+                        f"{display_url(url)} sent more than the {megabytes(cap)} download cap; use a smaller dataset"
+                    )
+                if time.monotonic() > deadline:
+                    raise url_error(
+                        f"downloading {display_url(url)} took too long ({megabytes(received)} so far); "
+                        "the server is too slow, host the file elsewhere"
+                    )
+                sink.write(chunk)
+        if declared_bytes is not None and received != declared_bytes:
+            raise url_error(
+                f"{display_url(url)} promised {declared_bytes:,} bytes but sent {received:,}; try again"
+            )
+        if received == 0:
+            raise url_error(f"{display_url(url)} returned an empty body; check the URL")
+        partial.replace(destination)
+        return received
+    finally:
+        partial.unlink(missing_ok=True)
