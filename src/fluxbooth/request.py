@@ -95,6 +95,8 @@ class TrainingRequest(BaseModel):
     instance_prompt: Prompt
     class_prompt: Prompt | None = None
     base_model: str | None = Field(default=None, max_length=1024)
+    # A branch, tag or commit of a hub id in base_model (Hugging Face `revision`); None: the default branch.
+    base_model_revision: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
 
     # How long and how fast.
     steps: int = Field(default=1000, ge=1, le=100_000)
@@ -224,6 +226,13 @@ class TrainingRequest(BaseModel):
             "expected an absolute local path (/models/flux), a Hugging Face id (org/name) "
             f"or '{TINY_MODEL_NAME}'"
         )
+
+    @field_validator("base_model_revision")
+    @classmethod
+    def _revision_has_no_traversal(cls, value: str | None) -> str | None:
+        if value is not None and ".." in value:
+            raise ValueError("must not contain '..'")
+        return value
 
     @field_validator("resume_from")
     @classmethod
