@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import runpod
 
-from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.errors import ErrorCode, FluxboothError, error_for_the_wire
 from fluxbooth.job import ProgressSink, run_job
 from fluxbooth.launch import Redactor
 from fluxbooth.settings import WorkerSettings
@@ -33,7 +33,14 @@ def progress_sink_for(job: dict[str, Any]) -> ProgressSink:
     return lambda payload: runpod.serverless.progress_update(job, payload)
 
 
-async def handler(job: dict[str, Any]) -> dict[str, Any]:
+async def handler(job: Any) -> dict[str, Any]:
+    """One job in, its result out in RunPod's wire shape (`error` a JSON string, see `error_for_the_wire`)."""
+    return error_for_the_wire(await _result_for(job))
+
+
+async def _result_for(job: Any) -> dict[str, Any]:
+    if not isinstance(job, dict):
+        return FluxboothError(ErrorCode.INVALID_INPUT, "job: expected a JSON object with `id` and `input`").to_result()
     try:
         settings = WorkerSettings.from_environ()
     except ValueError as error:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,17 +42,22 @@ def handler_env(
 # --- results, never exceptions ---------------------------------------------------------------------
 
 
-def test_a_bad_request_comes_back_as_the_error_dict(handler_env: dict[str, str]) -> None:
+def wire_error(result: dict[str, Any]) -> dict[str, Any]:
+    """RunPod carries `error` as a string: the contract's error object, JSON-encoded."""
+    return json.loads(result["error"])
+
+
+def test_a_bad_request_comes_back_as_the_error_string(handler_env: dict[str, str]) -> None:
     result = asyncio.run(handler({"id": "bad-1", "input": {"colour": "blue"}}))
-    assert result["error"]["code"] == "invalid_input"
-    assert "input.colour: unknown field" in result["error"]["message"]
+    assert wire_error(result)["code"] == "invalid_input"
+    assert "input.colour: unknown field" in wire_error(result)["message"]
     assert result["refresh_worker"] is False
 
 
 def test_a_job_without_input_is_invalid_input(handler_env: dict[str, str]) -> None:
     result = asyncio.run(handler({"id": "bad-2"}))
-    assert result["error"]["code"] == "invalid_input"
-    assert "input: expected a JSON object" in result["error"]["message"]
+    assert wire_error(result)["code"] == "invalid_input"
+    assert "input: expected a JSON object" in wire_error(result)["message"]
 
 
 def test_a_malformed_worker_setting_is_internal_not_an_exception(
@@ -59,8 +65,8 @@ def test_a_malformed_worker_setting_is_internal_not_an_exception(
 ) -> None:
     monkeypatch.setenv("FLUXBOOTH_JOB_DEADLINE_SECONDS", "soon")
     result = asyncio.run(handler({"id": "bad-3", "input": job_input()}))
-    assert result["error"]["code"] == "internal"
-    assert "FLUXBOOTH_JOB_DEADLINE_SECONDS='soon' is not a number" in result["error"]["message"]
+    assert wire_error(result)["code"] == "internal"
+    assert "FLUXBOOTH_JOB_DEADLINE_SECONDS='soon' is not a number" in wire_error(result)["message"]
     assert result["refresh_worker"] is True
 
 
@@ -82,7 +88,7 @@ def test_cancelling_the_handler_kills_the_trainer_tree_removes_the_job_dir_and_r
             assert not task.done(), f"the job ended before it hung: {task.result()}"
             assert loop.time() < give_up, "the fake trainer never reported its pids"
             await asyncio.sleep(0.1)
-        assert (work_root / "job-cancel-me").is_dir()
+        assert [folder.name[:-13] for folder in work_root.iterdir()] == ["job-cancel-me"]
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -138,7 +144,7 @@ def test_the_sdk_runs_one_job_at_a_time_with_this_worker_config(handler_env: dic
     asyncio.run(scenario())
     assert peak[0] == 1
     assert max(offered) == 1, "the SDK asked for more than one job at a time"
-    assert [result["error"]["code"] for result in results] == ["invalid_input"] * jobs_to_offer
+    assert [wire_error(result)["code"] for result in results] == ["invalid_input"] * jobs_to_offer
 
 
 # --- logging ---------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Any
 
@@ -52,3 +53,19 @@ class FluxboothError(Exception):
 
     def __repr__(self) -> str:
         return f"FluxboothError({self.code.value!r}, {self.message!r})"
+
+
+def error_for_the_wire(result: dict[str, Any]) -> dict[str, Any]:
+    """The result as RunPod's API carries it: a failed job's `error` becomes one JSON string.
+
+    The runpod SDK declares `error` a string: its local API server answers a dict there with HTTP 500, and
+    RunPod's hosted API marks a job whose `error` is not a string COMPLETED with no output. The SDK also
+    pops `refresh_worker` (it only stops the pod), so the string repeats it for the caller to read.
+    A successful result passes through unchanged.
+    """
+    error = result.get("error")
+    if not isinstance(error, dict):
+        return result
+    refresh_worker = bool(result.get("refresh_worker"))
+    payload = {**error, "refresh_worker": refresh_worker}
+    return {"error": json.dumps(payload, ensure_ascii=False, default=str), "refresh_worker": refresh_worker}

@@ -8,12 +8,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
+import hashlib
+import json
 import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import uuid
@@ -46,11 +50,24 @@ logger = logging.getLogger(__name__)
 RESERVED_JOB_IDS = frozenset({"checkpoints"})
 
 
-def safe_job_id(job_id: str | None) -> str:
-    cleaned = re.sub(r"[^A-Za-z0-9_-]", "-", job_id or "")[:64].strip("-")
+MAX_SAFE_ID_CHARS = 64
+
+
+def safe_job_id(job_id: object) -> str:
+    """A folder and key segment for any JSON value RunPod's `id` may hold (a string, number, list, null).
+
+    Letters, digits, `_` and `-` pass through; anything else, or a cut to MAX_SAFE_ID_CHARS, also gets a short
+    hash of the whole id, so two different ids never share a storage folder. No id gives a random one."""
+    if job_id is None or job_id == "":
+        return uuid.uuid4().hex
+    text = job_id if isinstance(job_id, str) else json.dumps(job_id, sort_keys=True, default=str)
+    cleaned = re.sub(r"[^A-Za-z0-9_-]", "-", text[: MAX_SAFE_ID_CHARS * 4])[:MAX_SAFE_ID_CHARS].strip("-")
+    if cleaned != text or not isinstance(job_id, str):
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        cleaned = f"{cleaned[: MAX_SAFE_ID_CHARS - 13]}-{digest}".strip("-")
     if cleaned in RESERVED_JOB_IDS:
         cleaned = f"job-{cleaned}"
-    return cleaned or uuid.uuid4().hex
+    return cleaned
 
 
 @dataclass
@@ -147,36 +164,120 @@ async def _in_thread(function: Callable[..., Result], *args: Any) -> Result:
         raise
 
 
-def _fresh_job_dir(settings: WorkerSettings, safe_id: str) -> Path:
-    """`<work_root>/job-<id>`, not yet created; a retried job id never reuses a previous attempt's files."""
-    job_dir = settings.work_root / f"job-{safe_id}"
+ATTEMPT_PREFIX = "job-"
+CLAIMING_PREFIX = ".claiming-"
+# A folder still under its claiming name this long after creation belongs to a process that died mid-claim.
+CLAIMING_GRACE_SECONDS = 60.0
+
+
+@dataclass
+class JobAttempt:
+    """`<work_root>/job-<safe id>-<attempt>`: one run's own folder, locked (flock) for as long as the run lives.
+
+    Two runs with the same job id get different folders, and a folder is removed by someone else only once no
+    live process holds its lock (the kernel releases it when the owner dies, however it dies)."""
+
+    path: Path
+    lock_fd: int
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def remove(self) -> None:
+        """Delete the folder, then let go of it (in that order: nobody else may clean it while it goes)."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.close(self.lock_fd)
+
+
+def _lock_folder(path: Path, *, wait: bool) -> int | None:
+    """An exclusive flock on the folder itself; None when a live process holds it (or it is gone)."""
     try:
-        settings.work_root.mkdir(parents=True, exist_ok=True)
-        if job_dir.exists():
-            shutil.rmtree(job_dir)
+        descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(descriptor)
+        return None
+    return descriptor
+
+
+def claim_attempt_dir(work_root: Path, safe_id: str) -> JobAttempt:
+    """Create and lock this run's folder. It is locked under a claiming name and only then renamed into
+    place, so a folder named `job-*` is never seen unlocked while its run is alive."""
+    try:
+        work_root.mkdir(parents=True, exist_ok=True)
+        claiming = Path(tempfile.mkdtemp(prefix=CLAIMING_PREFIX, dir=work_root))
+        descriptor = _lock_folder(claiming, wait=True)
+        if descriptor is None:
+            raise OSError(f"cannot lock {claiming}")
+        target = work_root / f"{ATTEMPT_PREFIX}{safe_id}-{uuid.uuid4().hex[:12]}"
+        os.rename(claiming, target)
     except OSError as error:
         raise FluxboothError(
             ErrorCode.INTERNAL,
-            f"the work directory {settings.work_root} cannot be used ({error.strerror or error}); "
+            f"the work directory {work_root} cannot be used ({error.strerror or error}); "
             "set FLUXBOOTH_WORK_DIR to a writable directory",
         ) from error
-    return job_dir
+    return JobAttempt(target, descriptor)
+
+
+def attempt_is_live(work_root: Path, attempt_name: str) -> bool:
+    descriptor = _lock_folder(work_root / attempt_name, wait=False)
+    if descriptor is None:
+        return (work_root / attempt_name).is_dir()
+    os.close(descriptor)
+    return False
+
+
+def remove_stale_attempt_dirs(work_root: Path) -> list[Path]:
+    """Remove the folders of runs that are gone (crashed, killed, an older worker's): only folders whose lock
+    no live process holds, and claiming folders left by a process that died within its claim."""
+    removed: list[Path] = []
+    if not work_root.is_dir():
+        return removed
+    for entry in sorted(work_root.iterdir()):
+        if entry.is_symlink() or not entry.is_dir():
+            continue
+        if entry.name.startswith(ATTEMPT_PREFIX):
+            descriptor = _lock_folder(entry, wait=False)
+            if descriptor is None:
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            os.close(descriptor)
+            removed.append(entry)
+        elif entry.name.startswith(CLAIMING_PREFIX) and _age_seconds(entry) > CLAIMING_GRACE_SECONDS:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def _age_seconds(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 SWAP_FOLDER_PREFIX = "fluxbooth-swap-"
 
 
-def job_swap_dir(nvme_root: Path, safe_id: str) -> Path:
-    """This job's own DeepSpeed swap folder under the NVMe offload path."""
-    return nvme_root / f"{SWAP_FOLDER_PREFIX}{safe_id}"
+def job_swap_dir(nvme_root: Path, attempt_name: str) -> Path:
+    """This run's own DeepSpeed swap folder under the NVMe offload path (named after its attempt folder)."""
+    return nvme_root / f"{SWAP_FOLDER_PREFIX}{attempt_name}"
 
 
-def remove_stale_swap_dirs(nvme_root: Path) -> list[Path]:
-    """Remove swap folders that killed or crashed jobs left behind (this worker runs one job at a time, so
-    every one of them is stale): swap files of a dead run fill the disk and crash a resume that reads them."""
+def remove_stale_swap_dirs(nvme_root: Path, is_live: Callable[[str], bool] = lambda attempt_name: False) -> list[Path]:
+    """Remove swap folders that killed or crashed runs left behind (swap files of a dead run fill the disk and
+    crash a resume that reads them); a folder whose run `is_live` (by its attempt name) is kept."""
     removed = []
     if nvme_root.is_dir():
         for folder in nvme_root.glob(f"{SWAP_FOLDER_PREFIX}*"):
+            if is_live(folder.name[len(SWAP_FOLDER_PREFIX) :]):
+                continue
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
@@ -284,7 +385,7 @@ async def _run(
 
     reporter.stage("plan")
     base_model = await _in_thread(resolve_base_model, request.base_model, settings)
-    job_dir.mkdir(parents=True, exist_ok=False)
+    job_dir.mkdir(parents=True, exist_ok=True)
     resume_checkpoint: StoredCheckpoint | None = None
     if request.resume_from:
         from fluxbooth.checkpoints import find_resume_checkpoint
@@ -297,9 +398,12 @@ async def _run(
     plan = choose_plan(request, hardware, model_size(base_model), deadline_seconds=deadline)
     warnings.extend(plan.warnings)
     if plan.nvme_path:
-        for stale in await _in_thread(remove_stale_swap_dirs, Path(plan.nvme_path)):
+        def is_live(attempt_name: str) -> bool:
+            return attempt_is_live(settings.work_root, attempt_name)
+
+        for stale in await _in_thread(remove_stale_swap_dirs, Path(plan.nvme_path), is_live):
             logger.warning("job %s: removed a stale DeepSpeed swap folder %s", job_id, stale)
-        plan = dataclasses.replace(plan, nvme_path=str(job_swap_dir(Path(plan.nvme_path), job_id)))
+        plan = dataclasses.replace(plan, nvme_path=str(job_swap_dir(Path(plan.nvme_path), job_dir.name)))
     seconds["plan"] = _elapsed(started)
 
     reporter.stage("dataset")
@@ -398,13 +502,17 @@ async def run_job(
     settings: WorkerSettings,
     progress: ProgressSink | None = None,
 ) -> dict[str, Any]:
-    """Run one job and return the result or error dict. Raises only `asyncio.CancelledError`."""
+    """Run one job and return the result or error dict. Raises only `asyncio.CancelledError`.
+
+    `job_input` and `job_id` may be any JSON value: a wrong one gets the error contract, never an exception."""
     safe_id = safe_job_id(job_id)
-    job_dir: Path | None = None
+    attempt: JobAttempt | None = None
     redact = Redactor(settings.secret_values)
     try:
-        job_dir = _fresh_job_dir(settings, safe_id)
-        result = await _run(job_input, safe_id, settings, ProgressReporter(progress), job_dir)
+        for stale in remove_stale_attempt_dirs(settings.work_root):
+            logger.warning("job %s: removed the folder of a run that is gone: %s", safe_id, stale)
+        attempt = claim_attempt_dir(settings.work_root, safe_id)
+        result = await _run(job_input, safe_id, settings, ProgressReporter(progress), attempt.path)
         return _redact_tree(result, redact)
     except FluxboothError as error:
         logger.error("job %s failed: %s", safe_id, redact(f"{error.code.value}: {error.message}"))
@@ -418,11 +526,11 @@ async def run_job(
             ErrorCode.INTERNAL, redact(f"internal error ({type(error).__name__}): {error}")
         ).to_result()
     finally:
-        if job_dir is not None:
-            shutil.rmtree(job_dir, ignore_errors=True)
-        swap_root = nvme_root(settings.environ)
-        if swap_root is not None:
-            shutil.rmtree(job_swap_dir(swap_root, safe_id), ignore_errors=True)
+        if attempt is not None:
+            swap_root = nvme_root(settings.environ)
+            if swap_root is not None:
+                shutil.rmtree(job_swap_dir(swap_root, attempt.name), ignore_errors=True)
+            attempt.remove()
 
 
 # A SigV4 presigned URL must carry the access key ID (never the secret): masking it would break the URL.

@@ -1,0 +1,147 @@
+"""Errors RunPod understands, over real HTTP against the runpod SDK's own local API server
+(`python handler.py --rp_serve_api`): an invalid job is HTTP 200, status FAILED, and `error` is one JSON
+string carrying the contract's code, message, details and refresh_worker."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fluxbooth.errors import ErrorCode, FluxboothError, error_for_the_wire
+
+from tests.conftest import REPO_ROOT
+from tests.s3server import free_tcp_port
+
+SERVER_START_TIMEOUT_SECONDS = 120.0
+REQUEST_TIMEOUT_SECONDS = 120.0
+STEPS_MESSAGE = "invalid request: input.steps: Input should be a valid integer"
+
+
+@dataclass
+class ApiServer:
+    """The SDK's development API server, running handler.py in a subprocess."""
+
+    base_url: str
+    log_path: Path
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        request = urllib.request.Request(
+            f"{self.base_url}{path}",
+            data=json.dumps(body or {}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS) as response:
+            return response.status, json.loads(response.read())
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], log_path: Path) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the API server exited early:\n{log_path.read_text()[-3000:]}"
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.3)
+    raise TimeoutError(f"nothing listened on port {port} within {SERVER_START_TIMEOUT_SECONDS} s")
+
+
+@pytest.fixture
+def api_env() -> dict[str, str]:
+    """What the image sets, plus this checkout's source first on the path."""
+    return {"RUNPOD_LOG_LEVEL": "INFO", "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)])}
+
+
+@pytest.fixture
+def api_server(worker_env: dict[str, str], api_env: dict[str, str], tmp_path: Path) -> Iterator[ApiServer]:
+    port = free_tcp_port()
+    log_path = tmp_path / "api.log"
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "handler.py", "--rp_serve_api", "--rp_api_host", "127.0.0.1", "--rp_api_port", str(port)],
+            cwd=REPO_ROOT, env={**worker_env, **api_env}, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            _wait_for_port(port, server, log_path)
+            yield ApiServer(f"http://127.0.0.1:{port}", log_path)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def an_invalid_job() -> dict[str, Any]:
+    """What a new user tries first: the guide's fields with a typo in a number."""
+    return {"input": {"model_name": "sks-dog", "instance_prompt": "a photo of sks dog", "steps": "many"}}
+
+
+def test_runsync_answers_an_invalid_job_with_http_200_and_status_failed(api_server: ApiServer) -> None:
+    status, reply = api_server.post("/runsync", an_invalid_job())
+    print("POST /runsync ->", status, json.dumps(reply))  # the README quotes this captured reply
+    assert status == 200
+    assert reply["status"] == "FAILED"
+    assert reply["id"].startswith("test-")
+    assert set(reply) == {"id", "status", "error"}
+
+
+def test_the_error_string_carries_the_code_message_and_refresh_worker(api_server: ApiServer) -> None:
+    _, reply = api_server.post("/runsync", an_invalid_job())
+    assert isinstance(reply["error"], str)
+    assert json.loads(reply["error"]) == {"code": "invalid_input", "message": STEPS_MESSAGE, "refresh_worker": False}
+
+
+def test_run_then_status_reports_the_same_failure(api_server: ApiServer) -> None:
+    status, queued = api_server.post("/run", an_invalid_job())
+    assert (status, queued["status"]) == (200, "IN_PROGRESS")
+    status, reply = api_server.post(f"/status/{queued['id']}")
+    print(f"POST /status/{queued['id']} ->", status, json.dumps(reply))
+    assert (status, reply["id"], reply["status"]) == (200, queued["id"], "FAILED")
+    assert json.loads(reply["error"])["code"] == "invalid_input"
+    assert json.loads(reply["error"])["message"] == STEPS_MESSAGE
+
+
+def test_an_input_that_is_not_an_object_is_invalid_input_not_a_server_error(api_server: ApiServer) -> None:
+    status, reply = api_server.post("/runsync", {"input": {"dataset": ["not", "a", "string"], "model_name": 7}})
+    assert (status, reply["status"]) == (200, "FAILED")
+    error = json.loads(reply["error"])
+    assert error["code"] == "invalid_input"
+    assert error["message"].startswith("invalid request: ")
+    assert "input.model_name" in error["message"] and "input.dataset" in error["message"]
+
+
+# --- the wire shape itself ---------------------------------------------------------------------------
+
+
+def test_details_travel_inside_the_error_string() -> None:
+    failure = FluxboothError(ErrorCode.UPLOAD_FAILED, "uploading failed", details={"kept_at": "/runpod-volume/x"})
+    wire = error_for_the_wire(failure.to_result())
+    assert wire == {
+        "error": '{"code": "upload_failed", "message": "uploading failed", "details": {"kept_at": "/runpod-volume/x"}, '
+        '"refresh_worker": false}',
+        "refresh_worker": False,
+    }
+
+
+def test_refresh_worker_stays_beside_the_string_for_the_sdk() -> None:
+    wire = error_for_the_wire(FluxboothError(ErrorCode.TRAINER_FAILED, "the trainer died").to_result())
+    assert wire["refresh_worker"] is True
+    assert json.loads(wire["error"])["refresh_worker"] is True
+
+
+def test_a_successful_result_passes_unchanged() -> None:
+    result = {"model_name": "sks", "artifacts": [], "warnings": []}
+    assert error_for_the_wire(result) is result
