@@ -70,6 +70,32 @@ def test_a_malformed_worker_setting_is_internal_not_an_exception(
     assert result["refresh_worker"] is True
 
 
+def test_a_runpod_worker_without_a_bucket_refuses_the_job_before_any_work(
+    handler_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RUNPOD_ENDPOINT_ID", "ep-42")
+    result = asyncio.run(handler({"id": "no-bucket", "input": job_input()}))
+    error = wire_error(result)
+    assert (error["code"], error["refresh_worker"]) == ("internal", False)
+    assert error["message"].startswith("worker configuration: no bucket is configured, and this worker runs on RunPod")
+    assert result["refresh_worker"] is False
+
+
+@pytest.mark.slow
+def test_weights_kept_on_a_runpod_workers_disk_on_purpose_come_with_a_warning(
+    handler_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RUNPOD_ENDPOINT_ID", "ep-42")
+    monkeypatch.setenv("FLUXBOOTH_ALLOW_LOCAL_OUTPUT", "1")
+    result = asyncio.run(handler({"id": "kept-locally", "input": job_input()}))
+    assert "error" not in result, result
+    output_dir = Path(handler_env["FLUXBOOTH_OUTPUT_DIR"]).resolve()
+    assert all(artifact["uri"].startswith(output_dir.as_uri()) for artifact in result["artifacts"])
+    assert f"the weights were written to {output_dir} on this worker's own disk, which RunPod deletes with the worker: " \
+        "fetch them before it scales down, or configure a bucket (BUCKET_ENDPOINT_URL) or a FLUXBOOTH_OUTPUT_DIR on " \
+        "the network volume" in result["warnings"]
+
+
 # --- cancellation ----------------------------------------------------------------------------------
 
 

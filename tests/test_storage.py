@@ -22,7 +22,7 @@ from botocore.client import BaseClient
 from fluxbooth import storage
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.export import sha256_file
-from fluxbooth.settings import WorkerSettings
+from fluxbooth.settings import WorkerSettings, locate_bucket
 from fluxbooth.storage import (
     LocalStore,
     S3Store,
@@ -446,14 +446,13 @@ def test_missing_bucket_fails_with_upload_failed_naming_the_bucket(
     assert "fix BUCKET_NAME" in error.message
 
 
-def test_endpoint_url_that_is_not_a_url_fails_with_upload_failed(s3_bucket_env: dict[str, str]) -> None:
+def test_endpoint_url_that_is_not_a_url_is_a_worker_setting_error(s3_bucket_env: dict[str, str]) -> None:
     env = {**s3_bucket_env, "BUCKET_ENDPOINT_URL": "storage.example.com:9000"}
 
-    with pytest.raises(FluxboothError) as caught:
-        open_store(WorkerSettings.from_environ(env), MODEL, JOB)
+    with pytest.raises(ValueError) as caught:
+        WorkerSettings.from_environ(env)
 
-    assert caught.value.code is ErrorCode.UPLOAD_FAILED
-    assert "BUCKET_ENDPOINT_URL" in caught.value.message
+    assert str(caught.value) == "BUCKET_ENDPOINT_URL 'storage.example.com:9000' is not an http(s) URL"
 
 
 def test_valid_credentials_upload_to_the_authenticating_server(
@@ -900,3 +899,137 @@ def test_local_delete_folder_refuses_a_name_that_is_not_one_path_segment(tmp_pat
 
     assert caught.value.code is ErrorCode.INTERNAL
     assert outside.path.is_file()
+
+
+# --- RunPod's bucket conventions: the bucket named by BUCKET_ENDPOINT_URL ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "service_url", "bucket", "region", "prefix"),
+    [
+        ("https://my-loras.s3.us-west-2.amazonaws.com", "https://s3.us-west-2.amazonaws.com", "my-loras", "us-west-2", ""),
+        ("https://my-loras.s3.amazonaws.com", "https://s3.amazonaws.com", "my-loras", None, ""),
+        ("https://my.dotted.bucket.s3-eu-west-1.amazonaws.com", "https://s3-eu-west-1.amazonaws.com", "my.dotted.bucket", "eu-west-1", ""),
+        ("https://my-loras.nyc3.digitaloceanspaces.com", "https://nyc3.digitaloceanspaces.com", "my-loras", "nyc3", ""),
+        ("https://my-loras.s3.us-west-004.backblazeb2.com", "https://s3.us-west-004.backblazeb2.com", "my-loras", "us-west-004", ""),
+        ("https://acct.r2.cloudflarestorage.com/my-loras", "https://acct.r2.cloudflarestorage.com", "my-loras", None, ""),
+        ("http://127.0.0.1:9000/my-loras/team-a/", "http://127.0.0.1:9000", "my-loras", None, "team-a"),
+        ("https://s3.us-east-2.amazonaws.com/my-loras", "https://s3.us-east-2.amazonaws.com", "my-loras", "us-east-2", ""),
+        ("https://acct.r2.cloudflarestorage.com", "https://acct.r2.cloudflarestorage.com", None, None, ""),
+    ],
+    ids=["aws-regional", "aws-global", "aws-dash-region", "spaces", "backblaze", "r2-path", "minio-path-prefix",
+         "aws-path", "no-bucket"],
+)
+def test_the_bucket_is_read_from_the_endpoint_url_as_runpod_writes_it(
+    url: str, service_url: str, bucket: str | None, region: str | None, prefix: str
+) -> None:
+    location = locate_bucket(url)
+    assert (location.service_url, location.bucket, location.region, location.prefix) == (service_url, bucket, region, prefix)
+
+
+def runpod_bucket_env(s3_bucket_env: dict[str, str]) -> dict[str, str]:
+    """Only RunPod's three variables, the bucket inside the URL (path style: moto has no per-bucket DNS)."""
+    return {
+        "BUCKET_ENDPOINT_URL": f"{s3_bucket_env['BUCKET_ENDPOINT_URL']}/{s3_bucket_env['BUCKET_NAME']}",
+        "BUCKET_ACCESS_KEY_ID": s3_bucket_env["BUCKET_ACCESS_KEY_ID"],
+        "BUCKET_SECRET_ACCESS_KEY": s3_bucket_env["BUCKET_SECRET_ACCESS_KEY"],
+    }
+
+
+def test_runpods_three_variables_alone_upload_to_the_bucket_in_the_url(
+    s3_bucket_env: dict[str, str], s3_client: BaseClient, tmp_path: Path
+) -> None:
+    settings = WorkerSettings.from_environ(runpod_bucket_env(s3_bucket_env))
+    file = build_file(tmp_path, "weights.safetensors", 1000)
+
+    stored = open_store(settings, MODEL, JOB).upload(file.path, "weights.safetensors", sha256=file.sha256)
+
+    key = f"fluxbooth/{MODEL}/{JOB}/weights.safetensors"
+    assert stored.uri == f"s3://{s3_bucket_env['BUCKET_NAME']}/{key}"
+    assert s3_client.get_object(Bucket=s3_bucket_env["BUCKET_NAME"], Key=key)["Body"].read() == file.content
+
+
+def test_a_bucket_url_naming_no_bucket_is_a_setting_error_not_the_local_disk(s3_bucket_env: dict[str, str]) -> None:
+    env = {**runpod_bucket_env(s3_bucket_env), "BUCKET_ENDPOINT_URL": s3_bucket_env["BUCKET_ENDPOINT_URL"]}
+    with pytest.raises(ValueError) as caught:
+        WorkerSettings.from_environ(env)
+    assert str(caught.value) == (
+        "BUCKET_ENDPOINT_URL names no bucket: write it as https://<bucket>.s3.<region>.amazonaws.com or "
+        "https://<host>/<bucket> (R2, MinIO, other S3-compatible stores), or set BUCKET_NAME"
+    )
+
+
+def test_bucket_name_disagreeing_with_the_bucket_in_the_host_is_refused() -> None:
+    env = {"BUCKET_ENDPOINT_URL": "https://my-loras.s3.us-west-2.amazonaws.com", "BUCKET_NAME": "other"}
+    with pytest.raises(ValueError) as caught:
+        WorkerSettings.from_environ(env)
+    assert str(caught.value) == (
+        "BUCKET_NAME='other' but BUCKET_ENDPOINT_URL names the bucket 'my-loras'; remove BUCKET_NAME or make them agree"
+    )
+
+
+def test_bucket_name_with_a_path_style_url_keeps_the_path_as_folders() -> None:
+    bucket = WorkerSettings.from_environ(
+        {"BUCKET_ENDPOINT_URL": "http://minio:9000/team-a", "BUCKET_NAME": "loras", "BUCKET_PREFIX": "runs"}
+    ).bucket
+    assert bucket is not None
+    assert (bucket.endpoint_url, bucket.bucket, bucket.prefix) == ("http://minio:9000", "loras", "team-a/runs")
+
+
+def test_the_region_comes_from_the_url_unless_bucket_region_says_otherwise() -> None:
+    url = {"BUCKET_ENDPOINT_URL": "https://my-loras.s3.eu-central-1.amazonaws.com"}
+    assert WorkerSettings.from_environ(url).bucket.region == "eu-central-1"  # type: ignore[union-attr]
+    assert WorkerSettings.from_environ({**url, "BUCKET_REGION": "eu-west-3"}).bucket.region == "eu-west-3"  # type: ignore[union-attr]
+
+
+# --- on RunPod, weights never silently land on the worker's disk --------------------------------------
+
+ON_RUNPOD = {"RUNPOD_POD_ID": "abc123xyz", "RUNPOD_ENDPOINT_ID": "ep-42"}
+NO_BUCKET_ON_RUNPOD = (
+    "worker configuration: no bucket is configured, and this worker runs on RunPod, whose container disk is deleted "
+    "with the worker: set BUCKET_ENDPOINT_URL (https://<bucket>.s3.<region>.amazonaws.com or https://<host>/<bucket>), "
+    "BUCKET_ACCESS_KEY_ID and BUCKET_SECRET_ACCESS_KEY on the endpoint, or set FLUXBOOTH_ALLOW_LOCAL_OUTPUT=1 to keep "
+    "the weights in FLUXBOOTH_OUTPUT_DIR (a network volume path) on purpose"
+)
+
+
+@pytest.mark.parametrize("marker", ["RUNPOD_POD_ID", "RUNPOD_ENDPOINT_ID"])
+def test_a_runpod_worker_without_a_bucket_is_refused(marker: str, tmp_path: Path) -> None:
+    settings = WorkerSettings.from_environ({marker: ON_RUNPOD[marker], "FLUXBOOTH_OUTPUT_DIR": str(tmp_path)})
+    with pytest.raises(FluxboothError) as caught:
+        storage.require_usable_storage(settings)
+    assert caught.value.code is ErrorCode.INTERNAL
+    assert caught.value.message == NO_BUCKET_ON_RUNPOD
+    assert caught.value.refresh_worker is False
+
+
+def test_local_runs_keep_the_local_output_directory_default(tmp_path: Path) -> None:
+    settings = WorkerSettings.from_environ({"FLUXBOOTH_OUTPUT_DIR": str(tmp_path)})
+    storage.require_usable_storage(settings)
+    assert storage.local_output_warning(settings) is None
+
+
+def test_a_runpod_worker_with_a_bucket_is_fine(s3_bucket_env: dict[str, str]) -> None:
+    settings = WorkerSettings.from_environ({**ON_RUNPOD, **runpod_bucket_env(s3_bucket_env)})
+    storage.require_usable_storage(settings)
+    assert storage.local_output_warning(settings) is None
+
+
+def test_opting_into_local_output_on_runpod_is_allowed_with_a_warning(tmp_path: Path) -> None:
+    env = {**ON_RUNPOD, "FLUXBOOTH_ALLOW_LOCAL_OUTPUT": "1", "FLUXBOOTH_OUTPUT_DIR": str(tmp_path / "outputs"),
+           "FLUXBOOTH_VOLUME_DIR": str(tmp_path / "no-volume")}
+    settings = WorkerSettings.from_environ(env)
+    storage.require_usable_storage(settings)
+    assert storage.local_output_warning(settings) == (
+        f"the weights were written to {tmp_path / 'outputs'} on this worker's own disk, which RunPod deletes with the "
+        "worker: fetch them before it scales down, or configure a bucket (BUCKET_ENDPOINT_URL) or a "
+        "FLUXBOOTH_OUTPUT_DIR on the network volume"
+    )
+
+
+def test_local_output_on_the_network_volume_needs_no_warning(tmp_path: Path) -> None:
+    volume = tmp_path / "runpod-volume"
+    volume.mkdir()
+    env = {**ON_RUNPOD, "FLUXBOOTH_ALLOW_LOCAL_OUTPUT": "1", "FLUXBOOTH_OUTPUT_DIR": str(volume / "loras"),
+           "FLUXBOOTH_VOLUME_DIR": str(volume)}
+    assert storage.local_output_warning(WorkerSettings.from_environ(env)) is None

@@ -423,7 +423,12 @@ def check_bucket(settings: WorkerSettings) -> CheckResult:
     """HEAD the bucket with the worker's credentials; the message never carries a credential."""
     bucket = settings.bucket
     if bucket is None:
-        return CheckResult("object storage", SKIP, f"no BUCKET_NAME: artifacts go to {settings.output_dir}")
+        from fluxbooth.storage import storage_problem
+
+        problem = storage_problem(settings)
+        if problem is not None:
+            return CheckResult("object storage", FAIL, problem)
+        return CheckResult("object storage", SKIP, f"no bucket (BUCKET_ENDPOINT_URL): artifacts go to {settings.output_dir}")
     from botocore.exceptions import BotoCoreError, ClientError
 
     from fluxbooth.storage import S3Store

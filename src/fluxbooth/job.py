@@ -382,6 +382,9 @@ async def _run(
     for warning in warnings:
         logger.warning("job %s: %s", job_id, warning)
     deadline = float(request.timeout_seconds or settings.job_deadline_seconds)
+    from fluxbooth.storage import local_output_warning, require_usable_storage
+
+    require_usable_storage(settings)
 
     reporter.stage("plan")
     base_model = await _in_thread(resolve_base_model, request.base_model, settings)
@@ -481,6 +484,9 @@ async def _run(
     stored = await _in_thread(_upload_all, artifacts, settings, request.model_name, job_id)
     seconds["upload"] = _elapsed(stage_started)
     seconds["total"] = _elapsed(started)
+    if (disk_warning := local_output_warning(settings)) is not None:
+        logger.warning("job %s: %s", job_id, disk_warning)
+        warnings.append(disk_warning)
 
     trainer_metrics = dict(outcome.done.get("metrics", {}))
     trainer_warnings = [event.get("message", "") for event in outcome.events if event.get("event") == "warning"]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 TINY_MODEL_NAME = "fluxbooth/tiny-flux"
 DEFAULT_BASE_MODEL = "black-forest-labs/FLUX.1-dev"
@@ -66,6 +69,97 @@ class BucketSettings:
     presign_seconds: int
 
 
+# Set by RunPod inside its pods and serverless workers.
+RUNPOD_PRESENCE_VARIABLES = ("RUNPOD_POD_ID", "RUNPOD_ENDPOINT_ID")
+ALLOW_LOCAL_OUTPUT_VARIABLE = "FLUXBOOTH_ALLOW_LOCAL_OUTPUT"
+BUCKET_VARIABLES = ("BUCKET_ENDPOINT_URL", "BUCKET_ACCESS_KEY_ID", "BUCKET_SECRET_ACCESS_KEY", "BUCKET_NAME")
+DEFAULT_BUCKET_REGION = "us-east-1"
+DEFAULT_BUCKET_PREFIX = "fluxbooth"
+# `<bucket>.s3.<region>.amazonaws.com`, `<bucket>.s3-<region>.amazonaws.com`, `<bucket>.s3.<region>.backblazeb2.com`
+_VIRTUAL_HOSTED_S3 = re.compile(r"^(?P<bucket>[a-z0-9][a-z0-9.-]*?)\.(?P<service>s3(?:[.-](?P<rest>.+))?)$")
+_DIGITALOCEAN_SPACES = re.compile(r"^(?P<bucket>[a-z0-9][a-z0-9-]*)\.(?P<region>[a-z0-9-]+)\.digitaloceanspaces\.com$")
+
+
+@dataclass(frozen=True)
+class BucketLocation:
+    """What a bucket URL says: the service to talk to, and the bucket, region and key prefix it names."""
+
+    service_url: str
+    bucket: str | None
+    region: str | None
+    prefix: str
+    in_host: bool  # the bucket was read from the host name (virtual-hosted style), not from the path
+
+
+def locate_bucket(endpoint_url: str) -> BucketLocation:
+    """Read a bucket URL as RunPod's docs write BUCKET_ENDPOINT_URL: the bucket in the host
+    (`https://<bucket>.s3.<region>.amazonaws.com`, `https://<bucket>.<region>.digitaloceanspaces.com`) or as the
+    first path segment (`https://<host>/<bucket>[/prefix]`, for R2, MinIO and other S3-compatible stores)."""
+    parts = urlsplit(endpoint_url.strip())
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        raise ValueError(f"BUCKET_ENDPOINT_URL {endpoint_url!r} is not an http(s) URL")
+    host = parts.hostname.lower()
+    port = f":{parts.port}" if parts.port else ""
+    segments = [segment for segment in parts.path.split("/") if segment]
+    if spaces := _DIGITALOCEAN_SPACES.match(host):
+        return BucketLocation(
+            f"{parts.scheme}://{spaces['region']}.digitaloceanspaces.com{port}", spaces["bucket"], spaces["region"],
+            "/".join(segments), in_host=True,
+        )
+    if hosted := _VIRTUAL_HOSTED_S3.match(host):
+        return BucketLocation(
+            f"{parts.scheme}://{hosted['service']}{port}", hosted["bucket"], _region_in(hosted["rest"] or ""),
+            "/".join(segments), in_host=True,
+        )
+    region = _region_in(host.removeprefix("s3.").removeprefix("s3-")) if host.startswith("s3") else None
+    service_url = f"{parts.scheme}://{host}{port}"
+    if not segments:
+        return BucketLocation(service_url, None, region, "", in_host=False)
+    return BucketLocation(service_url, segments[0], region, "/".join(segments[1:]), in_host=False)
+
+
+def _region_in(rest: str) -> str | None:
+    """`us-west-2.amazonaws.com` -> `us-west-2`; `amazonaws.com` (the global endpoint) -> None."""
+    first = rest.split(".", 1)[0]
+    return first if "." in rest and first not in {"amazonaws", "dualstack"} else None
+
+
+def bucket_from_environ(env: Mapping[str, str]) -> BucketSettings | None:
+    """RunPod's three BUCKET_* variables (plus an optional BUCKET_NAME); None when none of them is set.
+    Set but naming no bucket is a mistake to report, never a silent fall back to the worker's disk."""
+    if not any(env.get(name, "").strip() for name in BUCKET_VARIABLES):
+        return None
+    named = env.get("BUCKET_NAME", "").strip()
+    endpoint = env.get("BUCKET_ENDPOINT_URL", "").strip()
+    location = locate_bucket(endpoint) if endpoint else BucketLocation("", None, None, "", in_host=False)
+    if named and location.bucket and named != location.bucket:
+        if location.in_host:
+            raise ValueError(
+                f"BUCKET_NAME={named!r} but BUCKET_ENDPOINT_URL names the bucket {location.bucket!r}; "
+                "remove BUCKET_NAME or make them agree"
+            )
+        # With BUCKET_NAME set, a path-style URL's segments are folders inside that bucket.
+        location = dataclasses.replace(location, prefix="/".join(p for p in (location.bucket, location.prefix) if p))
+    bucket = named or location.bucket
+    if not bucket:
+        raise ValueError(
+            "BUCKET_ENDPOINT_URL names no bucket: write it as https://<bucket>.s3.<region>.amazonaws.com or "
+            "https://<host>/<bucket> (R2, MinIO, other S3-compatible stores), or set BUCKET_NAME"
+        )
+    prefix = "/".join(
+        part for part in (location.prefix.strip("/"), env.get("BUCKET_PREFIX", DEFAULT_BUCKET_PREFIX).strip("/")) if part
+    )
+    return BucketSettings(
+        endpoint_url=location.service_url or None,
+        access_key_id=env.get("BUCKET_ACCESS_KEY_ID", ""),
+        secret_access_key=env.get("BUCKET_SECRET_ACCESS_KEY", ""),
+        bucket=bucket,
+        region=env.get("BUCKET_REGION") or location.region or DEFAULT_BUCKET_REGION,
+        prefix=prefix,
+        presign_seconds=_int(env, "BUCKET_PRESIGN_SECONDS", 7 * 24 * 3600),
+    )
+
+
 @dataclass(frozen=True)
 class DatasetLimits:
     max_base64_chars: int = 96 * 1024 * 1024
@@ -97,6 +191,10 @@ class WorkerSettings:
     # Complete checkpoints kept per model in storage after each upload; 0 keeps every one.
     checkpoints_keep: int = 2
     dataset_limits: DatasetLimits = field(default_factory=DatasetLimits)
+    # Running inside a RunPod pod or serverless worker, whose disk goes with it.
+    on_runpod: bool = False
+    # The operator's explicit choice to keep weights on the worker's disk on RunPod (no bucket).
+    allow_local_output: bool = False
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -108,18 +206,7 @@ class WorkerSettings:
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
         env = dict(os.environ if environ is None else environ)
         cache_home = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        bucket_name = env.get("BUCKET_NAME", "").strip()
-        bucket = None
-        if bucket_name:
-            bucket = BucketSettings(
-                endpoint_url=env.get("BUCKET_ENDPOINT_URL") or None,
-                access_key_id=env.get("BUCKET_ACCESS_KEY_ID", ""),
-                secret_access_key=env.get("BUCKET_SECRET_ACCESS_KEY", ""),
-                bucket=bucket_name,
-                region=env.get("BUCKET_REGION", "us-east-1"),
-                prefix=env.get("BUCKET_PREFIX", "fluxbooth").strip("/"),
-                presign_seconds=_int(env, "BUCKET_PRESIGN_SECONDS", 7 * 24 * 3600),
-            )
+        bucket = bucket_from_environ(env)
         volume = env.get("FLUXBOOTH_VOLUME_DIR", "/runpod-volume")
         limits = DatasetLimits(
             max_base64_chars=_int(env, "FLUXBOOTH_MAX_BASE64_CHARS", DatasetLimits.max_base64_chars),
@@ -144,5 +231,7 @@ class WorkerSettings:
             trainer_module=env.get("FLUXBOOTH_TRAINER_MODULE") or "fluxbooth.train",
             checkpoints_keep=_count(env, "FLUXBOOTH_CHECKPOINTS_KEEP", 2),
             dataset_limits=limits,
+            on_runpod=any(env.get(name) for name in RUNPOD_PRESENCE_VARIABLES),
+            allow_local_output=_flag(env.get(ALLOW_LOCAL_OUTPUT_VARIABLE)),
             environ=env,
         )
