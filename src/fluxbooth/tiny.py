@@ -78,6 +78,27 @@ VAE_CONFIG: dict[str, Any] = {
     "use_post_quant_conv": False,
 }
 
+# The text encoders' shapes; vocabulary sizes and special token ids come from the tokenizers.
+CLIP_TEXT_CONFIG: dict[str, Any] = {
+    "hidden_size": TEXT_WIDTH,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "max_position_embeddings": CLIP_MAX_LENGTH,
+    "projection_dim": TEXT_WIDTH,
+    "hidden_act": "quick_gelu",
+}
+T5_CONFIG: dict[str, Any] = {
+    "d_model": T5_WIDTH,
+    "d_kv": 8,
+    "d_ff": 64,
+    "num_layers": 2,
+    "num_heads": 4,
+    "relative_attention_num_buckets": 8,
+    "feed_forward_proj": "gated-gelu",
+    "dropout_rate": 0.0,
+}
+
 # FLUX.1-dev's scheduler configuration.
 SCHEDULER_CONFIG: dict[str, Any] = {
     "base_image_seq_len": 256,
@@ -95,7 +116,7 @@ def is_complete_pipeline(folder: Path) -> bool:
     return all((folder / relative).is_file() for relative in REQUIRED_FILES)
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2/CLIP's reversible byte → printable character table (byte-level BPE's alphabet)."""
     printable = (
         list(range(ord("!"), ord("~") + 1))
@@ -118,7 +139,7 @@ def _clip_vocabulary() -> tuple[dict[str, int], list[tuple[str, str]]]:
     With every byte in the vocabulary any text tokenises without an unknown token; the merges for
     common prompt words keep prompts short without making the file large.
     """
-    alphabet = list(_bytes_to_unicode().values())
+    alphabet = list(bytes_to_unicode().values())
     tokens = alphabet + [character + "</w>" for character in alphabet]
     merges: list[tuple[str, str]] = []
     for word in ("a", "photo", "of", "sks", "dog", "person", "the", "in", "on", "and"):
@@ -150,14 +171,44 @@ def _t5_vocabulary() -> list[tuple[str, float]]:
     return list(unique.items())
 
 
+def build_tokenizers() -> dict[str, Any]:
+    """{"tokenizer": the byte-level CLIPTokenizer, "tokenizer_2": the small T5TokenizerFast}."""
+    from transformers import CLIPTokenizer, T5TokenizerFast
+
+    vocabulary, merges = _clip_vocabulary()
+    return {
+        "tokenizer": CLIPTokenizer(vocab=vocabulary, merges=merges, model_max_length=CLIP_MAX_LENGTH),
+        "tokenizer_2": T5TokenizerFast(vocab=_t5_vocabulary(), extra_ids=0, model_max_length=T5_MAX_LENGTH),
+    }
+
+
+def text_encoder_configs(tokenizers: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(CLIPTextConfig kwargs, T5Config kwargs): the tiny shapes sized to `tokenizers`' vocabularies."""
+    clip, t5 = tokenizers["tokenizer"], tokenizers["tokenizer_2"]
+    clip_config = {
+        **CLIP_TEXT_CONFIG,
+        "vocab_size": len(clip),
+        "bos_token_id": clip.bos_token_id,
+        "eos_token_id": clip.eos_token_id,
+        "pad_token_id": clip.pad_token_id,
+    }
+    t5_config = {
+        **T5_CONFIG,
+        "vocab_size": len(t5),
+        "pad_token_id": t5.pad_token_id,
+        "eos_token_id": t5.eos_token_id,
+        "decoder_start_token_id": t5.pad_token_id,
+    }
+    return clip_config, t5_config
+
+
 def _build_components(seed: int) -> dict[str, Any]:
     import torch
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, T5Config, T5EncoderModel, T5TokenizerFast
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-    vocabulary, merges = _clip_vocabulary()
-    tokenizer = CLIPTokenizer(vocab=vocabulary, merges=merges, model_max_length=CLIP_MAX_LENGTH)
-    tokenizer_2 = T5TokenizerFast(vocab=_t5_vocabulary(), extra_ids=0, model_max_length=T5_MAX_LENGTH)
+    tokenizers = build_tokenizers()
+    clip_config, t5_config = text_encoder_configs(tokenizers)
 
     # Each component gets its own seed offset so changing one component's shape never changes another's
     # weights; the whole folder is a pure function of `seed`.
@@ -166,46 +217,17 @@ def _build_components(seed: int) -> dict[str, Any]:
     torch.manual_seed(seed + 1)
     vae = AutoencoderKL(**VAE_CONFIG)
     torch.manual_seed(seed + 2)
-    text_encoder = CLIPTextModel(
-        CLIPTextConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=TEXT_WIDTH,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            max_position_embeddings=CLIP_MAX_LENGTH,
-            projection_dim=TEXT_WIDTH,
-            hidden_act="quick_gelu",
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    )
+    text_encoder = CLIPTextModel(CLIPTextConfig(**clip_config))
     torch.manual_seed(seed + 3)
-    text_encoder_2 = T5EncoderModel(
-        T5Config(
-            vocab_size=len(tokenizer_2),
-            d_model=T5_WIDTH,
-            d_kv=8,
-            d_ff=64,
-            num_layers=2,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            feed_forward_proj="gated-gelu",
-            dropout_rate=0.0,
-            pad_token_id=tokenizer_2.pad_token_id,
-            eos_token_id=tokenizer_2.eos_token_id,
-            decoder_start_token_id=tokenizer_2.pad_token_id,
-        )
-    )
+    text_encoder_2 = T5EncoderModel(T5Config(**t5_config))
     scheduler = FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG)
     return {
         "scheduler": scheduler,
         "vae": vae.eval(),
         "text_encoder": text_encoder.eval(),
-        "tokenizer": tokenizer,
+        "tokenizer": tokenizers["tokenizer"],
         "text_encoder_2": text_encoder_2.eval(),
-        "tokenizer_2": tokenizer_2,
+        "tokenizer_2": tokenizers["tokenizer_2"],
         "transformer": transformer.eval(),
     }
 

@@ -1,0 +1,297 @@
+"""Build a preset's pipeline on disk, one safetensors shard at a time.
+
+Each large component is constructed on the meta device (no memory), its state dict is split into
+shards by module, and each shard's modules alone are materialised on `device`, initialised with the
+class's own initialiser, written and dropped again, so the host never holds more than one shard
+(plus safetensors' serialisation copy) whatever the model's size. Components whose state dict holds
+buffers their constructor fills (CLIP's position ids) are small and built whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fluxbooth.synthetic.presets import Preset
+
+# (library, class, weights file stem) per component, as FluxPipeline's model_index.json names them.
+COMPONENTS: dict[str, tuple[str, str, str]] = {
+    "transformer": ("diffusers", "FluxTransformer2DModel", "diffusion_pytorch_model"),
+    "vae": ("diffusers", "AutoencoderKL", "diffusion_pytorch_model"),
+    "text_encoder": ("transformers", "CLIPTextModel", "model"),
+    "text_encoder_2": ("transformers", "T5EncoderModel", "model"),
+}
+# Every component gets its own seed stream, so changing one component's shape never changes another's weights.
+_SEED_STRIDE = {"transformer": 0, "vae": 1, "text_encoder": 2, "text_encoder_2": 3}
+MARKER_FILE = "fluxbooth_synthetic.json"
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The modules (by name) whose own parameters go into one file, and those parameters' names."""
+
+    modules: tuple[str, ...]
+    tensors: tuple[str, ...]
+    nbytes: int
+
+
+def text_encoder_configs(preset: Preset, tokenizers: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The CLIP and T5 configs; the tiny tokenizers size the tiny encoders' vocabularies."""
+    if preset.tokenizers == "tiny":
+        from fluxbooth import tiny
+
+        clip, t5 = tiny.text_encoder_configs(tokenizers or tiny.build_tokenizers())
+        return {**clip, **preset.text_encoder}, {**t5, **preset.text_encoder_2}
+    return dict(preset.text_encoder), dict(preset.text_encoder_2)
+
+
+def component_configs(preset: Preset, tokenizers: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    clip, t5 = text_encoder_configs(preset, tokenizers)
+    return {"transformer": preset.transformer, "vae": preset.vae, "text_encoder": clip, "text_encoder_2": t5}
+
+
+def construct(component: str, config: dict[str, Any], device: Any, dtype: Any = None) -> Any:
+    """The component's class built from `config` under `device` (meta: shapes only, no memory), its
+    floating-point tensors created in `dtype` (default: float32)."""
+    import diffusers
+    import torch
+    import transformers
+
+    library, class_name, _ = COMPONENTS[component]
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype or torch.float32)
+    try:
+        with torch.device(device):
+            if library == "diffusers":
+                return getattr(diffusers, class_name)(**config)
+            config_class = {"CLIPTextModel": transformers.CLIPTextConfig, "T5EncoderModel": transformers.T5Config}[class_name]
+            settings = {key: value for key, value in config.items() if key != "torch_dtype"}
+            return getattr(transformers, class_name)(config_class(**settings))
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def parameter_count(model: Any) -> int:
+    """Parameters counted once each (T5's tied input embedding is `shared`)."""
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def count_parameters(preset: Preset) -> dict[str, int]:
+    """Each component's parameter count, from meta-device models: nothing is allocated."""
+    configs = component_configs(preset)
+    return {component: parameter_count(construct(component, configs[component], "meta")) for component in COMPONENTS}
+
+
+def unique_state_names(model: Any) -> list[str]:
+    """State-dict names, one per tensor: tied parameters are written once, under their first name."""
+    seen: set[int] = set()
+    names = []
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            names.append(name)
+    return names
+
+
+def plan_shards(model: Any, names: list[str], max_bytes: int, dtype: Any) -> list[Shard]:
+    """Split `names` into shards of at most `max_bytes` (a module larger than that gets its own),
+    never splitting one module's own parameters between two files."""
+    import torch
+
+    state = model.state_dict(keep_vars=True)
+    by_module: dict[str, list[str]] = {}
+    for name in names:
+        by_module.setdefault(name.rpartition(".")[0], []).append(name)
+    element = torch.empty((), dtype=dtype).element_size()
+    shards: list[Shard] = []
+    modules: list[str] = []
+    tensors: list[str] = []
+    size = 0
+    for module, module_names in by_module.items():
+        module_bytes = sum(state[name].numel() * element for name in module_names)
+        if tensors and size + module_bytes > max_bytes:
+            shards.append(Shard(tuple(modules), tuple(tensors), size))
+            modules, tensors, size = [], [], 0
+        modules.append(module)
+        tensors.extend(module_names)
+        size += module_bytes
+    if tensors:
+        shards.append(Shard(tuple(modules), tuple(tensors), size))
+    return shards
+
+
+def shard_file_names(stem: str, count: int) -> list[str]:
+    """diffusers' and transformers' names: `stem.safetensors`, or `stem-00001-of-00003.safetensors`, ..."""
+    if count == 1:
+        return [f"{stem}.safetensors"]
+    return [f"{stem}-{index:05d}-of-{count:05d}.safetensors" for index in range(1, count + 1)]
+
+
+def _materialise(model: Any, modules: tuple[str, ...], device: Any) -> list[Any]:
+    owners = [model.get_submodule(name) for name in modules]
+    for owner in owners:
+        owner.to_empty(device=device, recurse=False)
+    return owners
+
+
+def _initialise(model: Any, owners: list[Any]) -> None:
+    """The class's own initialisation, applied where memory now exists (meta tensors ignore it)."""
+    import torch
+
+    with torch.no_grad():
+        if hasattr(model, "_init_weights"):
+            # transformers: the model's initialiser, over every module in the order `post_init` uses.
+            model.apply(model._init_weights)
+            return
+        for owner in owners:
+            if hasattr(owner, "reset_parameters"):
+                owner.reset_parameters()
+                continue
+            for name, parameter in owner.named_parameters(recurse=False):
+                parameter.fill_(1.0 if name == "weight" else 0.0)
+
+
+def _release(owners: list[Any]) -> None:
+    import torch
+
+    for owner in owners:
+        for name, parameter in list(owner._parameters.items()):
+            if parameter is not None:
+                owner._parameters[name] = torch.nn.Parameter(
+                    torch.empty_like(parameter, device="meta"), requires_grad=parameter.requires_grad
+                )
+
+
+def _streamable(model: Any) -> bool:
+    """Only parameters in the state dict: every tensor can be initialised from its module."""
+    parameters = {id(parameter) for parameter in model.parameters()}
+    return all(id(tensor) in parameters for tensor in model.state_dict(keep_vars=True).values())
+
+
+def write_component(
+    component: str, config: dict[str, Any], folder: Path, *, max_shard_bytes: int, dtype_name: str, device: str, seed: int
+) -> dict[str, Any]:
+    """Write `folder/config.json` and the weights shard by shard; returns a summary."""
+    import torch
+    from safetensors.torch import save_file
+
+    library, _, stem = COMPONENTS[component]
+    dtype = getattr(torch, dtype_name)
+    folder.mkdir(parents=True, exist_ok=True)
+    model = construct(component, config, "meta", dtype)
+    streaming = _streamable(model)
+    if not streaming:
+        torch.manual_seed(seed * 1_000_003 + _SEED_STRIDE[component])
+        model = construct(component, config, device, dtype)
+    _save_config(model, library, folder, dtype_name)
+    names = unique_state_names(model)
+    shards = plan_shards(model, names, max_shard_bytes, dtype)
+    files = shard_file_names(stem, len(shards))
+    weight_map: dict[str, str] = {}
+    for index, (shard, file_name) in enumerate(zip(shards, files, strict=True)):
+        owners: list[Any] = []
+        if streaming:
+            torch.manual_seed(seed * 1_000_003 + _SEED_STRIDE[component] * 10_007 + index)
+            owners = _materialise(model, shard.modules, device)
+            _initialise(model, owners)
+        state = model.state_dict(keep_vars=True)
+        tensors = {name: state[name].detach().to("cpu").contiguous() for name in shard.tensors}
+        save_file(tensors, str(folder / file_name), metadata={"format": "pt"})
+        del tensors, state
+        weight_map.update({name: file_name for name in shard.tensors})
+        _release(owners)
+    if len(files) > 1:
+        index_document = {"metadata": {"total_size": sum(shard.nbytes for shard in shards)}, "weight_map": weight_map}
+        (folder / f"{stem}.safetensors.index.json").write_text(json.dumps(index_document, indent=2, sort_keys=True) + "\n")
+    return {"parameters": parameter_count(model), "shards": len(files), "bytes": sum(shard.nbytes for shard in shards)}
+
+
+def _save_config(model: Any, library: str, folder: Path, dtype_name: str) -> None:
+    if library == "diffusers":
+        model.save_config(folder)
+        return
+    model.config.dtype = dtype_name
+    model.config.save_pretrained(folder)
+
+
+def _model_index(tokenizers: dict[str, Any]) -> dict[str, Any]:
+    import diffusers
+
+    index: dict[str, Any] = {"_class_name": "FluxPipeline", "_diffusers_version": diffusers.__version__}
+    index["scheduler"] = ["diffusers", "FlowMatchEulerDiscreteScheduler"]
+    for component, (library, class_name, _) in COMPONENTS.items():
+        index[component] = [library, class_name]
+    for name, tokenizer in tokenizers.items():
+        index[name] = ["transformers", type(tokenizer).__name__]
+    return dict(sorted(index.items()))
+
+
+def build_tokenizers(preset: Preset) -> dict[str, Any]:
+    if preset.tokenizers == "tiny":
+        from fluxbooth import tiny
+
+        return tiny.build_tokenizers()
+    from fluxbooth.synthetic.vocab import full_size_tokenizers
+
+    return full_size_tokenizers()
+
+
+def is_complete(folder: Path, description: dict[str, Any]) -> bool:
+    marker = folder / MARKER_FILE
+    try:
+        return json.loads(marker.read_text()) == description
+    except (OSError, ValueError):
+        return False
+
+
+def describe(preset: Preset, seed: int) -> dict[str, Any]:
+    """What a finished folder was built from; a folder with another description is rebuilt."""
+    description = {
+        "preset": preset.name,
+        "seed": seed,
+        "dtype": preset.dtype,
+        "transformer": preset.transformer,
+        "max_shard_bytes": preset.max_shard_bytes,
+    }
+    return json.loads(json.dumps(description, sort_keys=True))
+
+
+def build_pipeline(preset: Preset, out_dir: Path, *, seed: int = 0, device: str = "cpu") -> Path:
+    """Write `preset`'s pipeline to `out_dir` (reused when already complete) and return its path.
+
+    Written under a temporary name beside `out_dir` and renamed into place: a reader never sees half
+    a pipeline."""
+    out_dir = Path(out_dir).absolute()
+    description = describe(preset, seed)
+    if is_complete(out_dir, description):
+        return out_dir
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.parent / f".{out_dir.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tokenizers = build_tokenizers(preset)
+        configs = component_configs(preset, tokenizers)
+        summary = {}
+        for component in COMPONENTS:
+            summary[component] = write_component(
+                component, configs[component], staging / component, max_shard_bytes=preset.max_shard_bytes[component],
+                dtype_name=preset.dtype, device=device, seed=seed,
+            )
+        for name, tokenizer in tokenizers.items():
+            tokenizer.save_pretrained(staging / name)
+        FlowMatchEulerDiscreteScheduler(**preset.scheduler).save_pretrained(staging / "scheduler")
+        (staging / "model_index.json").write_text(json.dumps(_model_index(tokenizers), indent=2) + "\n")
+        (staging / MARKER_FILE).write_text(json.dumps(description, sort_keys=True) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.rename(staging, out_dir)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return out_dir

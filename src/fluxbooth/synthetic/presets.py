@@ -1,0 +1,192 @@
+"""The architectures each synthetic preset builds: pure data, no torch.
+
+The full-size configs are those black-forest-labs/FLUX.1-dev and FLUX.1-schnell ship (transformer/,
+text_encoder/ = CLIP ViT-L/14's text tower, text_encoder_2/ = google/t5-v1_1-xxl's encoder, vae/,
+scheduler/), written out field by field so nothing is downloaded. schnell differs from dev only in
+the transformer's guidance embedding and the scheduler's shift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+GB = 1000**3
+
+FLUX1_TRANSFORMER: dict[str, Any] = {
+    "patch_size": 1,
+    "in_channels": 64,
+    "out_channels": None,
+    "num_layers": 19,
+    "num_single_layers": 38,
+    "attention_head_dim": 128,
+    "num_attention_heads": 24,
+    "joint_attention_dim": 4096,
+    "pooled_projection_dim": 768,
+    "guidance_embeds": True,
+    "axes_dims_rope": [16, 56, 56],
+}
+
+CLIP_L_TEXT: dict[str, Any] = {
+    "vocab_size": 49408,
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "projection_dim": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "max_position_embeddings": 77,
+    "hidden_act": "quick_gelu",
+    "layer_norm_eps": 1e-05,
+    "attention_dropout": 0.0,
+    "dropout": 0.0,
+    "initializer_range": 0.02,
+    "initializer_factor": 1.0,
+    "pad_token_id": 1,
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+    "torch_dtype": "bfloat16",
+}
+
+T5_XXL_ENCODER: dict[str, Any] = {
+    "vocab_size": 32128,
+    "d_model": 4096,
+    "d_kv": 64,
+    "d_ff": 10240,
+    "num_layers": 24,
+    "num_decoder_layers": 24,
+    "num_heads": 64,
+    "relative_attention_num_buckets": 32,
+    "relative_attention_max_distance": 128,
+    "dropout_rate": 0.1,
+    "layer_norm_epsilon": 1e-06,
+    "initializer_factor": 1.0,
+    "feed_forward_proj": "gated-gelu",
+    "dense_act_fn": "gelu_new",
+    "is_gated_act": True,
+    "tie_word_embeddings": False,
+    "use_cache": True,
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+    "decoder_start_token_id": 0,
+    "classifier_dropout": 0.0,
+    "torch_dtype": "bfloat16",
+}
+
+FLUX1_VAE: dict[str, Any] = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "block_out_channels": [128, 256, 512, 512],
+    "layers_per_block": 2,
+    "act_fn": "silu",
+    "latent_channels": 16,
+    "norm_num_groups": 32,
+    "sample_size": 1024,
+    "scaling_factor": 0.3611,
+    "shift_factor": 0.1159,
+    "latents_mean": None,
+    "latents_std": None,
+    "force_upcast": True,
+    "use_quant_conv": False,
+    "use_post_quant_conv": False,
+    "mid_block_add_attention": True,
+}
+
+FLUX1_DEV_SCHEDULER: dict[str, Any] = {
+    "base_image_seq_len": 256,
+    "base_shift": 0.5,
+    "max_image_seq_len": 4096,
+    "max_shift": 1.15,
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "use_dynamic_shifting": True,
+}
+FLUX1_SCHNELL_SCHEDULER: dict[str, Any] = {**FLUX1_DEV_SCHEDULER, "shift": 1.0, "use_dynamic_shifting": False}
+
+# The bench's scaled transformer (bench/memory.py): FLUX.1's head dim and block types, 4 heads,
+# 4 + 8 blocks, about 70 M parameters, over the tiny model's encoders.
+SCALED_TRANSFORMER_OVERRIDES: dict[str, Any] = {
+    "num_layers": 4,
+    "num_single_layers": 8,
+    "attention_head_dim": 128,
+    "num_attention_heads": 4,
+    "axes_dims_rope": [16, 56, 56],
+}
+
+# What diffusers and transformers write by default: FLUX.1-dev's transformer ships as three ~10 GB
+# shards, its T5 encoder as two ~5 GB shards.
+DIFFUSERS_MAX_SHARD_BYTES = 10 * GB
+TRANSFORMERS_MAX_SHARD_BYTES = 5 * GB
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One pipeline: the config of each component, the tokenizers' kind, and the storage dtype.
+
+    `tokenizers` is "tiny" (fluxbooth.tiny's small byte-level vocabularies, sized into the encoders'
+    configs) or "full" (vocabularies with CLIP-L's 49,408 and T5's 32,100 entries)."""
+
+    name: str
+    transformer: dict[str, Any]
+    text_encoder: dict[str, Any]
+    text_encoder_2: dict[str, Any]
+    vae: dict[str, Any]
+    scheduler: dict[str, Any]
+    tokenizers: str
+    dtype: str = "bfloat16"
+    max_shard_bytes: dict[str, int] = field(
+        default_factory=lambda: {
+            "transformer": DIFFUSERS_MAX_SHARD_BYTES,
+            "vae": DIFFUSERS_MAX_SHARD_BYTES,
+            "text_encoder": TRANSFORMERS_MAX_SHARD_BYTES,
+            "text_encoder_2": TRANSFORMERS_MAX_SHARD_BYTES,
+        }
+    )
+
+    def with_layers(self, double: int, single: int) -> Preset:
+        """The same pipeline with another transformer depth (reduced-depth benchmarks and tests)."""
+        if double < 0 or single < 0 or double + single == 0:
+            raise ValueError(f"--layers {double},{single}: needs at least one block and no negative counts")
+        return replace(self, transformer={**self.transformer, "num_layers": double, "num_single_layers": single})
+
+    def with_max_shard_bytes(self, limit: int) -> Preset:
+        if limit <= 0:
+            raise ValueError("--max-shard-size must be positive")
+        return replace(self, max_shard_bytes={component: limit for component in self.max_shard_bytes})
+
+
+def _tiny_preset_configs() -> dict[str, dict[str, Any]]:
+    from fluxbooth import tiny
+
+    return {
+        "transformer": dict(tiny.TRANSFORMER_CONFIG),
+        "text_encoder": dict(tiny.CLIP_TEXT_CONFIG),
+        "text_encoder_2": dict(tiny.T5_CONFIG),
+        "vae": dict(tiny.VAE_CONFIG),
+        "scheduler": dict(tiny.SCHEDULER_CONFIG),
+    }
+
+
+def preset(name: str) -> Preset:
+    """The preset called `name`; ValueError naming the choices otherwise."""
+    if name in ("tiny", "scaled"):
+        configs = _tiny_preset_configs()
+        if name == "scaled":
+            configs["transformer"] = {**configs["transformer"], **SCALED_TRANSFORMER_OVERRIDES}
+        return Preset(name=name, tokenizers="tiny", **configs)
+    if name in ("flux1-dev", "flux1-schnell"):
+        dev = name == "flux1-dev"
+        return Preset(
+            name=name,
+            transformer={**FLUX1_TRANSFORMER, "guidance_embeds": dev},
+            text_encoder=dict(CLIP_L_TEXT),
+            text_encoder_2=dict(T5_XXL_ENCODER),
+            vae=dict(FLUX1_VAE),
+            scheduler=dict(FLUX1_DEV_SCHEDULER if dev else FLUX1_SCHNELL_SCHEDULER),
+            tokenizers="full",
+        )
+    raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESET_NAMES)}")
+
+
+PRESET_NAMES = ("tiny", "scaled", "flux1-dev", "flux1-schnell")
