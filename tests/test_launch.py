@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +15,10 @@ import pytest
 
 from fluxbooth.configs import LaunchFiles
 from fluxbooth.errors import ErrorCode
+from fluxbooth.job import ensure_tiny_model
 from fluxbooth.launch import Redactor, TrainerOutcome, classify_outcome, run_trainer, trainer_command
 from fluxbooth.plan import Plan
+from tests.conftest import REPO_ROOT
 from tests.fake_trainer import fake_trainer_command
 
 PLAN = Plan(
@@ -158,3 +164,59 @@ def test_secrets_are_redacted_from_the_log_tail_and_log_file(tmp_path: Path) -> 
 def test_redactor_masks_the_longest_secret_first() -> None:
     redact = Redactor(["abcd", "abcdefgh"])
     assert redact("x abcdefgh y abcd") == "x [REDACTED] y [REDACTED]"
+
+
+TEMP_PROBE = (
+    "import os, sys, tempfile; open(os.path.join(tempfile.gettempdir(), 'scratch'), 'w').close(); "
+    "print(tempfile.gettempdir(), os.environ['TORCHINDUCTOR_CACHE_DIR'], os.environ['TRITON_CACHE_DIR'])"
+)
+
+
+def test_the_trainer_writes_its_temp_files_inside_its_working_directory_and_they_go_with_the_run(
+    tmp_path: Path,
+) -> None:
+    outcome, _ = run([sys.executable, "-c", TEMP_PROBE], tmp_path, env={"TMPDIR": "/tmp", "TRITON_CACHE_DIR": "/x"})
+    temp_dir = tmp_path / "tmp"
+    assert outcome.log_tail == [f"{temp_dir} {temp_dir}/torchinductor {temp_dir}/triton/cache"]
+    assert not temp_dir.exists()
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """One real `python -m fluxbooth train` of the tiny model, with the worker's system temp dir its own."""
+
+    completed: subprocess.CompletedProcess[str]
+    temp_dir: Path
+    temp_before: list[str]
+    work_root: Path
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, torch_extensions_dir: Path) -> LocalRun:
+    root = tmp_path_factory.mktemp("local-run")
+    temp_dir, work_root = root / "system-temp", root / "work"
+    temp_dir.mkdir()
+    env = {
+        "PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(root)), "TMPDIR": str(temp_dir),
+        "FLUXBOOTH_WORK_DIR": str(work_root), "FLUXBOOTH_OUTPUT_DIR": str(root / "outputs"),
+        "FLUXBOOTH_CACHE_DIR": str(model_cache_dir), "FLUXBOOTH_VOLUME_DIR": str(root / "no-volume"),
+        "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+        **{name: os.environ[name] for name in ("PYTHONPATH",) if name in os.environ},
+    }
+    # The shared tiny model is built first: building it is the model cache's business, not the job's.
+    ensure_tiny_model(model_cache_dir)
+    request = root / "request.json"
+    request.write_text(json.dumps(json.loads((REPO_ROOT / "test_input.json").read_text())["input"]))
+    temp_before = sorted(os.listdir(temp_dir))
+    completed = subprocess.run(
+        [sys.executable, "-m", "fluxbooth", "train", str(request), "--job-id", "local-run"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return LocalRun(completed, temp_dir, temp_before, work_root)
+
+
+@pytest.mark.slow
+def test_a_real_launch_leaves_nothing_in_the_system_temp_dir_and_removes_its_job_dir(local_run: LocalRun) -> None:
+    assert sorted(os.listdir(local_run.temp_dir)) == local_run.temp_before
+    assert os.listdir(local_run.work_root) == []

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -24,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import psutil
 
@@ -41,6 +42,8 @@ KILL_WAIT_SECONDS = 5.0
 EXIT_POLL_SECONDS = 0.5
 # Environment variable carrying each run's marker; see the module docstring.
 RUN_MARKER_ENV = "FLUXBOOTH_TRAINER_RUN"
+# The trainer's scratch folder, inside its working directory (the job's), so its temp files go with the job.
+TRAINER_TEMP_FOLDER = "tmp"
 # asyncio's default line limit is 64 KiB; tracebacks with tensors printed can be longer.
 STREAM_LINE_LIMIT = 4 * 1024 * 1024
 
@@ -115,6 +118,24 @@ def trainer_command(
         "--config",
         str(files.trainer_config),
     ]
+
+
+def trainer_temp_environment(temp_dir: Path) -> dict[str, str]:
+    """Every variable that tells the trainer's libraries where to write scratch files, pointed into `temp_dir`.
+
+    Python's tempfile (TMPDIR, and TEMP/TMP that it also reads) is where torch's elastic agent makes its
+    per-run log folders (`torchelastic_*`) and its watchdog file, and where DeepSpeed probes whether its ops
+    compile; inductor's and Triton's compile caches would otherwise go to `/tmp/torchinductor_<user>` and
+    `~/.triton`. DeepSpeed's op build cache (TORCH_EXTENSIONS_DIR) stays where the caller put it: it is
+    shared between jobs, holds no customer data, and takes minutes to rebuild."""
+    return {
+        "TMPDIR": str(temp_dir),
+        "TEMP": str(temp_dir),
+        "TMP": str(temp_dir),
+        "TORCHINDUCTOR_CACHE_DIR": str(temp_dir / "torchinductor"),
+        "TRITON_HOME": str(temp_dir / "triton"),
+        "TRITON_CACHE_DIR": str(temp_dir / "triton" / "cache"),
+    }
 
 
 def kill_process_group(process_group_id: int, sig: int = signal.SIGKILL) -> None:
@@ -206,6 +227,46 @@ async def _kill_everything(process: asyncio.subprocess.Process, processes: Train
         await asyncio.sleep(0.01)
 
 
+async def _read_output(
+    process: asyncio.subprocess.Process,
+    outcome: TrainerOutcome,
+    tail: deque[str],
+    redact: Redactor,
+    on_event: Callable[[dict[str, Any]], None],
+    log_file: TextIO | None,
+) -> None:
+    """Every line the trainer prints, redacted: events to `on_event` and `outcome`, the rest to the log."""
+    assert process.stdout is not None
+    while True:
+        try:
+            raw = await process.stdout.readline()
+        except ValueError:
+            # A line longer than the limit: drop what was buffered and carry on.
+            raw = b"[line too long, dropped]\n"
+        if not raw:
+            break
+        line = redact(raw.decode("utf-8", errors="replace").rstrip("\n"))
+        event = parse_event(line)
+        if log_file:
+            log_file.write(line + "\n")
+            log_file.flush()
+        if event is None:
+            tail.append(line)
+            logger.info("trainer | %s", line)
+            continue
+        outcome.events.append(event)
+        if event["event"] == "step":
+            outcome.last_step = event
+        elif event["event"] == "done":
+            outcome.done = event
+        elif event["event"] == "error":
+            outcome.error_event = event
+            tail.append(line)
+        logger.info("trainer event | %s", line[line.find("{") :])
+        on_event(event)
+    await process.wait()
+
+
 async def run_trainer(
     command: Sequence[str],
     *,
@@ -219,12 +280,15 @@ async def run_trainer(
 ) -> TrainerOutcome:
     """Run `command` to completion, the deadline, or cancellation (which kills it and re-raises).
 
-    Whatever the ending, no process it started outlives this call."""
+    Whatever the ending, no process it started outlives this call, and its temp files (all kept in
+    `cwd/tmp`, see `trainer_temp_environment`) are removed."""
     started = time.monotonic()
     marker = uuid.uuid4().hex
+    temp_dir = cwd / TRAINER_TEMP_FOLDER
+    temp_dir.mkdir(parents=True, exist_ok=True)
     process = await asyncio.create_subprocess_exec(
         *command,
-        env={**env, RUN_MARKER_ENV: marker},
+        env={**env, **trainer_temp_environment(temp_dir), RUN_MARKER_ENV: marker},
         cwd=str(cwd),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
@@ -237,40 +301,9 @@ async def run_trainer(
     outcome = TrainerOutcome(returncode=None, log_tail=[])
     tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
     log_file = log_path.open("a", encoding="utf-8") if log_path else None
-
-    async def pump() -> None:
-        assert process.stdout is not None
-        while True:
-            try:
-                raw = await process.stdout.readline()
-            except ValueError:
-                # A line longer than the limit: drop what was buffered and carry on.
-                raw = b"[line too long, dropped]\n"
-            if not raw:
-                break
-            line = redact(raw.decode("utf-8", errors="replace").rstrip("\n"))
-            event = parse_event(line)
-            if log_file:
-                log_file.write(line + "\n")
-                log_file.flush()
-            if event is None:
-                tail.append(line)
-                logger.info("trainer | %s", line)
-                continue
-            outcome.events.append(event)
-            if event["event"] == "step":
-                outcome.last_step = event
-            elif event["event"] == "done":
-                outcome.done = event
-            elif event["event"] == "error":
-                outcome.error_event = event
-                tail.append(line)
-            logger.info("trainer event | %s", line[line.find("{") :])
-            on_event(event)
-        await process.wait()
-
+    reading = _read_output(process, outcome, tail, redact, on_event, log_file)
     try:
-        await asyncio.wait_for(pump(), timeout=max(1.0, deadline_seconds))
+        await asyncio.wait_for(reading, timeout=max(1.0, deadline_seconds))
     except asyncio.TimeoutError:
         outcome.timed_out = True
         await _terminate(process, processes, kill_grace_seconds)
@@ -278,6 +311,7 @@ async def run_trainer(
         # Cancellation (or anything else): never leave the trainer running behind us, even if the
         # caller cancels again while we wait.
         await asyncio.shield(_terminate(process, processes, kill_grace_seconds))
+        shutil.rmtree(temp_dir, ignore_errors=True)
         raise
     finally:
         watching.cancel()
@@ -285,6 +319,8 @@ async def run_trainer(
             log_file.close()
     # The launcher has exited; its workers must not outlive it.
     await _kill_everything(process, processes)
+    # Only now that every process of the run is dead: nothing can write there any more.
+    shutil.rmtree(temp_dir, ignore_errors=True)
     outcome.returncode = process.returncode
     outcome.log_tail = list(tail)
     outcome.seconds = time.monotonic() - started
