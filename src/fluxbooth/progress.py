@@ -1,0 +1,139 @@
+"""Progress for people: the payloads `job.ProgressReporter` sends, rendered on a terminal or in a log.
+
+Used where no RunPod endpoint receives the payloads: `python -m fluxbooth train` and the handler's local
+modes. On a terminal the current stage is one line redrawn in place (`\\r`): a bar with step/total, loss
+and ETA while training, bytes while downloading. Anywhere else (a log file, a pipe) each stage gets a
+plain line, and its progress a line at most every `plain_interval` seconds, so logs stay readable.
+
+Every line starts with the time since the job began, so a long silent phase shows in the log.
+Torch-free, like everything the worker process imports.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from fluxbooth.hardware import format_bytes
+
+BAR_WIDTH = 24
+PLAIN_INTERVAL_SECONDS = 10.0
+# Payload fields that the bar itself shows; any other field is shown as `name=value`.
+STEP_FIELDS = frozenset({"stage", "step", "total", "loss", "eta_seconds"})
+BYTE_FIELDS = frozenset({"stage", "bytes_done", "bytes_total"})
+
+
+def format_duration(seconds: float) -> str:
+    """`m:ss`, or `h:mm:ss` from an hour on: 75 → "1:15", 3725 → "1:02:05"."""
+    whole = max(0, int(round(seconds)))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def bar(done: float, total: float, width: int = BAR_WIDTH) -> str:
+    """`[#########---------------]` filled in proportion to done/total."""
+    fraction = min(1.0, max(0.0, done / total)) if total > 0 else 0.0
+    filled = int(fraction * width)
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(item) for item in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _details(payload: Mapping[str, Any], shown: frozenset[str]) -> str:
+    return "  ".join(f"{name}={_format_value(payload[name])}" for name in sorted(payload) if name not in shown)
+
+
+def describe(payload: Mapping[str, Any]) -> str:
+    """The text of one payload, without the elapsed-time prefix."""
+    stage = str(payload.get("stage", ""))
+    if "step" in payload and "total" in payload:
+        step, total = int(payload["step"]), int(payload["total"])
+        parts = [stage, bar(step, total), f"{step}/{total}"]
+        if isinstance(payload.get("loss"), (int, float)):
+            parts.append(f"loss {payload['loss']:.4f}")
+        if isinstance(payload.get("eta_seconds"), (int, float)):
+            parts.append(f"ETA {format_duration(payload['eta_seconds'])}")
+        shown = STEP_FIELDS
+    elif "bytes_done" in payload and "bytes_total" in payload:
+        done, total = int(payload["bytes_done"]), int(payload["bytes_total"])
+        percent = f"{100 * done // total}%" if total > 0 else "?%"
+        parts = [stage, bar(done, total), percent, f"{format_bytes(done)} / {format_bytes(total)}"]
+        shown = BYTE_FIELDS
+    else:
+        parts, shown = [stage], frozenset({"stage"})
+    details = _details(payload, shown)
+    return "  ".join(parts + ([details] if details else []))
+
+
+def _is_progress(payload: Mapping[str, Any]) -> bool:
+    return ("step" in payload and "total" in payload) or ("bytes_done" in payload and "bytes_total" in payload)
+
+
+def _is_complete(payload: Mapping[str, Any]) -> bool:
+    if "step" in payload and "total" in payload:
+        return int(payload["step"]) >= int(payload["total"])
+    return int(payload.get("bytes_done", 0)) >= int(payload.get("bytes_total", 1))
+
+
+@dataclass
+class ProgressBar:
+    """A progress sink (`job.ProgressSink`) that writes to `stream`; `interactive` redraws in place."""
+
+    stream: TextIO
+    interactive: bool
+    clock: Callable[[], float] = time.monotonic
+    plain_interval: float = PLAIN_INTERVAL_SECONDS
+    _started: float | None = field(default=None, init=False)
+    _stage: str | None = field(default=None, init=False)
+    _line_width: int = field(default=0, init=False)
+    _last_plain_progress: float = field(default=float("-inf"), init=False)
+
+    @classmethod
+    def for_stream(cls, stream: TextIO) -> ProgressBar:
+        """Redrawn in place on a terminal, plain lines otherwise."""
+        isatty = getattr(stream, "isatty", None)
+        return cls(stream, interactive=bool(isatty and isatty()))
+
+    def __call__(self, payload: Mapping[str, Any]) -> None:
+        now = self.clock()
+        if self._started is None:
+            self._started = now
+        stage = str(payload.get("stage", ""))
+        new_stage = stage != self._stage
+        self._stage = stage
+        line = f"[{format_duration(now - self._started)}] {describe(payload)}"
+        if self.interactive:
+            self._redraw(line, new_line=new_stage)
+        elif new_stage or not _is_progress(payload) or self._plain_progress_due(payload, now):
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        """End the line being redrawn, so what is written next starts on its own line."""
+        if self.interactive and self._line_width:
+            self.stream.write("\n")
+            self.stream.flush()
+        self._line_width = 0
+
+    def _redraw(self, line: str, *, new_line: bool) -> None:
+        if new_line and self._line_width:
+            self.stream.write("\n")
+            self._line_width = 0
+        # Pad over the end of a longer previous drawing.
+        self.stream.write("\r" + line.ljust(self._line_width))
+        self._line_width = len(line)
+
+    def _plain_progress_due(self, payload: Mapping[str, Any], now: float) -> bool:
+        if _is_complete(payload) or now - self._last_plain_progress >= self.plain_interval:
+            self._last_plain_progress = now
+            return True
+        return False
