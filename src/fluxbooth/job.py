@@ -31,6 +31,7 @@ from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.export import LocalArtifact, collect_artifacts
 from fluxbooth.hardware import format_bytes, free_disk_bytes, nvme_root, probe_hardware
 from fluxbooth.launch import Redactor, classify_outcome, run_trainer, trainer_command
+from fluxbooth.model_source import ResolvedModel, download_base_model, resolve_hub_model
 from fluxbooth.plan import Plan, choose_plan, model_size
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
 from fluxbooth.trainer_config import TrainerConfig
@@ -131,20 +132,28 @@ def ensure_tiny_model(cache_dir: Path) -> Path:
     return target
 
 
-def resolve_base_model(requested: str | None, settings: WorkerSettings) -> str:
-    """A local folder for the built-in tiny model and for paths; hub ids pass through to the trainer."""
+def resolve_base_model(requested: str | None, settings: WorkerSettings, revision: str | None = None) -> ResolvedModel:
+    """A local folder for the base model, known before the dataset is fetched: the built-in tiny model, an
+    absolute path, or a hub id found in a cache on this worker or (downloads on) pending a download."""
     name = requested or settings.default_base_model
+    field = "input.base_model" if requested else "base_model (the endpoint's default, FLUXBOOTH_BASE_MODEL)"
+    if revision is not None and (name == TINY_MODEL_NAME or name.startswith("/")):
+        raise FluxboothError(
+            ErrorCode.INVALID_INPUT,
+            f"input.base_model_revision: pins a revision of a Hugging Face id, but the base model {name} is "
+            "not one; leave base_model_revision out",
+        )
     if name == TINY_MODEL_NAME:
-        return str(ensure_tiny_model(settings.cache_dir))
+        return ResolvedModel(folder=ensure_tiny_model(settings.cache_dir), source="built-in tiny model")
     if name.startswith("/"):
         path = Path(name)
         if not (path / "transformer" / "config.json").is_file():
             raise FluxboothError(
                 ErrorCode.INVALID_INPUT,
-                f"input.base_model: {name} is not a diffusers FLUX folder (no transformer/config.json)",
+                f"{field}: {name} is not a diffusers FLUX folder (no transformer/config.json)",
             )
-        return str(path)
-    return name
+        return ResolvedModel(folder=path, source="local folder")
+    return resolve_hub_model(name, revision, settings.environ, field)
 
 
 def _elapsed(since: float) -> float:
@@ -387,7 +396,7 @@ async def _run(
     require_usable_storage(settings)
 
     reporter.stage("plan")
-    base_model = await _in_thread(resolve_base_model, request.base_model, settings)
+    model = await _in_thread(resolve_base_model, request.base_model, settings, request.base_model_revision)
     job_dir.mkdir(parents=True, exist_ok=True)
     resume_checkpoint: StoredCheckpoint | None = None
     if request.resume_from:
@@ -398,7 +407,7 @@ async def _run(
         )
         warnings.extend(resume_warnings)
     hardware = await _in_thread(probe_hardware, job_dir, settings.environ)
-    plan = choose_plan(request, hardware, model_size(base_model), deadline_seconds=deadline)
+    plan = choose_plan(request, hardware, model_size(str(model.folder)), deadline_seconds=deadline)
     warnings.extend(plan.warnings)
     if plan.nvme_path:
         def is_live(attempt_name: str) -> bool:
@@ -413,6 +422,15 @@ async def _run(
     stage_started = time.monotonic()
     dataset = await _in_thread(prepare_dataset, request, job_dir, settings.dataset_limits)
     seconds["dataset"] = _elapsed(stage_started)
+    if model.pending is not None:
+        reporter.stage("download", bytes_done=0, bytes_total=model.pending.bytes_total)
+        stage_started = time.monotonic()
+        await download_base_model(
+            model, settings.environ, lambda update: reporter.stage("download", **update), reporter.min_interval,
+            started + deadline,
+        )
+        seconds["download"] = _elapsed(stage_started)
+    base_model = str(model.folder)
 
     trainer = trainer_config_for(
         request, plan, base_model=base_model, instance_dir=dataset.instance_dir,

@@ -1,0 +1,499 @@
+"""Where the base model comes from: a local folder for every `base_model`, found or fetched before any
+money is spent.
+
+A hub id (`org/name`, optionally pinned with `base_model_revision`) is looked up, in this order, in
+- the standard Hugging Face cache (`HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`);
+- RunPod's cached models (`FLUXBOOTH_RUNPOD_MODEL_CACHE`, default `/runpod-volume/huggingface-cache/hub`);
+- the models baked into the image (`FLUXBOOTH_BAKED_MODELS_DIR`, default `/models`), either as a Hugging
+  Face cache (`hf download ID --cache-dir /models`) or as plain `org/name` folders (`--local-dir`).
+
+Found nowhere with downloads off (`HF_HUB_OFFLINE=1`), the job is refused at once, naming every place
+looked at. With downloads on, the hub's metadata is read first (gated access, file sizes, free disk), only
+the configs are fetched for the planner, and the weights of the diffusers pipeline (never the repo's
+single-file checkpoints) are downloaded later into the standard cache, with progress.
+
+Everything goes through the real `huggingface_hub` client (`snapshot_download`, `scan_cache_dir`), with
+the cache, endpoint and token passed explicitly from the job's settings. No torch here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.hardware import format_bytes, free_disk_bytes
+
+DEFAULT_RUNPOD_MODEL_CACHE = "/runpod-volume/huggingface-cache/hub"
+DEFAULT_BAKED_MODELS_DIR = "/models"
+DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
+
+# The folders of a diffusers FLUX pipeline and the file kinds in them. Anything else in the repo (the
+# original single-file checkpoints at the root, sample images) is never downloaded.
+PIPELINE_FOLDERS = ("scheduler", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "transformer", "vae")
+PIPELINE_FILE_KINDS = ("json", "safetensors", "txt", "model")
+PIPELINE_FILE_PATTERNS = ("model_index.json",) + tuple(
+    f"{folder}/*.{kind}" for folder in PIPELINE_FOLDERS for kind in PIPELINE_FILE_KINDS
+)
+# What the planner reads to size the model (modelsize.model_size): fetched before the weights.
+SIZING_FILE_PATTERNS = ("model_index.json", "transformer/config.json", "text_encoder/config.json",
+                        "text_encoder_2/config.json", "vae/config.json")
+REQUIRED_FILES = ("model_index.json", "scheduler/scheduler_config.json", "transformer/config.json",
+                  "vae/config.json", "text_encoder/config.json", "text_encoder_2/config.json")
+WEIGHT_FOLDERS = ("transformer", "vae", "text_encoder", "text_encoder_2")
+
+ProgressSink = Callable[[int, int], None]
+
+
+class DownloadStopped(Exception):
+    """Raised inside the download's progress hook to stop it (job cancelled or deadline reached)."""
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def hub_cache_dir(environ: Mapping[str, str]) -> Path:
+    """The standard Hugging Face hub cache, resolved like huggingface_hub.constants does, from `environ`."""
+    explicit = environ.get("HF_HUB_CACHE") or environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    if environ.get("HF_HOME"):
+        return Path(environ["HF_HOME"]).expanduser() / "hub"
+    cache_home = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
+    return Path(cache_home).expanduser() / "huggingface" / "hub"
+
+
+@dataclass(frozen=True)
+class ModelPlaces:
+    """Where a hub id may already be, whether the hub may be asked, and how. Read per job from the environment."""
+
+    hub_cache: Path
+    runpod_cache: Path
+    baked_dir: Path
+    offline: bool
+    endpoint: str | None
+    token: str | None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> ModelPlaces:
+        return cls(
+            hub_cache=hub_cache_dir(environ),
+            runpod_cache=Path(environ.get("FLUXBOOTH_RUNPOD_MODEL_CACHE") or DEFAULT_RUNPOD_MODEL_CACHE),
+            baked_dir=Path(environ.get("FLUXBOOTH_BAKED_MODELS_DIR") or DEFAULT_BAKED_MODELS_DIR),
+            offline=_truthy(environ.get("HF_HUB_OFFLINE")) or _truthy(environ.get("TRANSFORMERS_OFFLINE")),
+            endpoint=(environ.get("HF_ENDPOINT") or "").rstrip("/") or None,
+            token=environ.get("HF_TOKEN") or environ.get("HUGGING_FACE_HUB_TOKEN") or None,
+        )
+
+    def caches(self) -> list[tuple[str, Path]]:
+        """Each Hugging Face cache to look in, once, with the name people know it by."""
+        labelled = [
+            ("Hugging Face cache, HF_HUB_CACHE / HF_HOME", self.hub_cache),
+            ("RunPod cached models, FLUXBOOTH_RUNPOD_MODEL_CACHE", self.runpod_cache),
+            ("baked into the image, FLUXBOOTH_BAKED_MODELS_DIR", self.baked_dir),
+        ]
+        seen: dict[Path, int] = {}
+        places: list[tuple[str, Path]] = []
+        for label, path in labelled:
+            key = path.absolute()
+            if key in seen:
+                index = seen[key]
+                places[index] = (f"{places[index][0]}; {label}", places[index][1])
+                continue
+            seen[key] = len(places)
+            places.append((label, path))
+        return places
+
+    @property
+    def hub_url(self) -> str:
+        return self.endpoint or DEFAULT_HUB_ENDPOINT
+
+
+@dataclass(frozen=True)
+class PendingDownload:
+    """Pipeline files of `repo_id` at `commit` that are not in `cache_dir` yet."""
+
+    repo_id: str
+    commit: str
+    cache_dir: Path
+    files: tuple[tuple[str, int], ...]
+
+    @property
+    def bytes_total(self) -> int:
+        return sum(size for _, size in self.files)
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A local diffusers folder for the base model. While `pending` is set it holds only the configs
+    (enough for the planner); `download_base_model` then completes it in place."""
+
+    folder: Path
+    source: str
+    pending: PendingDownload | None = None
+
+
+@dataclass(frozen=True)
+class Look:
+    """One place looked at, and what was (not) there."""
+
+    label: str
+    path: Path
+    finding: str
+
+    def describe(self) -> str:
+        return f"{self.path} ({self.label}: {self.finding})"
+
+
+# ------------------------------------------------------------------------------------------ pure core
+
+
+def missing_pipeline_files(folder: Path) -> list[str]:
+    """What a diffusers FLUX folder lacks: configs, and safetensors weights per model component."""
+    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
+    for component in WEIGHT_FOLDERS:
+        component_dir = folder / component
+        if component_dir.is_dir() and not any(path.is_file() for path in component_dir.glob("*.safetensors")):
+            missing.append(f"{component}/*.safetensors")
+    return missing
+
+
+def describe_model(repo_id: str, revision: str | None) -> str:
+    return f"{repo_id} (revision {revision})" if revision else repo_id
+
+
+def how_to_provide(repo_id: str) -> str:
+    return (
+        f"Provide it one of these ways: bake it into the image (`hf download {repo_id} --cache-dir /models`, "
+        "FLUXBOOTH_BAKED_MODELS_DIR); select it as the endpoint's RunPod cached model (it appears under "
+        f"{DEFAULT_RUNPOD_MODEL_CACHE}); put it on a network volume in the Hugging Face cache layout and "
+        "point HF_HOME at it (HF_HOME=/runpod-volume/huggingface-cache); or let the worker download it once "
+        "(unset HF_HUB_OFFLINE, and set HF_TOKEN for gated models)"
+    )
+
+
+def not_found_error(repo_id: str, revision: str | None, looks: Sequence[Look], field: str) -> FluxboothError:
+    looked = "; ".join(look.describe() for look in looks)
+    return FluxboothError(
+        ErrorCode.INVALID_INPUT,
+        f"{field}: {describe_model(repo_id, revision)} is not on this worker and downloads are off "
+        f"(HF_HUB_OFFLINE=1). Looked in: {looked}. {how_to_provide(repo_id)}",
+        refresh_worker=False,
+        details={"looked_in": [str(look.path) for look in looks]},
+    )
+
+
+def download_does_not_fit(pending: PendingDownload, free_bytes: int) -> FluxboothError | None:
+    if pending.bytes_total <= free_bytes:
+        return None
+    return FluxboothError(
+        ErrorCode.DOES_NOT_FIT,
+        f"disk: downloading {pending.repo_id} needs {format_bytes(pending.bytes_total)} "
+        f"({len(pending.files)} files) but only {format_bytes(free_bytes)} are free under {pending.cache_dir}; "
+        "free space there, point HF_HOME at a bigger volume, or provide the model another way "
+        "(baked into the image, RunPod cached model)",
+        refresh_worker=False,
+        details={"needed_bytes": pending.bytes_total, "free_bytes": free_bytes},
+    )
+
+
+def hub_error(error: Exception, repo_id: str, revision: str | None, places: ModelPlaces, field: str) -> FluxboothError:
+    """The hub's refusal in the worker's error contract, saying what to change."""
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    # The client wraps what the hub said (a dry run raises DryRunError from it): look down the chain.
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, RepositoryNotFoundError | RevisionNotFoundError):
+        cause = cause.__cause__
+    error = cause if isinstance(cause, Exception) else error
+    page = f"{places.hub_url}/{repo_id}"
+    if isinstance(error, GatedRepoError):
+        if places.token is None:
+            message = (
+                f"{field}: {repo_id} is a gated model and the worker has no Hugging Face token: accept its "
+                f"license at {page} with your account, then set HF_TOKEN (a read token of that account) on "
+                "the endpoint"
+            )
+        else:
+            message = (
+                f"{field}: the account of HF_TOKEN has no access to the gated model {repo_id}: accept its "
+                f"license at {page} with that account, or set HF_TOKEN to a token of an account that has"
+            )
+        return FluxboothError(ErrorCode.INVALID_INPUT, message, refresh_worker=False)
+    if isinstance(error, RevisionNotFoundError):
+        return FluxboothError(
+            ErrorCode.INVALID_INPUT,
+            f"input.base_model_revision: {repo_id} has no revision {revision!r} on the Hub ({page}); give a "
+            "branch, tag or commit hash that exists",
+            refresh_worker=False,
+        )
+    if isinstance(error, RepositoryNotFoundError):
+        return FluxboothError(
+            ErrorCode.INVALID_INPUT,
+            f"{field}: {repo_id} was not found on the Hub ({page}); check the id, and set HF_TOKEN if the "
+            "repository is private",
+            refresh_worker=False,
+        )
+    return FluxboothError(
+        ErrorCode.INTERNAL,
+        f"{field}: {describe_model(repo_id, revision)} is not on this worker and the Hub at {places.hub_url} "
+        f"could not be asked ({type(error).__name__}: {str(error)[:300]}). {how_to_provide(repo_id)}",
+        refresh_worker=False,
+    )
+
+
+# ------------------------------------------------------------------------------------------ looking
+
+
+def _snapshot_in_cache(cache_root: Path, repo_id: str, revision: str | None) -> Path | None:
+    """The complete snapshot of `repo_id` at `revision` in one cache, through the client's own lookup
+    (refs, and the cached tree listing when there is one, which catches interrupted downloads)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        folder = Path(snapshot_download(
+            repo_id, revision=revision, cache_dir=cache_root, local_files_only=True,
+            allow_patterns=list(PIPELINE_FILE_PATTERNS),
+        ))
+    except LocalEntryNotFoundError:
+        return None
+    return folder if not missing_pipeline_files(folder) else None
+
+
+def _newest_complete_snapshot(cache_root: Path, repo_id: str) -> Path | None:
+    """A cache filled without refs (RunPod's cached models keep only snapshots/<commit>): its newest
+    complete snapshot, for a request that pins no revision."""
+    from huggingface_hub import scan_cache_dir
+
+    cache = scan_cache_dir(cache_root)
+    revisions = [
+        revision
+        for repo in cache.repos
+        if repo.repo_id == repo_id and repo.repo_type == "model"
+        for revision in repo.revisions
+        if not missing_pipeline_files(revision.snapshot_path)
+    ]
+    if not revisions:
+        return None
+    return max(revisions, key=lambda revision: revision.last_modified).snapshot_path
+
+
+def _look_in_cache(label: str, cache_root: Path, repo_id: str, revision: str | None) -> tuple[Path | None, Look]:
+    from huggingface_hub.file_download import repo_folder_name
+
+    repo_folder = repo_folder_name(repo_id=repo_id, repo_type="model")
+    if not cache_root.is_dir():
+        return None, Look(label, cache_root, "no such folder")
+    if not (cache_root / repo_folder).is_dir():
+        return None, Look(label, cache_root, f"no {repo_folder}")
+    folder = _snapshot_in_cache(cache_root, repo_id, revision)
+    if folder is None and revision is None:
+        folder = _newest_complete_snapshot(cache_root, repo_id)
+    if folder is None:
+        return None, Look(label, cache_root, f"{repo_folder} has no complete snapshot of revision {revision or 'main'}")
+    return folder, Look(label, cache_root, "found")
+
+
+def locate_hub_model(repo_id: str, revision: str | None, places: ModelPlaces) -> tuple[Path | None, list[Look]]:
+    """The first complete local copy of `repo_id` at `revision`, and every place looked at."""
+    looks: list[Look] = []
+    for label, cache_root in places.caches():
+        folder, look = _look_in_cache(label, cache_root, repo_id, revision)
+        looks.append(look)
+        if folder is not None:
+            return folder, looks
+    plain = places.baked_dir / repo_id
+    if revision is None and plain.is_dir() and not missing_pipeline_files(plain):
+        return plain, looks + [Look("baked folder", plain, "found")]
+    finding = "no such folder" if not plain.is_dir() else "not a complete diffusers FLUX folder"
+    if revision is not None:
+        finding = "a plain folder has no revision; pinned revisions are looked up in the caches only"
+    return None, looks + [Look("baked folder, FLUXBOOTH_BAKED_MODELS_DIR/org/name", plain, finding)]
+
+
+# ------------------------------------------------------------------------------------------ downloading
+
+
+def prepare_download(repo_id: str, revision: str | None, places: ModelPlaces, field: str) -> ResolvedModel:
+    """Ask the hub what the pipeline's files weigh (refusing early on gated access, unknown ids and
+    revisions, or a disk too small), then fetch only the configs the planner reads."""
+    from huggingface_hub import snapshot_download
+
+    cache_dir = places.hub_cache
+    common: dict[str, Any] = {"revision": revision, "cache_dir": cache_dir, "endpoint": places.endpoint, "token": places.token}
+    try:
+        preview = snapshot_download(repo_id, allow_patterns=list(PIPELINE_FILE_PATTERNS), dry_run=True, **common)
+        if not preview:
+            raise FluxboothError(
+                ErrorCode.INVALID_INPUT,
+                f"{field}: {describe_model(repo_id, revision)} on the Hub has no diffusers pipeline files "
+                "(model_index.json, transformer/, vae/, ...); give the id of a diffusers FLUX repository",
+                refresh_worker=False,
+            )
+        commit = preview[0].commit_hash
+        pending = PendingDownload(
+            repo_id=repo_id, commit=commit, cache_dir=cache_dir,
+            files=tuple((info.filename, info.file_size or 0) for info in preview if info.will_download),
+        )
+        refusal = download_does_not_fit(pending, free_disk_bytes(cache_dir))
+        if refusal is not None:
+            raise refusal
+        folder = Path(snapshot_download(repo_id, allow_patterns=list(SIZING_FILE_PATTERNS), **{**common, "revision": commit}))
+    except FluxboothError:
+        raise
+    except Exception as error:  # the hub client's errors: gated, not found, unreachable
+        raise hub_error(error, repo_id, revision, places, field) from error
+    return ResolvedModel(folder=folder, source="download", pending=pending)
+
+
+class _ByteTally:
+    """Bytes written so far, from the client's own progress bars (it reports network bytes and written
+    bytes on separate bars; the largest count is what is on disk). Stops the download when asked."""
+
+    def __init__(self, sink: ProgressSink, total: int, should_stop: Callable[[], str | None]) -> None:
+        self.sink, self.total, self.should_stop = sink, total, should_stop
+        self.counts: dict[int, int] = {}
+        self.lock = threading.Lock()
+
+    def add(self, bar_id: int, count: int) -> None:
+        reason = self.should_stop()
+        if reason is not None:
+            raise DownloadStopped(reason)
+        with self.lock:
+            self.counts[bar_id] = self.counts.get(bar_id, 0) + count
+            done = max(self.counts.values())
+        self.sink(min(done, self.total), self.total)
+
+
+def _progress_bar_class(tally: _ByteTally) -> type:
+    from tqdm.auto import tqdm
+
+    class ByteCountingBar(tqdm):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.counts_bytes = kwargs.get("unit") == "B"
+            kwargs["disable"] = True  # the worker reports progress as events, not on a terminal
+            super().__init__(*args, **kwargs)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            if self.counts_bytes and n:
+                tally.add(id(self), int(n))
+            return super().update(n)
+
+    return ByteCountingBar
+
+
+def download_pending(pending: PendingDownload, places: ModelPlaces, sink: ProgressSink, should_stop: Callable[[], str | None]) -> Path:
+    """Download the pipeline files into the standard cache (blocking). Files already there are kept."""
+    from huggingface_hub import snapshot_download
+
+    refusal = download_does_not_fit(pending, free_disk_bytes(pending.cache_dir))
+    if refusal is not None:
+        raise refusal
+    tally = _ByteTally(sink, pending.bytes_total, should_stop)
+    sink(0, pending.bytes_total)
+    folder = snapshot_download(
+        pending.repo_id, revision=pending.commit, cache_dir=pending.cache_dir, endpoint=places.endpoint,
+        token=places.token, allow_patterns=list(PIPELINE_FILE_PATTERNS), tqdm_class=_progress_bar_class(tally),
+    )
+    sink(pending.bytes_total, pending.bytes_total)
+    return Path(folder)
+
+
+def throttled(report: Callable[[dict[str, Any]], None], min_interval: float) -> ProgressSink:
+    """A progress sink for the download thread: hands `{"bytes_done", "bytes_total"}` to `report` on the
+    running event loop, at most every `min_interval` seconds, and always the last one."""
+    loop = asyncio.get_running_loop()
+    last_sent = [float("-inf")]
+
+    def sink(done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - last_sent[0] < min_interval:
+            return
+        last_sent[0] = now
+        loop.call_soon_threadsafe(report, {"bytes_done": done, "bytes_total": total})
+
+    return sink
+
+
+async def download_base_model(
+    model: ResolvedModel, environ: Mapping[str, str], report: Callable[[dict[str, Any]], None],
+    min_interval: float, deadline_monotonic: float,
+) -> Path:
+    """Complete `model` in a thread, reporting bytes done and total; a cancelled job or the deadline
+    stops the download at its next chunk."""
+    pending = model.pending
+    if pending is None:
+        return model.folder
+    places = ModelPlaces.from_environ(environ)
+    sink = throttled(report, min_interval)
+    cancelled = threading.Event()
+
+    def should_stop() -> str | None:
+        if cancelled.is_set():
+            return "the job was cancelled"
+        return "the job's deadline was reached" if time.monotonic() > deadline_monotonic else None
+
+    work = asyncio.ensure_future(asyncio.to_thread(download_pending, pending, places, sink, should_stop))
+    try:
+        folder = await asyncio.shield(work)
+    except asyncio.CancelledError:
+        cancelled.set()
+        with contextlib.suppress(Exception):  # the cancellation is what the caller must see
+            await work
+        raise
+    except DownloadStopped as stopped:
+        raise FluxboothError(
+            ErrorCode.TIMEOUT,
+            f"base_model: downloading {pending.repo_id} ({format_bytes(pending.bytes_total)}) stopped: {stopped}; "
+            f"the files finished so far stay in {pending.cache_dir}. Raise timeout_seconds, or provide the model "
+            "on the worker (baked into the image, RunPod cached model, network volume)",
+            refresh_worker=False,
+        ) from stopped
+    except FluxboothError:
+        raise
+    except OSError as error:
+        raise FluxboothError(
+            ErrorCode.INTERNAL,
+            f"base_model: downloading {pending.repo_id} into {pending.cache_dir} failed ({error}); check that the "
+            "Hugging Face cache (HF_HOME) is on a writable volume with room for the model",
+            refresh_worker=False,
+        ) from error
+    except Exception as error:
+        raise hub_error(error, pending.repo_id, pending.commit, places, "base_model") from error
+    missing = missing_pipeline_files(folder)
+    if missing:
+        raise FluxboothError(
+            ErrorCode.INVALID_INPUT,
+            f"base_model: {pending.repo_id} was downloaded but is not a diffusers FLUX folder (missing "
+            f"{', '.join(missing[:5])})",
+            refresh_worker=False,
+        )
+    return folder
+
+
+def resolve_hub_model(repo_id: str, revision: str | None, environ: Mapping[str, str], field: str) -> ResolvedModel:
+    """A local folder for a hub id: from a cache on this worker, or (downloads on) a pending download."""
+    places = ModelPlaces.from_environ(environ)
+    folder, looks = locate_hub_model(repo_id, revision, places)
+    if folder is not None:
+        return ResolvedModel(folder=folder, source=looks[-1].label)
+    if places.offline:
+        raise not_found_error(repo_id, revision, looks, field)
+    return prepare_download(repo_id, revision, places, field)
+
+
+def local_model_folder(name: str, revision: str | None, environ: Mapping[str, str]) -> Path | None:
+    """The local diffusers folder for a path or hub id when one is on this machine (for sizing from its
+    configs); never asks the hub, never downloads."""
+    if name.startswith("/"):
+        folder = Path(name)
+        return folder if (folder / "transformer" / "config.json").is_file() else None
+    return locate_hub_model(name, revision, ModelPlaces.from_environ(environ))[0]

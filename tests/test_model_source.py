@@ -1,0 +1,476 @@
+"""Base model resolution: a hub id becomes a local diffusers folder before the dataset is fetched.
+
+Found in the standard Hugging Face cache, RunPod's cached models or the image; refused at once, naming
+every place looked at, when it is nowhere and downloads are off; otherwise downloaded (pipeline files
+only, after checking the disk) from a hub that speaks the real protocol over HTTP (tests/hub_server.py),
+by the real huggingface_hub client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.job import ensure_tiny_model, resolve_base_model, run_job
+from fluxbooth.model_source import PIPELINE_FILE_PATTERNS, ResolvedModel, download_base_model
+from fluxbooth.settings import WorkerSettings
+from tests.conftest import REPO_ROOT
+from tests.factories import make_dataset_zip, to_base64
+from tests.hub_server import HubFile, HubRepo, HubServer, folder_files, running_hub
+
+REPO_ID = "acme/tiny-flux"
+SINGLE_FILE_CHECKPOINT = "flux1-dev.safetensors"
+GRANTED_TOKEN = "hf_granted_token_0123456789"
+TEN_TIB = 10 * 1024**4
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(model_cache_dir: Path) -> Path:
+    return ensure_tiny_model(model_cache_dir)
+
+
+@pytest.fixture
+def hub() -> Iterator[HubServer]:
+    yield from running_hub()
+
+
+def pipeline_repo(tiny_pipeline: Path, repo_id: str = REPO_ID, **options: Any) -> HubRepo:
+    """The tiny pipeline as a FLUX repo on the hub, with the single-file checkpoint beside it at the root
+    (as black-forest-labs/FLUX.1-dev carries one) and a README."""
+    repo = HubRepo(repo_id, **options)
+    repo.add_commit(folder_files(tiny_pipeline) + [
+        HubFile(SINGLE_FILE_CHECKPOINT, b"\0" * 4096), HubFile("README.md", b"# tiny\n"),
+    ])
+    return repo
+
+
+def pipeline_bytes(tiny_pipeline: Path) -> int:
+    from huggingface_hub.utils import filter_repo_objects
+
+    files = [hub_file.path for hub_file in folder_files(tiny_pipeline)]
+    return sum((tiny_pipeline / name).stat().st_size for name in filter_repo_objects(files, allow_patterns=list(PIPELINE_FILE_PATTERNS)))
+
+
+@pytest.fixture
+def model_env(worker_env: dict[str, str], tmp_path: Path, hub: HubServer) -> dict[str, str]:
+    """Offline (worker_env sets HF_HUB_OFFLINE=1), every model place under tmp_path, the local hub as endpoint."""
+    return {
+        **worker_env,
+        "HF_HUB_CACHE": str(tmp_path / "hf-cache" / "hub"),
+        "FLUXBOOTH_RUNPOD_MODEL_CACHE": str(tmp_path / "runpod-volume" / "huggingface-cache" / "hub"),
+        "FLUXBOOTH_BAKED_MODELS_DIR": str(tmp_path / "baked"),
+        "HF_ENDPOINT": hub.endpoint,
+    }
+
+
+def online(env: dict[str, str], **extra: str) -> dict[str, str]:
+    return {**{name: value for name, value in env.items() if name != "HF_HUB_OFFLINE"}, **extra}
+
+
+def plant(hub: HubServer, cache_dir: str | Path, repo_id: str = REPO_ID, revision: str | None = None) -> Path:
+    """Download the pipeline into a cache once, with the real client, as RunPod or a build step would."""
+    from huggingface_hub import snapshot_download
+
+    folder = snapshot_download(
+        repo_id, revision=revision, cache_dir=cache_dir, endpoint=hub.endpoint, allow_patterns=list(PIPELINE_FILE_PATTERNS)
+    )
+    hub.requests.clear()
+    return Path(folder)
+
+
+def resolve(env: dict[str, str], name: str | None = REPO_ID, revision: str | None = None) -> ResolvedModel:
+    return resolve_base_model(name, WorkerSettings.from_environ(env), revision)
+
+
+def refusal(env: dict[str, str], name: str | None = REPO_ID, revision: str | None = None) -> FluxboothError:
+    with pytest.raises(FluxboothError) as caught:
+        resolve(env, name, revision)
+    return caught.value
+
+
+def download(model: ResolvedModel, env: dict[str, str], deadline_seconds: float = 120.0) -> list[dict[str, Any]]:
+    updates: list[dict[str, Any]] = []
+
+    async def go() -> None:
+        await download_base_model(model, env, updates.append, 0.0, time.monotonic() + deadline_seconds)
+
+    asyncio.run(go())
+    return updates
+
+
+def job_input(**overrides: Any) -> dict[str, Any]:
+    return {
+        "model_name": "sks-dog", "base_model": REPO_ID, "dataset": to_base64(make_dataset_zip(3)),
+        "instance_prompt": "a photo of sks dog", "steps": 2, "resolution": 64, **overrides,
+    }
+
+
+def run(env: dict[str, str], raw_input: dict[str, Any], progress: list[dict[str, Any]]) -> dict[str, Any]:
+    settings = WorkerSettings.from_environ(env)
+    return asyncio.run(run_job(raw_input, job_id="model-source", settings=settings, progress=progress.append))
+
+
+# --------------------------------------------------------------------------------- found on the worker
+
+
+def test_a_hub_id_in_the_standard_hf_cache_resolves_offline_to_its_snapshot(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    hub.add_repo(pipeline_repo(tiny_pipeline))
+    snapshot = plant(hub, model_env["HF_HUB_CACHE"])
+
+    model = resolve(model_env)
+
+    assert (model.folder, model.pending) == (snapshot, None)
+    assert hub.requests == []
+
+
+def test_runpod_cached_models_are_found_even_without_refs(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    hub.add_repo(pipeline_repo(tiny_pipeline))
+    snapshot = plant(hub, model_env["FLUXBOOTH_RUNPOD_MODEL_CACHE"])
+    shutil.rmtree(snapshot.parent.parent / "refs")  # RunPod's layout: models--org--name/snapshots/<commit>/
+
+    assert resolve(model_env).folder == snapshot
+
+
+def test_a_model_baked_into_the_image_as_a_cache_is_found(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    hub.add_repo(pipeline_repo(tiny_pipeline))
+    snapshot = plant(hub, model_env["FLUXBOOTH_BAKED_MODELS_DIR"])
+
+    assert resolve(model_env).folder == snapshot
+
+
+def test_a_model_baked_into_the_image_as_a_plain_org_name_folder_is_found(
+    model_env: dict[str, str], tiny_pipeline: Path
+) -> None:
+    folder = Path(model_env["FLUXBOOTH_BAKED_MODELS_DIR"]) / REPO_ID
+    shutil.copytree(tiny_pipeline, folder)
+
+    assert resolve(model_env).folder == folder
+
+
+def test_a_local_folder_still_resolves_to_itself(model_env: dict[str, str], tiny_pipeline: Path) -> None:
+    assert resolve(model_env, str(tiny_pipeline)).folder == tiny_pipeline
+
+
+# ----------------------------------------------------------------------------------------- revisions
+
+
+def two_commit_repo(tiny_pipeline: Path) -> tuple[HubRepo, str, str]:
+    """`v1` (also a tag) is the pipeline; `main` adds a file to the scheduler folder."""
+    repo = HubRepo(REPO_ID)
+    old = repo.add_commit(folder_files(tiny_pipeline), refs=("main", "v1"))
+    new = repo.add_commit(folder_files(tiny_pipeline) + [HubFile("scheduler/notes.txt", b"retuned\n")])
+    return repo, old, new
+
+
+def test_a_pinned_revision_resolves_to_that_commit_by_tag_or_hash(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    repo, old, new = two_commit_repo(tiny_pipeline)
+    hub.add_repo(repo)
+    plant(hub, model_env["HF_HUB_CACHE"], revision="v1")
+    plant(hub, model_env["HF_HUB_CACHE"])
+
+    assert resolve(model_env, revision="v1").folder.name == old
+    assert resolve(model_env, revision=old).folder.name == old
+    assert resolve(model_env).folder.name == new
+
+
+def test_a_pinned_revision_that_is_not_cached_is_refused_offline_naming_it(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    repo, old, new = two_commit_repo(tiny_pipeline)
+    hub.add_repo(repo)
+    plant(hub, model_env["HF_HUB_CACHE"])
+
+    error = refusal(model_env, revision="v1")
+
+    assert error.code is ErrorCode.INVALID_INPUT
+    assert error.message.startswith(
+        f"input.base_model: {REPO_ID} (revision v1) is not on this worker and downloads are off (HF_HUB_OFFLINE=1). "
+        f"Looked in: {model_env['HF_HUB_CACHE']} (Hugging Face cache, HF_HUB_CACHE / HF_HOME: "
+        "models--acme--tiny-flux has no complete snapshot of revision v1); "
+    )
+
+
+def test_a_revision_for_a_local_folder_is_refused(model_env: dict[str, str], tiny_pipeline: Path) -> None:
+    error = refusal(model_env, str(tiny_pipeline), revision="v1")
+
+    assert (error.code, error.message) == (
+        ErrorCode.INVALID_INPUT,
+        f"input.base_model_revision: pins a revision of a Hugging Face id, but the base model {tiny_pipeline} "
+        "is not one; leave base_model_revision out",
+    )
+
+
+def test_a_pinned_revision_the_hub_does_not_have_is_refused(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    hub.add_repo(pipeline_repo(tiny_pipeline))
+
+    error = refusal(online(model_env), revision="v9")
+
+    assert (error.code, error.message) == (
+        ErrorCode.INVALID_INPUT,
+        f"input.base_model_revision: {REPO_ID} has no revision 'v9' on the Hub ({hub.endpoint}/{REPO_ID}); give a "
+        "branch, tag or commit hash that exists",
+    )
+
+
+# ------------------------------------------------------------------------------------- found nowhere
+
+
+def test_a_hub_id_found_nowhere_offline_is_refused_before_the_dataset_is_fetched(
+    model_env: dict[str, str], hub: HubServer, tmp_path: Path
+) -> None:
+    Path(model_env["HF_HUB_CACHE"]).mkdir(parents=True)
+    env = {**model_env, "FLUXBOOTH_ALLOW_PRIVATE_URLS": "1"}
+    dataset_url = f"{hub.cdn_url}/datasets/sks-dog.zip"  # any request to it would be logged
+    progress: list[dict[str, Any]] = []
+
+    raw_input = {**job_input(base_model="acme/missing-flux"), "dataset_url": dataset_url}
+    del raw_input["dataset"]
+
+    result = run(env, raw_input, progress)
+
+    baked = model_env["FLUXBOOTH_BAKED_MODELS_DIR"]
+    assert result == {
+        "error": {
+            "code": "invalid_input",
+            "message": (
+                "input.base_model: acme/missing-flux is not on this worker and downloads are off (HF_HUB_OFFLINE=1). "
+                f"Looked in: {model_env['HF_HUB_CACHE']} (Hugging Face cache, HF_HUB_CACHE / HF_HOME: no "
+                "models--acme--missing-flux); "
+                f"{model_env['FLUXBOOTH_RUNPOD_MODEL_CACHE']} (RunPod cached models, FLUXBOOTH_RUNPOD_MODEL_CACHE: no such folder); "
+                f"{baked} (baked into the image, FLUXBOOTH_BAKED_MODELS_DIR: no such folder); "
+                f"{baked}/acme/missing-flux (baked folder, FLUXBOOTH_BAKED_MODELS_DIR/org/name: no such folder). "
+                "Provide it one of these ways: bake it into the image (`hf download acme/missing-flux --cache-dir "
+                "/models`, FLUXBOOTH_BAKED_MODELS_DIR); select it as the endpoint's RunPod cached model (it appears "
+                "under /runpod-volume/huggingface-cache/hub); put it on a network volume in the Hugging Face cache "
+                "layout and point HF_HOME at it (HF_HOME=/runpod-volume/huggingface-cache); or let the worker "
+                "download it once (unset HF_HUB_OFFLINE, and set HF_TOKEN for gated models)"
+            ),
+            "details": {"looked_in": [
+                model_env["HF_HUB_CACHE"], model_env["FLUXBOOTH_RUNPOD_MODEL_CACHE"], baked, f"{baked}/acme/missing-flux",
+            ]},
+        },
+        "refresh_worker": False,
+    }
+    assert [update["stage"] for update in progress] == ["plan"]
+    assert hub.requests == [], "the dataset was fetched or the hub was asked"
+    assert list((tmp_path / "work").iterdir()) == [], "the job left files (launch files, dataset) behind"
+
+
+def test_the_endpoints_default_model_missing_offline_names_fluxbooth_base_model(model_env: dict[str, str]) -> None:
+    error = refusal(model_env, None)
+
+    assert error.message.startswith(
+        "base_model (the endpoint's default, FLUXBOOTH_BASE_MODEL): black-forest-labs/FLUX.1-dev is not on this "
+        "worker and downloads are off (HF_HUB_OFFLINE=1). Looked in: "
+    )
+    assert (error.code, error.refresh_worker) == (ErrorCode.INVALID_INPUT, False)
+
+
+def test_an_interrupted_download_is_not_taken_for_the_model(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    hub.add_repo(pipeline_repo(tiny_pipeline))
+    resolve(online(model_env))  # fetches the configs only, then the job stops before the weights
+
+    error = refusal(model_env)
+
+    assert f"{model_env['HF_HUB_CACHE']} (Hugging Face cache, HF_HUB_CACHE / HF_HOME: models--acme--tiny-flux has no " \
+           "complete snapshot of revision main)" in error.message
+
+
+# -------------------------------------------------------------------------------------- downloading
+
+
+def test_download_fetches_only_the_pipeline_files_reporting_bytes_and_a_second_job_reuses_them(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    hub.add_repo(pipeline_repo(tiny_pipeline))
+    env = online(model_env)
+    total = pipeline_bytes(tiny_pipeline)
+
+    model = resolve(env)
+    assert model.pending is not None and model.pending.bytes_total == total
+    assert (model.folder / "transformer" / "config.json").is_file()  # the planner sizes the model from it
+    assert not list((model.folder / "transformer").glob("*.safetensors"))
+    updates = download(model, env)
+
+    assert updates[0] == {"bytes_done": 0, "bytes_total": total}
+    assert updates[-1] == {"bytes_done": total, "bytes_total": total}
+    assert [update["bytes_done"] for update in updates] == sorted(update["bytes_done"] for update in updates)
+    assert not [path for path in hub.downloads() if path.endswith((SINGLE_FILE_CHECKPOINT, "README.md"))]
+    assert not [request for request in hub.requests if SINGLE_FILE_CHECKPOINT in request.path]
+    hub.requests.clear()
+
+    again = resolve(env)
+
+    assert (again.folder, again.pending) == (model.folder, None)
+    assert hub.requests == []
+
+
+def test_a_download_that_does_not_fit_on_the_disk_is_refused_before_any_file_is_fetched(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    from fluxbooth.hardware import format_bytes, free_disk_bytes
+
+    repo = HubRepo(REPO_ID)
+    shard = HubFile("transformer/diffusion_pytorch_model-00001-of-00002.safetensors", claimed_size=TEN_TIB)
+    repo.add_commit(folder_files(tiny_pipeline) + [shard])
+    hub.add_repo(repo)
+    cache = Path(model_env["HF_HUB_CACHE"])
+    needed = pipeline_bytes(tiny_pipeline) + TEN_TIB
+
+    error = refusal(online(model_env))
+
+    free = free_disk_bytes(cache)
+    assert (error.code, error.refresh_worker, error.details) == (
+        ErrorCode.DOES_NOT_FIT, False, {"needed_bytes": needed, "free_bytes": free}
+    )
+    assert error.message == (
+        f"disk: downloading {REPO_ID} needs {format_bytes(needed)} (15 files) but only {format_bytes(free)} are "
+        f"free under {cache}; free space there, point HF_HOME at a bigger volume, or provide the model another "
+        "way (baked into the image, RunPod cached model)"
+    )
+    assert hub.downloads() == []
+
+
+def test_a_gated_model_without_a_token_is_refused_naming_hf_token(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    hub.add_repo(pipeline_repo(tiny_pipeline, gated=True, granted_tokens=frozenset({GRANTED_TOKEN})))
+
+    error = refusal(online(model_env))
+
+    assert (error.code, error.refresh_worker, error.message) == (
+        ErrorCode.INVALID_INPUT,
+        False,
+        f"input.base_model: {REPO_ID} is a gated model and the worker has no Hugging Face token: accept its license "
+        f"at {hub.endpoint}/{REPO_ID} with your account, then set HF_TOKEN (a read token of that account) on the endpoint",
+    )
+    assert hub.downloads() == []
+
+
+def test_a_gated_model_with_a_token_that_was_not_granted_access_is_refused(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    hub.add_repo(pipeline_repo(tiny_pipeline, gated=True, granted_tokens=frozenset({GRANTED_TOKEN})))
+
+    error = refusal(online(model_env, HF_TOKEN="hf_someone_else"))
+
+    assert error.message == (
+        f"input.base_model: the account of HF_TOKEN has no access to the gated model {REPO_ID}: accept its license at "
+        f"{hub.endpoint}/{REPO_ID} with that account, or set HF_TOKEN to a token of an account that has"
+    )
+
+
+def test_a_gated_model_downloads_with_a_granted_token_which_never_leaves_the_hub(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    hub.add_repo(pipeline_repo(tiny_pipeline, gated=True, granted_tokens=frozenset({GRANTED_TOKEN})))
+    env = online(model_env, HF_TOKEN=GRANTED_TOKEN)
+
+    model = resolve(env)
+    download(model, env)
+
+    assert resolve(model_env).folder == model.folder
+    assert all(request.with_token for request in hub.requests if request.server == "hub")
+    assert [request for request in hub.requests if request.server == "cdn"]
+    assert not any(request.with_token for request in hub.requests if request.server == "cdn")
+
+
+def test_an_unknown_hub_id_is_refused(model_env: dict[str, str], hub: HubServer) -> None:
+    error = refusal(online(model_env), "acme/no-such-flux")
+
+    assert (error.code, error.message) == (
+        ErrorCode.INVALID_INPUT,
+        f"input.base_model: acme/no-such-flux was not found on the Hub ({hub.endpoint}/acme/no-such-flux); check the "
+        "id, and set HF_TOKEN if the repository is private",
+    )
+
+
+def test_an_unreachable_hub_is_an_internal_error_that_keeps_the_worker(model_env: dict[str, str]) -> None:
+    from tests.s3server import free_tcp_port
+
+    error = refusal(online(model_env, HF_ENDPOINT=f"http://127.0.0.1:{free_tcp_port()}"))
+
+    assert (error.code, error.refresh_worker) == (ErrorCode.INTERNAL, False)
+    assert error.message.startswith(f"input.base_model: {REPO_ID} is not on this worker and the Hub at http://127.0.0.1:")
+
+
+def test_the_deadline_stops_a_download_with_a_timeout_that_keeps_the_worker(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    hub.add_repo(pipeline_repo(tiny_pipeline))
+    env = online(model_env)
+    model = resolve(env)
+
+    with pytest.raises(FluxboothError) as caught:
+        download(model, env, deadline_seconds=-1.0)
+
+    assert (caught.value.code, caught.value.refresh_worker) == (ErrorCode.TIMEOUT, False)
+    assert caught.value.message.startswith(
+        f"base_model: downloading {REPO_ID} (1.1 MiB) stopped: the job's deadline was reached; the files finished so "
+        f"far stay in {model_env['HF_HUB_CACHE']}."
+    )
+
+
+# ------------------------------------------------------------------------------------ through a job
+
+
+def test_a_job_downloads_the_model_with_progress_and_the_next_job_asks_the_hub_nothing(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    hub.add_repo(pipeline_repo(tiny_pipeline))
+    env = online(model_env, PYTHONPATH=str(REPO_ROOT), FLUXBOOTH_TRAINER_MODULE="tests.fake_trainer_module")
+    total = pipeline_bytes(tiny_pipeline)
+    progress: list[dict[str, Any]] = []
+
+    result = run(env, job_input(), progress)
+
+    assert "error" not in result, result
+    stages = [update["stage"] for update in progress]
+    assert stages.index("plan") < stages.index("dataset") < stages.index("download") < stages.index("train")
+    downloads = [update for update in progress if update["stage"] == "download"]
+    assert downloads[0] == {"stage": "download", "bytes_done": 0, "bytes_total": total}
+    assert downloads[-1] == {"stage": "download", "bytes_done": total, "bytes_total": total}
+    assert "download" in result["metrics"]["seconds"]
+    hub.requests.clear()
+    progress.clear()
+
+    second = run(env, job_input(), progress)
+
+    assert "error" not in second, second
+    assert "download" not in [update["stage"] for update in progress]
+    assert hub.requests == []
+
+
+@pytest.mark.slow
+def test_a_hub_id_planted_in_the_hf_cache_trains_offline_with_the_real_trainer(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    hub.add_repo(pipeline_repo(tiny_pipeline))
+    plant(hub, model_env["HF_HUB_CACHE"])
+    progress: list[dict[str, Any]] = []
+
+    result = run(model_env, job_input(), progress)
+
+    assert "error" not in result, result
+    assert result["metrics"]["steps"] == 2
+    assert "download" not in [update["stage"] for update in progress]
+    assert hub.requests == []
