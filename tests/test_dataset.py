@@ -106,6 +106,8 @@ def test_summary_reports_counts(job_dir: Path) -> None:
         "skipped": {"not_image": 1},
         "smaller_than_resolution": 3,
         "downscaled": 0,
+        "cropped": 0,
+        "pixels": 3 * 96 * 96,
         "notes": ["3 image(s) are smaller than 512x512 and will be upscaled; larger photos train sharper"],
     }
 
@@ -433,7 +435,10 @@ def test_declared_expanded_size_over_the_cap_is_refused_before_extracting(job_di
 
     message = dataset_refusal(job_dir, archive, limits)
 
-    assert message.startswith("dataset: the archive declares 5722.0 MB of files, over the 4096.0 MB cap")
+    assert message == (
+        "dataset: the archive declares 5.6 GiB of files, over the 4.0 GiB cap (FLUXBOOTH_MAX_EXPANDED_BYTES); "
+        "use fewer or smaller images"
+    )
     assert not (job_dir / "raw").exists()
 
 
@@ -444,8 +449,9 @@ def test_declared_total_over_the_cap_is_refused(job_dir: Path) -> None:
 
     message = dataset_refusal(job_dir, archive, DatasetLimits(max_expanded_bytes=total - 1))
 
-    assert message.startswith(
-        f"dataset: the archive declares {total:,} bytes of files, over the {total - 1:,} bytes cap"
+    assert message == (
+        f"dataset: the archive declares {total} B of files, over the {total - 1} B cap "
+        "(FLUXBOOTH_MAX_EXPANDED_BYTES); use fewer or smaller images"
     )
     assert not (job_dir / "raw").exists()
 
@@ -455,7 +461,7 @@ def test_declared_member_size_over_the_per_file_cap_is_refused(job_dir: Path) ->
 
     message = dataset_refusal(job_dir, archive)
 
-    assert message.startswith("dataset: member 'photo0.png' declares 2861.0 MB, over the 256.0 MB per-file cap")
+    assert message == "dataset: member 'photo0.png' declares 2.8 GiB, over the 256.0 MiB per-file cap; use smaller images"
 
 
 def test_suspicious_compression_ratio_is_refused(job_dir: Path) -> None:
@@ -512,11 +518,16 @@ def test_too_little_free_disk_is_refused_before_extracting(job_dir: Path, monkey
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr("fluxbooth.dataset.shutil.disk_usage", lambda path: usage(10**9, 10**9, 1024**2))
 
-    error = refusal(job_dir, make_dataset_zip(count=3))
+    archive = make_dataset_zip(count=3)
+
+    error = refusal(job_dir, archive)
 
     assert error.code is ErrorCode.DOES_NOT_FIT
-    assert error.message.startswith("disk: storing the dataset needs about 64.")
-    assert "but only 1.0 MB are free" in error.message
+    assert error.message == (
+        f"disk: storing the dataset needs about 64.0 MiB but only 1.0 MiB are free under {job_dir.resolve()}; "
+        "free disk space, use a bigger volume or a smaller dataset"
+    )
+    assert error.details == {"needed_bytes": len(archive) + 64 * 1024**2, "free_bytes": 1024**2}
 
 
 def test_hostile_archive_leaves_no_scratch_outside_the_job(tmp_path: Path) -> None:
@@ -835,7 +846,7 @@ def test_declared_download_over_the_cap_is_refused_before_reading(tmp_path: Path
     error = download_refusal(url, tmp_path, DatasetLimits(allow_private_urls=True, max_download_bytes=1000))
 
     assert error.code is ErrorCode.INVALID_DATASET
-    assert "is 2,000 bytes, over the 1,000 bytes download cap" in error.message
+    assert "is 2.0 KiB, over the 1000 B download cap; use a smaller dataset" in error.message
 
 
 def test_undeclared_download_over_the_cap_is_cut_off(tmp_path: Path, http_server: LocalHTTPServer) -> None:
@@ -843,7 +854,7 @@ def test_undeclared_download_over_the_cap_is_cut_off(tmp_path: Path, http_server
 
     error = download_refusal(url, tmp_path, DatasetLimits(allow_private_urls=True, max_download_bytes=1024 * 1024))
 
-    assert "sent more than the 1.0 MB download cap" in error.message
+    assert "sent more than the 1.0 MiB download cap; use a smaller dataset" in error.message
 
 
 def test_download_shorter_than_promised_is_refused(tmp_path: Path, http_server: LocalHTTPServer) -> None:

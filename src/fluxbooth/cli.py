@@ -4,7 +4,8 @@ plan    — which memory strategy a job gets on this machine or on hypothetical 
           (`--gpu-memory 8GiB --host-memory 64GiB --gpus 1 --disk 200GiB`); exits 1 when nothing fits.
 doctor  — is this machine ready to train; exits 1 when a check fails (`--allow-cpu` on CPU-only hosts).
 train   — run one request (a JSON file holding the `input` object, or `{"input": {...}}`) outside RunPod;
-          prints the result JSON; exits 1 when the job failed.
+          prints the result JSON; exits 1 when the job failed. Progress goes to stderr (a bar on a
+          terminal, plain lines otherwise); `--verbose` adds the full log.
 
 Exit codes: 0 success, 1 does not fit / a check failed, 2 invalid arguments or input.
 This module never imports torch: doctor runs its torch checks in a child process.
@@ -347,6 +348,9 @@ def add_train_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("train", help="run one training request (JSON file) outside RunPod")
     parser.add_argument("request", type=Path, help="JSON file: the request's input object, or {\"input\": {...}}")
     parser.add_argument("--job-id", default=None, help="job id used in storage keys (default: random)")
+    parser.add_argument(
+        "--verbose", action="store_true", help="log everything (the trainer's own output included) on stderr"
+    )
     parser.set_defaults(handler=run_train_command)
 
 
@@ -355,6 +359,7 @@ def run_train_command(arguments: argparse.Namespace, environ: Mapping[str, str],
     import logging
 
     from fluxbooth.job import run_job
+    from fluxbooth.progress import ProgressBar
     from fluxbooth.settings import WorkerSettings
 
     try:
@@ -362,12 +367,19 @@ def run_train_command(arguments: argparse.Namespace, environ: Mapping[str, str],
     except (OSError, json.JSONDecodeError) as error:
         raise FluxboothError(ErrorCode.INVALID_INPUT, f"request file {arguments.request}: {error}") from error
     job_input = document["input"] if isinstance(document, dict) and set(document) <= {"input", "id"} and "input" in document else document
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    progress_log = logging.getLogger("fluxbooth.progress")
-    result = asyncio.run(
-        run_job(job_input, job_id=arguments.job_id, settings=WorkerSettings.from_environ(environ),
-                progress=lambda payload: progress_log.info("progress %s", payload))
+    # The progress lines are what a person watches; the full log would bury them, so it is opt-in.
+    logging.basicConfig(
+        level=logging.INFO if arguments.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
     )
+    progress = ProgressBar.for_stream(sys.stderr)
+    try:
+        result = asyncio.run(
+            run_job(job_input, job_id=arguments.job_id, settings=WorkerSettings.from_environ(environ), progress=progress)
+        )
+    finally:
+        progress.close()
     out.write(json.dumps(result, indent=2) + "\n")
     return EXIT_FAILED if "error" in result else EXIT_OK
 

@@ -56,6 +56,20 @@ def _count(environ: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
+def _ratio(environ: Mapping[str, str], name: str, default: float) -> float:
+    """A proportion like "4" or "2.5" (to 1), at least 1."""
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as error:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number") from error
+    if not value >= 1:
+        raise ValueError(f"environment variable {name}={raw!r} must be 1 or more")
+    return value
+
+
 @dataclass(frozen=True)
 class BucketSettings:
     """S3-compatible object storage, named as RunPod names it."""
@@ -168,7 +182,17 @@ class DatasetLimits:
     max_expanded_bytes: int = 4 * 1024**3
     max_member_bytes: int = 256 * 1024**2
     max_compression_ratio: int = 200
+    # The whole archive's declared expansion over its own size (above a small floor): images barely
+    # compress, so a zip that expands far more than this holds something other than photos.
+    max_archive_expansion_ratio: int = 100
     max_image_pixels: int = 50_000_000
+    # Pixels decoded over the whole dataset, each distinct file once: about 330 twelve-megapixel photos,
+    # or 80 s of decoding at the slowest measured rate (PNG, 50 Mpx/s; bench/dataset_budgets.py).
+    max_dataset_pixels: int = 4_000_000_000
+    # Images longer than this (either way) are cropped to their middle: the trainer only uses the middle.
+    max_image_aspect_ratio: float = 4.0
+    # Disk the normalised images may take (the uncompressed upper bound, checked before decoding).
+    max_prepared_bytes: int = 16 * 1024**3
     min_image_side: int = 64
     min_images: int = 3
     max_images: int = 1000
@@ -212,7 +236,15 @@ class WorkerSettings:
             max_base64_chars=_int(env, "FLUXBOOTH_MAX_BASE64_CHARS", DatasetLimits.max_base64_chars),
             max_download_bytes=_int(env, "FLUXBOOTH_MAX_DOWNLOAD_BYTES", DatasetLimits.max_download_bytes),
             max_expanded_bytes=_int(env, "FLUXBOOTH_MAX_EXPANDED_BYTES", DatasetLimits.max_expanded_bytes),
+            max_archive_expansion_ratio=_int(
+                env, "FLUXBOOTH_MAX_ARCHIVE_EXPANSION_RATIO", DatasetLimits.max_archive_expansion_ratio
+            ),
             max_image_pixels=_int(env, "FLUXBOOTH_MAX_IMAGE_PIXELS", DatasetLimits.max_image_pixels),
+            max_dataset_pixels=_int(env, "FLUXBOOTH_MAX_DATASET_PIXELS", DatasetLimits.max_dataset_pixels),
+            max_image_aspect_ratio=_ratio(
+                env, "FLUXBOOTH_MAX_IMAGE_ASPECT_RATIO", DatasetLimits.max_image_aspect_ratio
+            ),
+            max_prepared_bytes=_int(env, "FLUXBOOTH_MAX_PREPARED_BYTES", DatasetLimits.max_prepared_bytes),
             min_image_side=_int(env, "FLUXBOOTH_MIN_IMAGE_SIDE", DatasetLimits.min_image_side),
             min_images=_int(env, "FLUXBOOTH_MIN_IMAGES", DatasetLimits.min_images),
             download_timeout_seconds=_int(

@@ -18,6 +18,7 @@ disk is `does_not_fit`.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections import Counter
@@ -26,9 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from fluxbooth.dataset.archive import ExtractedArchive, ExtractedImage, extract_archive
-from fluxbooth.dataset.fetch import decode_base64_dataset, download_dataset, forbidden_address_reason
-from fluxbooth.dataset.guards import DISK_RESERVE_BYTES, Role, ensure_free_disk, ensure_inside, input_error
-from fluxbooth.dataset.images import NormalisedImage, normalise_image, read_caption
+from fluxbooth.dataset.fetch import decode_base64_dataset, download_dataset, fetch_archive, forbidden_address_reason
+from fluxbooth.dataset.guards import DISK_RESERVE_BYTES, Role, disk_full_is_does_not_fit, disk_stage, ensure_inside
+from fluxbooth.dataset.images import (
+    MAX_CAPTION_CHARS,
+    NormalisedImage,
+    check_image_budgets,
+    normalise_image,
+    read_caption,
+)
 from fluxbooth.request import TrainingRequest
 from fluxbooth.settings import DatasetLimits
 
@@ -47,6 +54,8 @@ __all__ = [
 ]
 
 _UNSAFE_STEM_CHARACTERS = re.compile(r"[^A-Za-z0-9._-]+")
+# A caption is stored as at most this many UTF-8 bytes (and a newline).
+_CAPTION_BYTES_BOUND = 4 * MAX_CAPTION_CHARS + 1
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,8 @@ class PreparedDataset:
     skipped: dict[str, int]  # e.g. {"macos_metadata": 2, "hidden": 1, "not_image": 3}
     smaller_than_resolution: int  # images the trainer will upscale
     downscaled: int = 0  # images reduced here to the smallest size that still covers the resolution
+    cropped: int = 0  # images longer than the aspect cap, of which only the middle was kept
+    pixels: int = 0  # pixels decoded, each distinct file once (as its header declares)
     notes: tuple[str, ...] = ()
 
     def summary(self) -> dict[str, object]:
@@ -69,6 +80,8 @@ class PreparedDataset:
             "skipped": dict(sorted(self.skipped.items())),
             "smaller_than_resolution": self.smaller_than_resolution,
             "downscaled": self.downscaled,
+            "cropped": self.cropped,
+            "pixels": self.pixels,
             "notes": list(self.notes),
         }
 
@@ -85,18 +98,71 @@ def _output_stem(member: str, taken: set[str]) -> str:
     return candidate
 
 
-# ------------------------------------------------------------------------------------------- the whole
+def _same_file_again(earlier: Path, destination: Path) -> None:
+    """A second name for an identical upload's output: a hard link (no disk), or a copy where links fail."""
+    try:
+        os.link(earlier, destination)
+    except OSError:
+        shutil.copyfile(earlier, destination)
 
 
-def _fetch_archive(request: TrainingRequest, archive_path: Path, limits: DatasetLimits) -> None:
-    if request.dataset is not None:
-        data = decode_base64_dataset(request.dataset, limits)
-        ensure_free_disk(archive_path.parent, len(data) + DISK_RESERVE_BYTES, purpose="storing the dataset")
-        archive_path.write_bytes(data)
-    elif request.dataset_url is not None:
-        download_dataset(request.dataset_url, archive_path, limits)
-    else:
-        raise input_error("dataset", "give the dataset zip as base64 in dataset, or a link in dataset_url")
+def _normalise_all(
+    extracted: ExtractedArchive,
+    output_dirs: dict[Role, Path],
+    request: TrainingRequest,
+    limits: DatasetLimits,
+    job_dir: Path,
+    on_image: Callable[[int, int], None] | None,
+) -> Counter[str]:
+    """Each image into its role's folder, identical files decoded once; returns the counts for the summary."""
+    taken: dict[Role, set[str]] = {"instance": set(), "class": set()}
+    stored: dict[str, tuple[Path, NormalisedImage]] = {}
+    counts: Counter[str] = Counter()
+    width, height = request.resolution
+    for done, item in enumerate(extracted.images, start=1):
+        directory = output_dirs[item.role]
+        stem = _output_stem(item.member, taken[item.role])
+        destination = ensure_inside(directory / f"{stem}.png", job_dir)
+        if item.digest and item.digest in stored:
+            earlier, result = stored[item.digest]
+            _same_file_again(earlier, destination)
+        else:
+            result = normalise_image(
+                item.path, destination, member=item.member, limits=limits, resolution=request.resolution
+            )
+            stored[item.digest or str(item.path)] = (destination, result)
+        item.path.unlink()
+        counts[f"{item.role}_images"] += 1
+        counts["downscaled"] += result.downscaled
+        counts["cropped"] += result.cropped
+        counts["smaller"] += result.width < width or result.height < height
+        if item.caption_path is not None:
+            caption = read_caption(item.caption_path, member=item.caption_member or item.member)
+            item.caption_path.unlink()
+            if caption:
+                ensure_inside(directory / f"{stem}.txt", job_dir).write_text(caption + "\n", encoding="utf-8")
+                counts["captions"] += 1
+        if on_image is not None:
+            on_image(done, len(extracted.images))
+    return counts
+
+
+def _notes(counts: Counter[str], request: TrainingRequest, limits: DatasetLimits) -> tuple[str, ...]:
+    notes: list[str] = []
+    width, height = request.resolution
+    if counts["smaller"]:
+        notes.append(
+            f"{counts['smaller']} image(s) are smaller than {width}x{height} and will be upscaled; "
+            "larger photos train sharper"
+        )
+    if counts["cropped"]:
+        notes.append(
+            f"{counts['cropped']} image(s) are longer than {limits.max_image_aspect_ratio:g}:1 and were cropped to "
+            "their middle, the part training uses"
+        )
+    if counts["class_images"] and not request.with_prior_preservation:
+        notes.append("the archive's class/ images are unused because with_prior_preservation is false")
+    return tuple(notes)
 
 
 def prepare_dataset(
@@ -108,60 +174,36 @@ def prepare_dataset(
 ) -> PreparedDataset:
     """Fetch, check, extract and normalise the request's dataset inside `job_dir`.
 
-    `on_image(done, total)` is called after each image, for progress reporting.
+    Every budget (archive size and expansion, decoded pixels, stored bytes, free disk) is checked before
+    the work it bounds. `on_image(done, total)` is called after each image, for progress reporting.
     """
     job_dir = job_dir.resolve()
-    job_dir.mkdir(parents=True, exist_ok=True)
-    archive_path = ensure_inside(job_dir / "dataset.zip", job_dir)
-    raw_dir = ensure_inside(job_dir / "raw", job_dir)
-    data_dir = ensure_inside(job_dir / "data", job_dir)
+    with disk_full_is_does_not_fit(job_dir, purpose="preparing the dataset"):
+        job_dir.mkdir(parents=True, exist_ok=True)
+        archive_path = ensure_inside(job_dir / "dataset.zip", job_dir)
+        raw_dir = ensure_inside(job_dir / "raw", job_dir)
+        data_dir = ensure_inside(job_dir / "data", job_dir)
 
-    _fetch_archive(request, archive_path, limits)
-    extracted = extract_archive(archive_path, raw_dir, limits)
-    archive_path.unlink()
-
-    output_dirs: dict[Role, Path] = {"instance": data_dir / "instance"}
-    if extracted.count("class"):
-        output_dirs["class"] = data_dir / "class"
-    for directory in output_dirs.values():
-        directory.mkdir(parents=True, exist_ok=True)
-
-    taken: dict[Role, set[str]] = {"instance": set(), "class": set()}
-    counts: Counter[str] = Counter()
-    for done, item in enumerate(extracted.images, start=1):
-        directory = output_dirs[item.role]
-        stem = _output_stem(item.member, taken[item.role])
-        result = normalise_image(
-            item.path,
-            ensure_inside(directory / f"{stem}.png", job_dir),
-            member=item.member,
-            limits=limits,
-            resolution=request.resolution,
+        fetch_archive(request, archive_path, limits)
+        extracted = extract_archive(archive_path, raw_dir, limits)
+        archive_path.unlink()
+        pixels, stored_bound = check_image_budgets(
+            ((item.digest or str(item.path), item.path, item.member) for item in extracted.images),
+            request.resolution,
+            limits,
         )
-        item.path.unlink()
-        counts[f"{item.role}_images"] += 1
-        counts["downscaled"] += result.downscaled
-        width, height = request.resolution
-        counts["smaller"] += result.width < width or result.height < height
-        if item.caption_path is not None:
-            caption = read_caption(item.caption_path, member=item.caption_member or item.member)
-            item.caption_path.unlink()
-            if caption:
-                ensure_inside(directory / f"{stem}.txt", job_dir).write_text(caption + "\n", encoding="utf-8")
-                counts["captions"] += 1
-        if on_image is not None:
-            on_image(done, len(extracted.images))
-    shutil.rmtree(raw_dir, ignore_errors=True)
+        captions_bound = _CAPTION_BYTES_BOUND * sum(item.caption_path is not None for item in extracted.images)
 
-    notes: list[str] = []
-    width, height = request.resolution
-    if counts["smaller"]:
-        notes.append(
-            f"{counts['smaller']} image(s) are smaller than {width}x{height} and will be upscaled; "
-            "larger photos train sharper"
-        )
-    if counts["class_images"] and not request.with_prior_preservation:
-        notes.append("the archive's class/ images are unused because with_prior_preservation is false")
+        output_dirs: dict[Role, Path] = {"instance": data_dir / "instance"}
+        if extracted.count("class"):
+            output_dirs["class"] = data_dir / "class"
+        for directory in output_dirs.values():
+            directory.mkdir(parents=True, exist_ok=True)
+        needed = stored_bound + captions_bound + DISK_RESERVE_BYTES
+        with disk_stage(data_dir, needed, purpose="storing the normalised images"):
+            counts = _normalise_all(extracted, output_dirs, request, limits, job_dir, on_image)
+        shutil.rmtree(raw_dir, ignore_errors=True)
+
     return PreparedDataset(
         instance_dir=output_dirs["instance"],
         class_dir=output_dirs.get("class"),
@@ -171,5 +213,7 @@ def prepare_dataset(
         skipped=dict(extracted.skipped),
         smaller_than_resolution=counts["smaller"],
         downscaled=counts["downscaled"],
-        notes=tuple(notes),
+        cropped=counts["cropped"],
+        pixels=pixels,
+        notes=_notes(counts, request, limits),
     )

@@ -3,10 +3,11 @@ counters into files with generated names (member names are inspected, never used
 
 from __future__ import annotations
 
-import errno
+import hashlib
 import lzma
 import re
 import stat
+import struct
 import zipfile
 import zlib
 from collections import Counter
@@ -19,13 +20,12 @@ from fluxbooth.dataset.guards import (
     DISK_RESERVE_BYTES,
     Role,
     dataset_error,
-    ensure_free_disk,
+    disk_stage,
     ensure_inside,
-    megabytes,
     quoted,
 )
-from fluxbooth.dataset.images import ALLOWED_IMAGE_FORMATS
-from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.dataset.images import ALLOWED_IMAGE_FORMATS, MAX_CAPTION_CHARS
+from fluxbooth.hardware import format_bytes
 from fluxbooth.settings import DatasetLimits
 
 IMAGE_EXTENSIONS = frozenset(
@@ -40,7 +40,6 @@ ARCHIVE_EXTENSIONS = frozenset(
      ".lzma", ".cab", ".jar", ".cbz", ".cbr"}
 )
 CAPTION_EXTENSION = ".txt"
-MAX_CAPTION_CHARS = 2000
 MAX_CAPTION_BYTES = 64 * 1024
 SUPPORTED_COMPRESSION = frozenset({zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA})
 COMPRESSION_NAMES = {1: "Shrink", 6: "Implode", 9: "Deflate64", 93: "Zstandard", 95: "XZ", 98: "PPMd",
@@ -48,6 +47,12 @@ COMPRESSION_NAMES = {1: "Shrink", 6: "Implode", 9: "Deflate64", 93: "Zstandard",
 # Small members may legitimately compress very well (a flat-colour PNG, an empty caption); only big
 # members with huge ratios look like bombs.
 RATIO_CHECK_MIN_BYTES = 1024 * 1024
+# Below this many expanded bytes the whole archive's ratio is not checked: a handful of flat BMPs may
+# compress 1000x, and this much work is bounded whatever the upload.
+ARCHIVE_RATIO_FLOOR_BYTES = 64 * 1024 * 1024
+# A local file header: signature, 22 bytes of fields the central directory repeats, name and extra lengths.
+_LOCAL_HEADER = struct.Struct("<4s22xHH")
+_LOCAL_HEADER_SIGNATURE = b"PK\x03\x04"
 
 _DRIVE_LETTER = re.compile(r"^[A-Za-z]:")
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
@@ -60,6 +65,7 @@ class ExtractedImage:
     path: Path  # the extracted bytes, under raw/ with a generated name
     caption_member: str | None = None
     caption_path: Path | None = None
+    digest: str = ""  # sha256 of the extracted bytes: identical files are decoded once
 
 
 @dataclass(frozen=True)
@@ -219,8 +225,11 @@ def _plan_extraction(infos: Iterable[zipfile.ZipInfo]) -> tuple[list[_PlannedMem
     return planned, skipped
 
 
-def _check_declared_sizes(planned: list[_PlannedMember], limits: DatasetLimits) -> int:
-    """Refuse on what the headers declare, before anything is decompressed; returns the declared total."""
+def _check_declared_sizes(planned: list[_PlannedMember], limits: DatasetLimits, archive_bytes: int) -> int:
+    """Refuse on what the headers declare, before anything is decompressed; returns the declared total.
+
+    The totals are summed over every member that will be extracted, so many modest members cannot add
+    up to what one big member may not be."""
     total = 0
     for member in planned:
         for info in (member.info, member.caption):
@@ -233,8 +242,8 @@ def _check_declared_sizes(planned: list[_PlannedMember], limits: DatasetLimits) 
                 )
             if info.file_size > limits.max_member_bytes:
                 raise dataset_error(
-                    f"member {shown} declares {megabytes(info.file_size)}, over the "
-                    f"{megabytes(limits.max_member_bytes)} per-file cap; use smaller images"
+                    f"member {shown} declares {format_bytes(info.file_size)}, over the "
+                    f"{format_bytes(limits.max_member_bytes)} per-file cap; use smaller images"
                 )
             ratio = info.file_size / max(info.compress_size, 1)
             if info.file_size > RATIO_CHECK_MIN_BYTES and ratio > limits.max_compression_ratio:
@@ -245,10 +254,48 @@ def _check_declared_sizes(planned: list[_PlannedMember], limits: DatasetLimits) 
             total += info.file_size
     if total > limits.max_expanded_bytes:
         raise dataset_error(
-            f"the archive declares {megabytes(total)} of files, over the {megabytes(limits.max_expanded_bytes)} "
-            "cap; use fewer or smaller images"
+            f"the archive declares {format_bytes(total)} of files, over the {format_bytes(limits.max_expanded_bytes)} "
+            "cap (FLUXBOOTH_MAX_EXPANDED_BYTES); use fewer or smaller images"
+        )
+    ratio = total / max(archive_bytes, 1)
+    if total > ARCHIVE_RATIO_FLOOR_BYTES and ratio > limits.max_archive_expansion_ratio:
+        raise dataset_error(
+            f"the archive's {format_bytes(archive_bytes)} expand to {format_bytes(total)}, {ratio:,.0f}x, over the "
+            f"{limits.max_archive_expansion_ratio}x cap (FLUXBOOTH_MAX_ARCHIVE_EXPANSION_RATIO); images do not "
+            "compress like that, so re-create the zip from the photos themselves"
         )
     return total
+
+
+def _check_no_shared_data(archive_path: Path, infos: list[zipfile.ZipInfo], directory_offset: int) -> None:
+    """Each member's bytes (local header and compressed data) must be its own and lie before the central
+    directory. A directory listing the same or overlapping data many times passes every per-member check
+    while multiplying the work: the overlapping-files zip bomb."""
+    spans: list[tuple[int, int, zipfile.ZipInfo]] = []
+    with archive_path.open("rb") as source:
+        for info in infos:
+            source.seek(info.header_offset)
+            header = source.read(_LOCAL_HEADER.size)
+            if len(header) < _LOCAL_HEADER.size or header[:4] != _LOCAL_HEADER_SIGNATURE:
+                raise dataset_error(
+                    f"member {quoted(info.filename)} points at no file header; the zip is damaged, re-create it"
+                )
+            _, name_length, extra_length = _LOCAL_HEADER.unpack(header)
+            end = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length + info.compress_size
+            spans.append((info.header_offset, end, info))
+    spans.sort(key=lambda span: span[:2])
+    for (start, end, info), (next_start, _, next_info) in zip(spans, spans[1:], strict=False):
+        if next_start < end:
+            how = "the same" if next_start == start else "overlapping"
+            raise dataset_error(
+                f"members {quoted(info.filename)} and {quoted(next_info.filename)} point at {how} compressed data, "
+                "a zip-bomb trick that repeats the work; re-create the zip with a standard tool"
+            )
+    if spans and spans[-1][1] > directory_offset:
+        raise dataset_error(
+            f"member {quoted(spans[-1][2].filename)} runs into the archive's directory; the zip is damaged, "
+            "re-create it"
+        )
 
 
 def _check_counts(planned: list[_PlannedMember], skipped: Counter[str], limits: DatasetLimits) -> None:
@@ -293,20 +340,22 @@ class _ExpansionCounter:
         shown = quoted(info.filename)
         if member_bytes > info.file_size or member_bytes > self.limits.max_member_bytes:
             raise dataset_error(
-                f"member {shown} expands beyond its declared size ({megabytes(info.file_size)}); "
+                f"member {shown} expands beyond its declared size ({format_bytes(info.file_size)}); "
                 "the archive is damaged or hostile, re-create it"
             )
         if self.total > self.limits.max_expanded_bytes:
             raise dataset_error(
-                f"the archive expands beyond the {megabytes(self.limits.max_expanded_bytes)} cap "
-                f"(reached while extracting {shown}); use fewer or smaller images"
+                f"the archive expands beyond the {format_bytes(self.limits.max_expanded_bytes)} cap "
+                f"(FLUXBOOTH_MAX_EXPANDED_BYTES, reached while extracting {shown}); use fewer or smaller images"
             )
 
 
 def _extract_member(
     archive: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, counter: _ExpansionCounter
-) -> None:
+) -> str:
+    """Stream one member into `target` through the counter; returns the sha256 of its bytes."""
     member_bytes = 0
+    digest = hashlib.sha256()
     shown = quoted(info.filename)
     try:
         source = archive.open(info)
@@ -322,15 +371,9 @@ def _extract_member(
                 break
             member_bytes += len(chunk)
             counter.add(info, member_bytes, len(chunk))
-            try:
-                sink.write(chunk)
-            except OSError as error:
-                if error.errno == errno.ENOSPC:
-                    raise FluxboothError(
-                        ErrorCode.DOES_NOT_FIT,
-                        f"disk: the disk filled up while extracting {shown}; free disk space or use a bigger volume",
-                    ) from None
-                raise
+            digest.update(chunk)
+            sink.write(chunk)
+    return digest.hexdigest()
 
 
 def extract_archive(archive_path: Path, destination: Path, limits: DatasetLimits) -> ExtractedArchive:
@@ -349,32 +392,40 @@ def extract_archive(archive_path: Path, destination: Path, limits: DatasetLimits
             raise dataset_error(
                 f"the archive has {len(infos):,} members, over the {limits.max_members:,} cap; use fewer files"
             )
+        _check_no_shared_data(archive_path, infos, archive.start_dir)
         planned, skipped = _plan_extraction(infos)
         _check_counts(planned, skipped, limits)
-        declared_total = _check_declared_sizes(planned, limits)
+        declared_total = _check_declared_sizes(planned, limits, archive_path.stat().st_size)
         destination.mkdir(parents=True, exist_ok=True)
         root = destination.resolve()
-        ensure_free_disk(root, declared_total + DISK_RESERVE_BYTES, purpose="extracting the dataset")
-
-        counter = _ExpansionCounter(limits)
-        images: list[ExtractedImage] = []
-        written = 0
-        for member in planned:
-            image_path = ensure_inside(root / _extracted_name(written, member.name), root)
-            _extract_member(archive, member.info, image_path, counter)
-            written += 1
-            caption_path = None
-            if member.caption is not None:
-                caption_path = ensure_inside(root / _extracted_name(written, member.caption.filename), root)
-                _extract_member(archive, member.caption, caption_path, counter)
-                written += 1
-            images.append(
-                ExtractedImage(
-                    member=member.name,
-                    role=member.role,
-                    path=image_path,
-                    caption_member=member.caption.filename if member.caption else None,
-                    caption_path=caption_path,
-                )
-            )
+        with disk_stage(root, declared_total + DISK_RESERVE_BYTES, purpose="extracting the dataset"):
+            images = _extract_planned(archive, planned, root, limits)
     return ExtractedArchive(images=tuple(images), skipped=dict(skipped))
+
+
+def _extract_planned(
+    archive: zipfile.ZipFile, planned: list[_PlannedMember], root: Path, limits: DatasetLimits
+) -> list[ExtractedImage]:
+    counter = _ExpansionCounter(limits)
+    images: list[ExtractedImage] = []
+    written = 0
+    for member in planned:
+        image_path = ensure_inside(root / _extracted_name(written, member.name), root)
+        digest = _extract_member(archive, member.info, image_path, counter)
+        written += 1
+        caption_path = None
+        if member.caption is not None:
+            caption_path = ensure_inside(root / _extracted_name(written, member.caption.filename), root)
+            _extract_member(archive, member.caption, caption_path, counter)
+            written += 1
+        images.append(
+            ExtractedImage(
+                member=member.name,
+                role=member.role,
+                path=image_path,
+                caption_member=member.caption.filename if member.caption else None,
+                caption_path=caption_path,
+                digest=digest,
+            )
+        )
+    return images

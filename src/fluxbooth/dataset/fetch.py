@@ -20,12 +20,13 @@ from urllib.parse import quote, urljoin, urlsplit
 from fluxbooth.dataset.guards import (
     CHUNK_BYTES,
     DISK_RESERVE_BYTES,
-    ensure_free_disk,
+    disk_stage,
     input_error,
-    megabytes,
     url_error,
 )
 from fluxbooth.errors import FluxboothError
+from fluxbooth.hardware import format_bytes
+from fluxbooth.request import TrainingRequest
 from fluxbooth.settings import DatasetLimits
 
 MAX_REDIRECTS = 5
@@ -282,16 +283,15 @@ def _stream_to_file(
     declared_bytes = int(declared) if declared and declared.strip().isdigit() else None
     if declared_bytes is not None and declared_bytes > cap:
         raise url_error(
-            f"{display_url(url)} is {megabytes(declared_bytes)}, over the {megabytes(cap)} download cap; "
+            f"{display_url(url)} is {format_bytes(declared_bytes)}, over the {format_bytes(cap)} download cap; "
             "use a smaller dataset"
         )
     destination.parent.mkdir(parents=True, exist_ok=True)
-    if declared_bytes is not None:
-        ensure_free_disk(destination.parent, declared_bytes + DISK_RESERVE_BYTES, purpose="downloading the dataset")
     received = 0
     partial = destination.with_name(destination.name + ".part")
+    needed = (declared_bytes or 0) + DISK_RESERVE_BYTES
     try:
-        with partial.open("wb") as sink:
+        with disk_stage(destination.parent, needed, purpose="downloading the dataset") as need, partial.open("wb") as sink:
             while True:
                 try:
                     # read1: whatever has arrived, so the deadline is checked even while a server trickles.
@@ -299,11 +299,11 @@ def _stream_to_file(
                 except TimeoutError:
                     raise url_error(
                         f"{display_url(url)} stopped sending data for {limits.download_timeout_seconds} s "
-                        f"after {megabytes(received)}; the server is too slow, host the file elsewhere"
+                        f"after {format_bytes(received)}; the server is too slow, host the file elsewhere"
                     ) from None
                 except (http.client.IncompleteRead, ConnectionError) as error:
                     raise url_error(
-                        f"the connection to {display_url(url)} broke after {megabytes(received)} "
+                        f"the connection to {display_url(url)} broke after {format_bytes(received)} "
                         f"({type(error).__name__}); try again"
                     ) from None
                 if not chunk:
@@ -311,13 +311,14 @@ def _stream_to_file(
                 received += len(chunk)
                 if received > cap:
                     raise url_error(
-                        f"{display_url(url)} sent more than the {megabytes(cap)} download cap; use a smaller dataset"
+                        f"{display_url(url)} sent more than the {format_bytes(cap)} download cap; use a smaller dataset"
                     )
                 if time.monotonic() > deadline:
                     raise url_error(
-                        f"downloading {display_url(url)} took too long ({megabytes(received)} so far); "
+                        f"downloading {display_url(url)} took too long ({format_bytes(received)} so far); "
                         "the server is too slow, host the file elsewhere"
                     )
+                need.bytes = max(need.bytes, received + DISK_RESERVE_BYTES)
                 sink.write(chunk)
         if declared_bytes is not None and received != declared_bytes:
             raise url_error(
@@ -329,3 +330,15 @@ def _stream_to_file(
         return received
     finally:
         partial.unlink(missing_ok=True)
+
+
+def fetch_archive(request: TrainingRequest, archive_path: Path, limits: DatasetLimits) -> None:
+    """The request's zip, from `dataset` (base64) or `dataset_url`, written to `archive_path`."""
+    if request.dataset is not None:
+        data = decode_base64_dataset(request.dataset, limits)
+        with disk_stage(archive_path.parent, len(data) + DISK_RESERVE_BYTES, purpose="storing the dataset"):
+            archive_path.write_bytes(data)
+    elif request.dataset_url is not None:
+        download_dataset(request.dataset_url, archive_path, limits)
+    else:
+        raise input_error("dataset", "give the dataset zip as base64 in dataset, or a link in dataset_url")

@@ -7,19 +7,28 @@ import io
 import re
 import struct
 import warnings
+import zlib
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
 
 from fluxbooth.dataset.guards import dataset_error, quoted
+from fluxbooth.hardware import format_bytes
 from fluxbooth.settings import DatasetLimits
 
 ALLOWED_IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")
-
 MAX_CAPTION_CHARS = 2000
 
-PNG_COMPRESS_LEVEL = 0  # stored, not deflated: the trainer reads each file once, and deflate was 80 % of preparation time (bench/overhead.py)
+# zlib's fastest level with run-length matching only: on this 2-core CPU it costs about 1.5-2x an
+# uncompressed save and stores photos in 0.55-0.65 of their raw size and flat or synthetic images in
+# 0.002 (bench/dataset_budgets.py). Plain deflate at the default level was 80 % of preparation time.
+PNG_COMPRESS_LEVEL = 1
+PNG_COMPRESS_TYPE = zlib.Z_RLE
+PNG_CHUNK_BYTES = 64 * 1024  # Pillow writes image data in chunks of at most this (ImageFile.MAXBLOCK)
+PNG_HEADER_BYTES = 1024  # signature, IHDR, IEND and the small ancillary chunks Pillow may add
 WHITE = (255, 255, 255)
 
 
@@ -28,6 +37,7 @@ class NormalisedImage:
     width: int
     height: int
     downscaled: bool
+    cropped: bool = False  # longer than the aspect cap: only its middle was kept
 
 
 def _to_eight_bit(image: Image.Image) -> Image.Image:
@@ -100,16 +110,64 @@ def _covering_size(width: int, height: int, resolution: tuple[int, int]) -> tupl
     return new_width, new_height
 
 
-def normalise_image(
-    source: Path,
-    destination: Path,
-    *,
-    member: str,
-    limits: DatasetLimits,
-    resolution: tuple[int, int],
-) -> NormalisedImage:
-    """Decode `source` fully (first frame), EXIF-transpose, convert to 8-bit sRGB, save as PNG."""
-    shown = quoted(member)
+def middle_crop_box(
+    width: int, height: int, resolution: tuple[int, int], max_aspect: float
+) -> tuple[int, int, int, int] | None:
+    """The middle of an image longer than `max_aspect`:1 (or than the training shape, when that is longer),
+    as a (left, top, right, bottom) box; None when the image is within the cap.
+
+    The trainer scales each image to cover the resolution and keeps its middle, so this crop removes
+    only pixels it would never use, while a 1:50 strip can no longer fill the disk."""
+    target_width, target_height = resolution
+    if width >= height:
+        cap = max(max_aspect, target_width / target_height)
+        if width <= height * cap:
+            return None
+        kept = max(1, round(height * cap))
+        left = (width - kept) // 2
+        return left, 0, left + kept, height
+    cap = max(max_aspect, target_height / target_width)
+    if height <= width * cap:
+        return None
+    kept = max(1, round(width * cap))
+    top = (height - kept) // 2
+    return 0, top, width, top + kept
+
+
+def stored_size(width: int, height: int, resolution: tuple[int, int], max_aspect: float) -> tuple[int, int]:
+    """The size an image is stored at: its middle within the aspect cap, downscaled to cover the resolution."""
+    box = middle_crop_box(width, height, resolution, max_aspect)
+    if box is not None:
+        width, height = box[2] - box[0], box[3] - box[1]
+    return _covering_size(width, height, resolution) or (width, height)
+
+
+def stored_bytes_bound(width: int, height: int, resolution: tuple[int, int], max_aspect: float) -> int:
+    """The most bytes the stored PNG can take, whichever way its EXIF orientation turns it: the raw rows
+    (a filter byte each) under zlib's worst-case expansion (its compressBound), plus the PNG chunks."""
+    largest = 0
+    for oriented in ((width, height), (height, width)):
+        stored_width, stored_height = stored_size(*oriented, resolution, max_aspect)
+        raw = stored_height * (3 * stored_width + 1)
+        deflated = raw + (raw >> 12) + (raw >> 14) + (raw >> 25) + 13
+        largest = max(largest, deflated + 12 * (deflated // PNG_CHUNK_BYTES + 1) + PNG_HEADER_BYTES)
+    return largest
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    width: int
+    height: int
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+@contextmanager
+def _opened_image(source: Path, shown: str, limits: DatasetLimits) -> Iterator[Image.Image]:
+    """`source` opened (its header read, nothing decoded) and checked against the per-image caps; Pillow's
+    own pixel cap is set to ours while it is open."""
     previous_cap = Image.MAX_IMAGE_PIXELS
     Image.MAX_IMAGE_PIXELS = limits.max_image_pixels
     try:
@@ -144,29 +202,67 @@ def normalise_image(
                         f"image {shown} is {width}x{height}; the shorter side must be at least "
                         f"{limits.min_image_side} px. Use a larger photo or remove it"
                     )
-                planned_size = _covering_size(width, height, resolution)
-                if planned_size is not None and opened.format in ("JPEG", "MPO"):
-                    # JPEG can decode at 1/2, 1/4 or 1/8 scale directly; it still reads the whole stream.
-                    opened.draft(opened.mode, planned_size)
-                try:
-                    opened.load()
-                except Image.DecompressionBombError:
-                    raise dataset_error(
-                        f"image {shown} has frames over the {limits.max_image_pixels:,}-pixel cap; downscale it"
-                    ) from None
-                except (OSError, SyntaxError, ValueError, EOFError, struct.error, MemoryError) as error:
-                    raise dataset_error(f"image {shown} is truncated or corrupt ({error}); re-export it") from None
-                # Everything happens while `opened` is open: a closed Pillow image refuses further work.
-                image = _to_rgb(_transposed(opened))
-                target_size = _covering_size(image.width, image.height, resolution)
-                if target_size is not None:
-                    image = image.resize(target_size, Image.Resampling.LANCZOS, reducing_gap=3.0)
-                image.save(destination, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
-                # `planned_size` also counts a JPEG that draft() already reduced on decode.
-                downscaled = planned_size is not None or target_size is not None
-                return NormalisedImage(width=image.width, height=image.height, downscaled=downscaled)
+                yield opened
     finally:
         Image.MAX_IMAGE_PIXELS = previous_cap
+
+
+def read_header(source: Path, *, member: str, limits: DatasetLimits) -> ImageHeader:
+    """The image's declared size, read without decoding it, after the per-image checks."""
+    with _opened_image(source, quoted(member), limits) as opened:
+        return ImageHeader(*opened.size)
+
+
+def _decoded(opened: Image.Image, shown: str, limits: DatasetLimits) -> None:
+    try:
+        opened.load()
+    except Image.DecompressionBombError:
+        raise dataset_error(
+            f"image {shown} has frames over the {limits.max_image_pixels:,}-pixel cap; downscale it"
+        ) from None
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error, MemoryError) as error:
+        raise dataset_error(f"image {shown} is truncated or corrupt ({error}); re-export it") from None
+
+
+def normalise_image(
+    source: Path,
+    destination: Path,
+    *,
+    member: str,
+    limits: DatasetLimits,
+    resolution: tuple[int, int],
+) -> NormalisedImage:
+    """Decode `source` fully (first frame), EXIF-transpose, keep its middle within the aspect cap, convert
+    to 8-bit sRGB, downscale to cover the resolution and save as a fast-compressed PNG."""
+    shown = quoted(member)
+    with _opened_image(source, shown, limits) as opened:
+        planned_size = _covering_size(*opened.size, resolution)
+        if planned_size is not None and opened.format in ("JPEG", "MPO"):
+            # JPEG can decode at 1/2, 1/4 or 1/8 scale directly; it still reads the whole stream.
+            opened.draft(opened.mode, planned_size)
+        _decoded(opened, shown, limits)
+        # Everything happens while `opened` is open: a closed Pillow image refuses further work.
+        image = _transposed(opened)
+        box = middle_crop_box(image.width, image.height, resolution, limits.max_image_aspect_ratio)
+        if box is not None:
+            image = image.crop(box)
+        image = _to_rgb(image)
+        target_size = _covering_size(image.width, image.height, resolution)
+        if target_size is not None:
+            image = image.resize(target_size, Image.Resampling.LANCZOS, reducing_gap=3.0)
+        # No colour profile: the pixels are sRGB now, and a copied profile would be unbounded bytes.
+        image.save(
+            destination,
+            format="PNG",
+            compress_level=PNG_COMPRESS_LEVEL,
+            compress_type=PNG_COMPRESS_TYPE,
+            icc_profile=None,
+        )
+        # `planned_size` also counts a JPEG that draft() already reduced on decode.
+        downscaled = planned_size is not None or target_size is not None
+        return NormalisedImage(
+            width=image.width, height=image.height, downscaled=downscaled, cropped=box is not None
+        )
 
 
 def read_caption(path: Path, *, member: str) -> str:
@@ -185,3 +281,32 @@ def read_caption(path: Path, *, member: str) -> str:
             f"caption {shown} has {len(text)} characters; the limit is {MAX_CAPTION_CHARS}. Shorten it"
         )
     return text
+
+
+def check_image_budgets(
+    images: Iterable[tuple[str, Path, str]], resolution: tuple[int, int], limits: DatasetLimits
+) -> tuple[int, int]:
+    """Before any image is decoded: read each distinct file's header (`images` holds (key, path, member),
+    equal keys for identical files) and refuse a dataset over the pixel or the stored-bytes budget.
+    Returns (pixels to decode, most bytes the stored images can take)."""
+    headers: dict[str, ImageHeader] = {}
+    for key, path, member in images:
+        if key not in headers:
+            headers[key] = read_header(path, member=member, limits=limits)
+    pixels = sum(header.pixels for header in headers.values())
+    if pixels > limits.max_dataset_pixels:
+        raise dataset_error(
+            f"the images hold {pixels:,} pixels in total, over the {limits.max_dataset_pixels:,}-pixel budget "
+            "(FLUXBOOTH_MAX_DATASET_PIXELS); use fewer or smaller images"
+        )
+    stored = sum(
+        stored_bytes_bound(header.width, header.height, resolution, limits.max_image_aspect_ratio)
+        for header in headers.values()
+    )
+    if stored > limits.max_prepared_bytes:
+        raise dataset_error(
+            f"the normalised images could take {format_bytes(stored)} of disk at {resolution[0]}x{resolution[1]}, "
+            f"over the {format_bytes(limits.max_prepared_bytes)} budget (FLUXBOOTH_MAX_PREPARED_BYTES); "
+            "use fewer images or a lower resolution"
+        )
+    return pixels, stored
