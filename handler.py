@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import IO, Any
 
 import runpod
@@ -21,15 +22,17 @@ import runpod
 from fluxbooth.errors import ErrorCode, FluxboothError, error_for_the_wire
 from fluxbooth.job import ProgressSink, run_job
 from fluxbooth.launch import Redactor
+from fluxbooth.progress import ProgressBar
 from fluxbooth.settings import WorkerSettings
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def progress_sink_for(job: dict[str, Any]) -> ProgressSink:
-    """RunPod's progress_update only has somewhere to go on RunPod itself; locally we just log."""
+    """RunPod's progress_update only has somewhere to go on RunPod itself; locally (`--test_input`,
+    `--rp_serve_api`) progress is drawn on stderr."""
     if not os.environ.get("RUNPOD_WEBHOOK_POST_OUTPUT"):
-        return lambda payload: logging.getLogger("fluxbooth.progress").info("progress %s", payload)
+        return ProgressBar.for_stream(sys.stderr)
     return lambda payload: runpod.serverless.progress_update(job, payload)
 
 

@@ -75,28 +75,44 @@ def test_in_a_log_each_stage_is_one_line_and_steps_at_most_every_interval_and_th
     ]
 
 
-def test_on_a_terminal_each_stage_is_one_line_redrawn_in_place() -> None:
+def test_on_a_terminal_each_stage_is_a_line_and_its_progress_one_line_redrawn_in_place() -> None:
     assert render(interactive=True) == (
-        "\r[0:00] plan\n"
-        "\r[0:00] dataset\n"
-        "\r[0:01] launch  steps=4\n"
-        "\r[0:19] load  what=transformer\n"
-        "\r[0:40] cache\n"
-        "\r[0:42] train  optimizer=DeepSpeedCPUAdam  start_step=0  steps=4"
+        "[0:00] plan\n"
+        "[0:00] dataset\n"
+        "[0:01] launch  steps=4\n"
+        "[0:19] load  what=transformer\n"
+        "[0:40] cache\n"
+        "[0:42] train  optimizer=DeepSpeedCPUAdam  start_step=0  steps=4\n"
         "\r[0:46] train  [######------------------]  1/4  loss 0.5123  ETA 0:12"
         "\r[0:50] train  [############------------]  2/4  loss 0.4000  ETA 0:08"
         "\r[0:54] train  [##################------]  3/4  loss 0.3000  ETA 0:04"
         "\r[0:58] train  [########################]  4/4  loss 0.2500  ETA 0:00\n"
-        "\r[0:58] export  formats=diffusers,comfyui\n"
-        "\r[1:00] upload\n"
+        "[0:58] export  formats=diffusers,comfyui\n"
+        "[1:00] upload\n"
     )
 
 
 def test_a_shorter_redraw_pads_over_the_longer_line_before_it() -> None:
-    payloads = [(0.0, {"stage": "train", "status": "resumed", "step": 4, "checkpoint": "checkpoint-4"}),
-                (1.0, {"stage": "train", "note": "x"})]
-    first = "[0:00] train  checkpoint=checkpoint-4  status=resumed  step=4"
-    assert render(interactive=True, payloads=payloads) == f"\r{first}\r{'[0:01] train  note=x'.ljust(len(first))}\n"
+    payloads = [(0.0, {"stage": "download", "bytes_done": 2**30, "bytes_total": 3 * 2**30}),
+                (1.0, {"stage": "download", "bytes_done": 3 * 2**30, "bytes_total": 3 * 2**30})]
+    assert render(interactive=True, payloads=payloads) == (
+        "\r[0:00] download  [########----------------]  33%  1.0 GiB / 3.0 GiB"
+        "\r[0:01] download  [########################]  100%  3.0 GiB / 3.0 GiB\n"
+    )
+    shrinking = [(0.0, {"stage": "download", "bytes_done": 2**30, "bytes_total": 3 * 2**30}),
+                 (1.0, {"stage": "download", "bytes_done": 0, "bytes_total": 3 * 2**30})]
+    assert render(interactive=True, payloads=shrinking).endswith(
+        "\r[0:01] download  [------------------------]  0%  0 B / 3.0 GiB     \n"
+    )
+
+
+def test_a_job_ending_during_progress_ends_its_line_when_closed() -> None:
+    stream = io.StringIO()
+    progress = ProgressBar(stream, interactive=True, clock=lambda: 0.0)
+    progress({"stage": "train", "step": 1, "total": 2, "loss": 1.0, "eta_seconds": 3.0})
+    progress.close()
+    progress.close()
+    assert stream.getvalue() == "\r[0:00] train  [############------------]  1/2  loss 1.0000  ETA 0:03\n"
 
 
 def test_for_stream_redraws_only_on_a_terminal() -> None:

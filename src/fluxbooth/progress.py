@@ -1,9 +1,9 @@
 """Progress for people: the payloads `job.ProgressReporter` sends, rendered on a terminal or in a log.
 
 Used where no RunPod endpoint receives the payloads: `python -m fluxbooth train` and the handler's local
-modes. On a terminal the current stage is one line redrawn in place (`\\r`): a bar with step/total, loss
-and ETA while training, bytes while downloading. Anywhere else (a log file, a pipe) each stage gets a
-plain line, and its progress a line at most every `plain_interval` seconds, so logs stay readable.
+modes. Each stage (and each status a stage reports) is one line. Its progress, a bar with step/total, loss
+and ETA while training, bytes while downloading, is one more line: on a terminal redrawn in place (`\\r`),
+anywhere else (a log file, a pipe) written again at most every `plain_interval` seconds, and at the end.
 
 Every line starts with the time since the job began, so a long silent phase shows in the log.
 Torch-free, like everything the worker process imports.
@@ -111,23 +111,25 @@ class ProgressBar:
         new_stage = stage != self._stage
         self._stage = stage
         line = f"[{format_duration(now - self._started)}] {describe(payload)}"
-        if self.interactive:
+        if not _is_progress(payload):
+            self.close()
+            self.stream.write(line + "\n")
+        elif self.interactive:
             self._redraw(line, new_line=new_stage)
-        elif new_stage or not _is_progress(payload) or self._plain_progress_due(payload, now):
+        elif new_stage or self._plain_progress_due(payload, now):
             self.stream.write(line + "\n")
         self.stream.flush()
 
     def close(self) -> None:
         """End the line being redrawn, so what is written next starts on its own line."""
-        if self.interactive and self._line_width:
+        if self._line_width:
             self.stream.write("\n")
             self.stream.flush()
         self._line_width = 0
 
     def _redraw(self, line: str, *, new_line: bool) -> None:
-        if new_line and self._line_width:
-            self.stream.write("\n")
-            self._line_width = 0
+        if new_line:
+            self.close()
         # Pad over the end of a longer previous drawing.
         self.stream.write("\r" + line.ljust(self._line_width))
         self._line_width = len(line)
