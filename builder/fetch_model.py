@@ -1,4 +1,7 @@
-"""Bake a base model into the image at build time: `python builder/fetch_model.py REPO_ID TARGET_DIR`.
+"""Bake a base model into the image at build time: `python builder/fetch_model.py REPO_ID CACHE_DIR`.
+
+The model lands in CACHE_DIR as a Hugging Face cache (`models--org--name/snapshots/<commit>/`), the layout
+the worker looks for in the image's /models (FLUXBOOTH_BAKED_MODELS_DIR), so the job names it by its hub id.
 
 Gated models (FLUX.1-dev) need HF_TOKEN, passed as a build secret, never as a build arg, so it is
 not stored in an image layer. Only the diffusers components the trainer uses are fetched.
@@ -27,11 +30,10 @@ def fetch(repo_id: str, target: Path) -> Path:
 
     token_file = Path("/run/secrets/hf_token")
     token = token_file.read_text().strip() if token_file.is_file() else os.environ.get("HF_TOKEN")
-    snapshot_download(repo_id, local_dir=target, allow_patterns=COMPONENT_PATTERNS, token=token)
-    return target
+    return Path(snapshot_download(repo_id, cache_dir=target, allow_patterns=COMPONENT_PATTERNS, token=token))
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        raise SystemExit("usage: fetch_model.py REPO_ID TARGET_DIR")
+        raise SystemExit("usage: fetch_model.py REPO_ID CACHE_DIR")
     print(fetch(sys.argv[1], Path(sys.argv[2])))

@@ -2,9 +2,10 @@
 CPU Adam (and Adagrad and Lion, the other offloaded optimizers), async_io for NVMe offload (where libaio
 is installed) and, on DeepSpeed's CPU accelerator, its shared-memory collectives.
 
-The ops are built for the accelerator DeepSpeed selects (DS_ACCELERATOR) into TORCH_EXTENSIONS_DIR, the
-folder the worker passes to the trainer (the Dockerfile sets both; CI builds the CPU ones in the
-background while the fast tests run).
+The ops are JIT-built for the accelerator DeepSpeed selects (DS_ACCELERATOR) into TORCH_EXTENSIONS_DIR, the
+folder the worker passes to the trainer: CI builds the CPU ones in the background while the fast tests run.
+The Docker image does not use this: it compiles the ops into DeepSpeed's package at install time
+(DS_BUILD_*=1), which needs no GPU, and checks them with builder/verify_ds_ops.py.
 """
 
 from __future__ import annotations
