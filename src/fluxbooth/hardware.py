@@ -405,6 +405,24 @@ def nvme_root(environ: Mapping[str, str]) -> Path | None:
     return Path(raw) if raw else None
 
 
+GPU_MEMORY_OVERRIDE_ENV = "FLUXBOOTH_GPU_MEMORY_BYTES"
+
+
+def with_emulated_gpu_memory(gpus: Sequence[GpuInfo], environ: Mapping[str, str]) -> tuple[list[GpuInfo], str | None]:
+    """FLUXBOOTH_GPU_MEMORY_BYTES ("24GiB", or bytes): plan as if each GPU had at most this much memory.
+    bench/gpu.py emulates smaller cards on a big one with it, beside the trainer's
+    FLUXBOOTH_CUDA_MEMORY_FRACTION; unset on real workers."""
+    raw = environ.get(GPU_MEMORY_OVERRIDE_ENV, "").strip()
+    if not raw or not gpus:
+        return list(gpus), None
+    try:
+        cap = parse_bytes(raw)
+    except ValueError as error:
+        raise ValueError(f"{GPU_MEMORY_OVERRIDE_ENV}: {error}") from error
+    capped = [replace(gpu, total_bytes=min(gpu.total_bytes, cap), free_bytes=min(gpu.free_bytes, cap)) for gpu in gpus]
+    return capped, f"GPU memory capped at {format_bytes(cap)} by {GPU_MEMORY_OVERRIDE_ENV}"
+
+
 def probe_hardware(
     work_dir: Path,
     environ: Mapping[str, str],
@@ -418,6 +436,9 @@ def probe_hardware(
     gpus, gpu_note = probe_gpus(environ, nvidia_smi)
     if gpu_note:
         notes.append(gpu_note)
+    gpus, emulation_note = with_emulated_gpu_memory(gpus, environ)
+    if emulation_note:
+        notes.append(emulation_note)
     total, available, limit = host_memory(root)
     nvme_path = nvme_root(environ)
     return Hardware(
