@@ -49,6 +49,8 @@ INHERITED_ENV_NAMES = frozenset(
         "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
         "HF_DATASETS_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN",
         "TORCH_EXTENSIONS_DIR", "TORCH_HOME", "TRITON_CACHE_DIR", "CC", "CXX",
+        # bench/gpu.py emulates a smaller card inside the trainer (train/session.py); unset on real workers.
+        "FLUXBOOTH_CUDA_MEMORY_FRACTION",
     }
 )
 
