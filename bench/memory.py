@@ -45,6 +45,8 @@ from fluxbooth.request import parse_request
 SECTION_BEGIN = "<!-- memory:begin -->"
 SECTION_END = "<!-- memory:end -->"
 SAMPLE_SECONDS = 0.02
+# Instance images per benchmark job (the planner is told the count, as the worker is after the dataset cap).
+BENCH_IMAGES = 4
 # glibc raises its mmap threshold after large frees, so freed activation buffers stay in the heap
 # and in RSS; a fixed threshold returns them to the system. Both are measured.
 ALLOCATOR_VARIANTS = {"glibc default": {}, "MALLOC_MMAP_THRESHOLD_=131072": {"MALLOC_MMAP_THRESHOLD_": "131072"}}
@@ -182,7 +184,7 @@ def predicted_host_bytes(plan_bytes: int, strategy: Strategy, request: Any, hard
         return plan_bytes
     from fluxbooth.plan import JobShape, estimate_memory
 
-    job = JobShape.from_request(request)
+    job = JobShape.from_request(request, instance_images=BENCH_IMAGES)
     estimate = estimate_memory(strategy, size, job, hardware, job.mixed_precision)
     return plan_bytes - estimate.breakdown.get("host.allocator_retention", 0)
 
@@ -193,7 +195,7 @@ def run_one(
     job_dir = work / f"{model_name}-{strategy.training_type}-z{strategy.zero_stage}-{strategy.offload_optimizer}-{strategy.offload_param}"
     shutil.rmtree(job_dir, ignore_errors=True)
     instance_dir = job_dir / "data" / "instance"
-    make_images(instance_dir, 4, resolution)
+    make_images(instance_dir, BENCH_IMAGES, resolution)
     request = parse_request(
         {
             "model_name": "bench",
@@ -208,7 +210,7 @@ def run_one(
     )
     hardware = probe_hardware(job_dir, {"PATH": os.environ.get("PATH", "")})
     size = model_size(str(model_dir))
-    plan = plan_for_strategy(strategy, request, hardware, size)
+    plan = plan_for_strategy(strategy, request, hardware, size, instance_images=BENCH_IMAGES)
     trainer = trainer_config_for(
         request, plan, base_model=str(model_dir), instance_dir=instance_dir, class_dir=None, job_dir=job_dir
     )
@@ -352,7 +354,7 @@ def rerender(log: Path, models: dict[str, Path], jobs: Path) -> tuple[list[Measu
             }
         )
         hardware = probe_hardware(jobs, {"PATH": os.environ.get("PATH", "")})
-        plan = plan_for_strategy(strategy, request, hardware, size)
+        plan = plan_for_strategy(strategy, request, hardware, size, instance_images=BENCH_IMAGES)
         measurements.append(
             Measurement(
                 model=row["model"],

@@ -50,6 +50,7 @@ class FakeRequest:
     training_type: str = "full"
     lora_rank: int = 16
     lora_target_modules: list[str] | None = None
+    base_precision: str = "auto"
     zero_stage: object = "auto"
     offload: str = "auto"
     use_deepspeed: bool = True
@@ -320,8 +321,8 @@ def test_only_full_fine_tunes_consider_parameters_on_nvme() -> None:
     assert (3, "nvme", "cpu") in layouts("lora")
 
 
-def test_lora_on_an_8_gib_card_offloads_the_frozen_base_under_zero3() -> None:
-    plan = choose_plan(FakeRequest(training_type="lora"), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
+def test_lora_over_a_bf16_base_on_an_8_gib_card_offloads_the_frozen_base_under_zero3() -> None:
+    plan = choose_plan(FakeRequest(training_type="lora", base_precision="bf16"), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
     assert (plan.zero_stage, plan.offload_param) == (3, "cpu")
     assert plan.cache_encoders_on_cpu
 
@@ -439,3 +440,28 @@ def test_a_refusal_names_the_smaller_job_that_would_fit() -> None:
         )
     assert caught.value.code is ErrorCode.DOES_NOT_FIT
     assert "fits with gradient_checkpointing true" in caught.value.message
+
+
+# ---- the image count (the request does not carry it) ----------------------------------------------
+
+
+def test_before_the_dataset_is_fetched_the_job_is_sized_for_the_dataset_cap() -> None:
+    from fluxbooth.plan import as_job
+    from fluxbooth.settings import DatasetLimits
+
+    assert as_job(FakeRequest()).num_instance_images == DatasetLimits().max_images
+
+
+def test_cached_embeddings_grow_with_the_instance_image_count() -> None:
+    from fluxbooth.plan import as_job
+    from fluxbooth.plan.memory import cached_bytes_per_image
+
+    model = model_size(FLUX_DEV_NAME)
+    strategy = Strategy("lora", True, 2, "none", "none")
+    hardware = gpu_machine(80, 256)
+    cached = {
+        images: estimate_memory(strategy, model, as_job(FakeRequest(), images), hardware, "bf16").breakdown["host.cached_embeddings"]
+        for images in (10, 20)
+    }
+    per_image = cached_bytes_per_image(model, as_job(FakeRequest(), 1), 2)
+    assert cached == {10: 10 * per_image, 20: 20 * per_image}

@@ -107,7 +107,9 @@ def _job_from_arguments(arguments: argparse.Namespace) -> Any:
             raise FluxboothError(
                 ErrorCode.INVALID_INPUT, f"--request {arguments.request}: not a readable JSON file ({type(error).__name__})"
             ) from error
-        job = JobShape.from_request(parse_request(raw.get("input", raw) if isinstance(raw, dict) else raw))
+        from fluxbooth.plan import as_job
+
+        job = as_job(parse_request(raw.get("input", raw) if isinstance(raw, dict) else raw))
     overrides = {
         "training_type": arguments.training_type,
         "resolution": arguments.resolution,

@@ -21,13 +21,8 @@ from typing import Any
 
 import yaml
 
-from fluxbooth.plan import (
-    ZERO2_ALLGATHER_BUCKET_ELEMENTS,
-    ZERO2_REDUCE_BUCKET_ELEMENTS,
-    ZERO3_PREFETCH_BUCKET_ELEMENTS,
-    ZERO3_REDUCE_BUCKET_ELEMENTS,
-    Plan,
-)
+from fluxbooth import deepspeed_numbers as ds
+from fluxbooth.plan.types import Plan
 from fluxbooth.train.names import (
     DEEPSPEED_OPTIMIZER_PARAMS,
     DEEPSPEED_OPTIMIZER_TYPES,
@@ -89,18 +84,17 @@ def zero_optimization_section(plan: Plan, trainer: TrainerConfig) -> dict[str, A
     if plan.zero_stage == 3:
         if plan.offload_param != "none":
             zero["offload_param"] = _offload_section(plan.offload_param, plan, trainer)
-        # DiffSynth-Studio's low-VRAM ZeRO-3 settings (seed 004): small buckets, so the GPU
-        # holds little more than the layer being computed.
+        # DiffSynth-Studio's low-VRAM ZeRO-3 settings (see deepspeed_numbers).
         zero.update(
             {
                 "overlap_comm": False,
                 "contiguous_gradients": True,
-                "sub_group_size": 1e9,
-                "reduce_bucket_size": ZERO3_REDUCE_BUCKET_ELEMENTS,
-                "stage3_prefetch_bucket_size": ZERO3_PREFETCH_BUCKET_ELEMENTS,
-                "stage3_param_persistence_threshold": 1e5,
-                "stage3_max_live_parameters": 1e8,
-                "stage3_max_reuse_distance": 1e8,
+                "sub_group_size": float(ds.ZERO3_SUB_GROUP_ELEMENTS),
+                "reduce_bucket_size": ds.ZERO3_REDUCE_BUCKET_ELEMENTS,
+                "stage3_prefetch_bucket_size": ds.ZERO3_PREFETCH_BUCKET_ELEMENTS,
+                "stage3_param_persistence_threshold": float(ds.ZERO3_PARAM_PERSISTENCE_THRESHOLD),
+                "stage3_max_live_parameters": float(ds.ZERO3_MAX_LIVE_PARAMETERS),
+                "stage3_max_reuse_distance": float(ds.ZERO3_MAX_REUSE_DISTANCE),
                 "stage3_gather_16bit_weights_on_model_save": True,
             }
         )
@@ -108,10 +102,10 @@ def zero_optimization_section(plan: Plan, trainer: TrainerConfig) -> dict[str, A
         zero.update(
             {
                 "allgather_partitions": True,
-                "allgather_bucket_size": ZERO2_ALLGATHER_BUCKET_ELEMENTS,
+                "allgather_bucket_size": ds.ZERO2_ALLGATHER_BUCKET_ELEMENTS,
                 "overlap_comm": plan.accelerator == "cuda",
                 "reduce_scatter": True,
-                "reduce_bucket_size": ZERO2_REDUCE_BUCKET_ELEMENTS,
+                "reduce_bucket_size": ds.ZERO2_REDUCE_BUCKET_ELEMENTS,
                 "contiguous_gradients": True,
             }
         )
@@ -144,7 +138,7 @@ def deepspeed_config(plan: Plan, trainer: TrainerConfig) -> dict[str, Any]:
         "gradient_accumulation_steps": trainer.gradient_accumulation_steps,
         "gradient_clipping": trainer.max_grad_norm,
         "zero_optimization": zero_optimization_section(plan, trainer),
-        "steps_per_print": 1_000_000_000,
+        "steps_per_print": ds.STEPS_PER_PRINT,
         "wall_clock_breakdown": False,
     }
     if plan.mixed_precision == "bf16":
@@ -161,9 +155,9 @@ def deepspeed_config(plan: Plan, trainer: TrainerConfig) -> dict[str, Any]:
     # without warm-up; DeepSpeed's WarmupLR starts at 0 and WarmupCosineLR refuses 0 warm-up steps).
     if "nvme" in (plan.offload_optimizer, plan.offload_param):
         config["aio"] = {
-            "block_size": 1048576,
-            "queue_depth": 8,
-            "thread_count": 1,
+            "block_size": ds.AIO_BLOCK_SIZE,
+            "queue_depth": ds.AIO_QUEUE_DEPTH,
+            "thread_count": ds.AIO_THREAD_COUNT,
             "single_submit": False,
             "overlap_events": True,
         }

@@ -445,3 +445,45 @@ def model_size(base_model_path_or_name: str) -> ModelSize:
         f"model ({FLUX_DEV_NAME}, {FLUX_SCHNELL_NAME}); bake the model into the image or mount it "
         "and pass its path",
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantised bases: which layers are stored quantised (one rule for the planner and the trainer)
+# ---------------------------------------------------------------------------------------------
+
+# Only the Linear layers inside the transformer blocks are quantised. The embedders (time, text, guidance,
+# context, x), norm_out and the final proj_out stay in the compute dtype: they are small (62 M of FLUX.1's
+# 11.9 B parameters) and the first and last layers are the most sensitive to rounding.
+QUANTISED_BLOCK_PREFIXES: tuple[str, ...] = ("transformer_blocks.", "single_transformer_blocks.")
+
+
+def is_quantised_layer(module_name: str) -> bool:
+    """Whether a quantised base stores this Linear quantised (its bias stays in the compute dtype)."""
+    return module_name.startswith(QUANTISED_BLOCK_PREFIXES)
+
+
+def block_of(module_name: str) -> str:
+    """`transformer_blocks.3.attn.to_q` -> `transformer_blocks.3`; other modules are their own block."""
+    parts = module_name.split(".")
+    return ".".join(parts[:2]) if module_name.startswith(QUANTISED_BLOCK_PREFIXES) else parts[0]
+
+
+def linear_module_names(model: ModelSize) -> tuple[str, ...]:
+    """The names LoRA targets can match, read from the configs (no weights)."""
+    return tuple(layer.name for layer in model.linear_layers)
+
+
+def unmatched_lora_targets(model: ModelSize, targets: Iterable[str]) -> list[str]:
+    """Targets that match no Linear of the transformer under peft's rule."""
+    names = linear_module_names(model)
+    return [target for target in targets if not any(matches_lora_target(name, (target,)) for name in names)]
+
+
+def lora_target_suffixes(model: ModelSize) -> list[str]:
+    """The names a target list would use: a block's Linear by its name within the block (`attn.to_q`),
+    any other Linear by its full name (`context_embedder`), deduplicated in module order."""
+    suffixes: dict[str, None] = {}
+    for name in linear_module_names(model):
+        inside_block = is_quantised_layer(name)
+        suffixes[name[len(block_of(name)) + 1 :] if inside_block else name] = None
+    return list(suffixes)

@@ -1,0 +1,241 @@
+"""The candidates for a job: every strategy (training type, base precision, ZeRO stage, offload) with
+its predicted memory per phase, time per phase and fit, and the pick among them. No torch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from fluxbooth.hardware import Hardware, format_bytes
+from fluxbooth.modelsize import ModelSize
+from fluxbooth.plan.memory import (
+    DISK_MARGIN,
+    GPU_MARGIN,
+    HOST_MARGIN,
+    MemoryEstimate,
+    compute_dtype_bytes,
+    estimate_memory,
+)
+from fluxbooth.plan.timing import phase_seconds, seconds_per_step
+from fluxbooth.plan.types import (
+    ALTERNATIVE_LORA_RANK,
+    BASE_PRECISIONS,
+    QUANTISED_PRECISIONS,
+    Candidate,
+    JobShape,
+    Offload,
+    Strategy,
+)
+from fluxbooth.settings import DatasetLimits
+from fluxbooth.train.names import normalise_optimizer_name
+
+PHASE_VERBS = {
+    "loading": "loading the transformer", "caching": "caching embeddings", "class_images": "generating class images",
+    "training": "training", "validation": "rendering validation images", "export": "exporting",
+}
+# The class that steps each optimizer when DeepSpeed offloads it to the CPU (or NVMe).
+OFFLOADED_OPTIMIZER_CLASSES = {
+    "adamw": "DeepSpeedCPUAdam", "adam": "DeepSpeedCPUAdam", "adagrad": "DeepSpeedCPUAdagrad",
+    "lion": "DeepSpeedCPULion", "sgd": "SGD", "adafactor": "Adafactor",
+}
+# Not offloaded: DeepSpeed builds its fused GPU kernels for its own types; torch's classes otherwise.
+DEEPSPEED_GPU_OPTIMIZER_CLASSES = {"adamw": "FusedAdam", "adam": "FusedAdam", "lion": "FusedLion"}
+TORCH_OPTIMIZER_CLASSES = {"adamw": "AdamW", "adam": "Adam", "adagrad": "Adagrad", "sgd": "SGD", "adafactor": "Adafactor"}
+
+
+def as_job(request: Any, instance_images: int | None = None) -> JobShape:
+    """A `JobShape` from a request. Before the dataset is fetched its image count is unknown: the planner
+    then sizes for the dataset cap, so a plan holds for any dataset the worker accepts."""
+    if isinstance(request, JobShape):
+        return request
+    bound = instance_images if instance_images is not None else DatasetLimits().max_images
+    return JobShape.from_request(request, instance_images=bound)
+
+
+def strategies_for(
+    training_type: str, use_deepspeed: bool, has_nvme: bool, base_precision: str = "bf16"
+) -> list[Strategy]:
+    """Every strategy worth considering, in the order ties are broken (simplest first)."""
+    if base_precision in QUANTISED_PRECISIONS:
+        # A quantised base stays out of ZeRO-3 (its partitioning would gather and cast the quantised
+        # weights): on the GPU whole, or swapped block by block from pinned host RAM (offload_param cpu).
+        layouts_q: list[tuple[int, Offload, Offload]] = [(2, "none", "none"), (2, "cpu", "none"), (2, "none", "cpu")]
+        if not use_deepspeed:
+            layouts_q = [(0, "none", "none"), (0, "none", "cpu")]
+        return [Strategy("lora", use_deepspeed, stage, opt, param, base_precision) for stage, opt, param in layouts_q]
+    if not use_deepspeed:
+        return [Strategy(training_type, False, 0, "none", "none")]
+    layouts: list[tuple[int, Offload, Offload]] = [
+        (2, "none", "none"),
+        (2, "cpu", "none"),
+        (3, "none", "none"),
+        (3, "cpu", "none"),
+        (3, "cpu", "cpu"),
+    ]
+    if has_nvme:
+        # DeepSpeed offloads to NVMe only under ZeRO-3 (ZeRO-Infinity).
+        layouts += [(3, "nvme", "none"), (3, "nvme", "cpu")]
+        if training_type == "full":
+            # A frozen LoRA base swapped to NVMe runs DeepSpeed 0.19 out of swap buffers under gradient
+            # checkpointing (the trainer refuses it); LoRA's base fits in host RAM wherever FLUX trains anyway.
+            layouts.append((3, "nvme", "nvme"))
+    return [Strategy(training_type, True, stage, optimizer, param) for stage, optimizer, param in layouts]
+
+
+def base_precisions_for(training_type: str, requested: str) -> tuple[str, ...]:
+    if training_type == "full":
+        return ("bf16",)
+    return BASE_PRECISIONS if requested == "auto" else (requested,)
+
+
+def _requested_stage(job: JobShape) -> int | None:
+    return None if job.zero_stage in (None, "auto") else int(job.zero_stage)
+
+
+def honours_request(strategy: Strategy, job: JobShape) -> bool:
+    """The request's training type, base precision, `zero_stage` and `offload` (the optimizer's
+    offload target; `none` also rules out swapping the base) are honoured."""
+    if strategy.training_type != job.training_type:
+        return False
+    if job.training_type == "lora" and job.base_precision not in ("auto", strategy.base_precision):
+        return False
+    if job.offload == "none" and strategy.offload_param != "none":
+        return False
+    if not strategy.use_deepspeed:
+        return not job.use_deepspeed
+    stage = _requested_stage(job)
+    if stage is not None and stage != strategy.zero_stage:
+        return False
+    return job.offload in ("auto", strategy.offload_optimizer)
+
+
+def effective_precision(job: JobShape, hardware: Hardware) -> tuple[str, list[str]]:
+    precision = job.mixed_precision
+    notes: list[str] = []
+    if hardware.accelerator == "cpu" and precision == "fp16":
+        notes.append("mixed_precision: fp16 is not reliable on DeepSpeed's CPU accelerator; using bf16")
+        precision = "bf16"
+    elif hardware.accelerator == "cuda" and precision == "bf16" and not hardware.bf16_supported:
+        notes.append(
+            f"mixed_precision: {hardware.gpus[0].name} has no bf16 support (compute capability < 8.0); "
+            "using fp16, which FLUX may overflow"
+        )
+        precision = "fp16"
+    return precision, notes
+
+
+def fit_reason(estimate: MemoryEstimate, hardware: Hardware) -> str:
+    problems = []
+    on_cpu = hardware.accelerator == "cpu"
+    if not on_cpu and estimate.gpu_bytes * (1 + GPU_MARGIN) > hardware.gpu_memory_bytes:
+        phase = max(estimate.phase_gpu_bytes, key=lambda name: estimate.phase_gpu_bytes[name], default="training")
+        problems.append(
+            f"needs ≈{format_bytes(estimate.gpu_bytes)} per GPU, has {format_bytes(hardware.gpu_memory_bytes)} "
+            f"(peak while {PHASE_VERBS.get(phase, phase)})"
+        )
+    if estimate.host_bytes * (1 + HOST_MARGIN) > hardware.host_available_bytes:
+        problems.append(
+            f"needs ≈{format_bytes(estimate.host_bytes)} host RAM, has "
+            f"{format_bytes(hardware.host_available_bytes)} available"
+        )
+    work_disk = estimate.disk_bytes - estimate.nvme_bytes
+    if work_disk * (1 + DISK_MARGIN) > hardware.disk_free_bytes:
+        problems.append(
+            f"needs ≈{format_bytes(work_disk)} disk at {hardware.work_dir}, has {format_bytes(hardware.disk_free_bytes)}"
+        )
+    if estimate.nvme_bytes and estimate.nvme_bytes * (1 + DISK_MARGIN) > (hardware.nvme_free_bytes or 0):
+        problems.append(
+            f"needs ≈{format_bytes(estimate.nvme_bytes)} at the offload path, has "
+            f"{format_bytes(hardware.nvme_free_bytes or 0)}"
+        )
+    return "; ".join(problems)
+
+
+def _shortfall(estimate: MemoryEstimate, hardware: Hardware) -> tuple[int, float]:
+    """How far a candidate is from fitting: how many resources are short, then the worst
+    need/available ratio — so a strategy short only of host RAM is closer than one short of both."""
+    ratios = [estimate.host_bytes * (1 + HOST_MARGIN) / max(1, hardware.host_available_bytes)]
+    if hardware.accelerator == "cuda":
+        ratios.append(estimate.gpu_bytes * (1 + GPU_MARGIN) / max(1, hardware.gpu_memory_bytes))
+    return sum(ratio > 1 for ratio in ratios), max(ratios)
+
+
+def evaluate_candidate(
+    strategy: Strategy, job: JobShape, hardware: Hardware, model: ModelSize, precision: str, *, honours: bool
+) -> Candidate:
+    estimate = estimate_memory(strategy, model, job, hardware, precision)
+    trainable = estimate.breakdown["trainable_params"]
+    step = seconds_per_step(strategy, model, job, hardware, trainable, compute_dtype_bytes(precision))
+    reason = fit_reason(estimate, hardware)
+    return Candidate(
+        strategy=strategy,
+        estimate=estimate,
+        seconds_per_step=step,
+        fits=not reason,
+        reason=reason or "fits",
+        lora_rank=job.lora_rank if strategy.training_type == "lora" else None,
+        honours_request=honours,
+        phase_seconds=phase_seconds(strategy, model, replace(job, mixed_precision=precision), hardware, trainable, step),
+    )
+
+
+def evaluate_candidates(
+    request: Any, hardware: Hardware, model: ModelSize, *, include_alternatives: bool = True
+) -> list[Candidate]:
+    """Every strategy for this job on this machine, with predicted memory, time and fit. With
+    `include_alternatives`, the other training type is evaluated too (LoRA at rank 16 over every base
+    precision for a full fine-tune), so a refusal can say what would fit instead."""
+    job = as_job(request)
+    precision, _ = effective_precision(job, hardware)
+    has_nvme = bool(hardware.nvme_path)
+    plans: list[tuple[Strategy, int]] = []
+    for base in base_precisions_for(job.training_type, job.base_precision):
+        plans += [(s, job.lora_rank) for s in strategies_for(job.training_type, job.use_deepspeed, has_nvme, base)]
+    if job.use_deepspeed and _requested_stage(job) == 1:
+        plans.insert(0, (Strategy(job.training_type, True, 1, "none", "none"), job.lora_rank))
+        plans.insert(1, (Strategy(job.training_type, True, 1, "cpu", "none"), job.lora_rank))
+    if include_alternatives:
+        other = "lora" if job.training_type == "full" else "full"
+        rank = ALTERNATIVE_LORA_RANK if other == "lora" else job.lora_rank
+        for base in base_precisions_for(other, "auto"):
+            plans += [(s, rank) for s in strategies_for(other, True, has_nvme, base)]
+    candidates = [
+        evaluate_candidate(
+            strategy,
+            replace(job, lora_rank=rank),
+            hardware,
+            model,
+            precision,
+            honours=honours_request(strategy, job) and rank == job.lora_rank,
+        )
+        for strategy, rank in plans
+    ]
+    fastest = min(candidate.seconds_per_step for candidate in candidates)
+    return [replace(candidate, relative_speed=fastest / candidate.seconds_per_step) for candidate in candidates]
+
+
+def pick(candidates: Iterable[Candidate]) -> Candidate | None:
+    """The fastest candidate that honours the request and fits; ties go to the simpler one."""
+    eligible = [candidate for candidate in candidates if candidate.honours_request and candidate.fits]
+    if not eligible:
+        return None
+    return min(enumerate(eligible), key=lambda item: (round(item[1].seconds_per_step, 9), item[0]))[1]
+
+
+def describe_candidate(candidate: Candidate) -> str:
+    text = candidate.strategy.describe()
+    if candidate.lora_rank is not None:
+        text = text.replace("LoRA", f"LoRA rank {candidate.lora_rank}", 1)
+    return text
+
+
+def optimizer_for(strategy: Strategy, optimizer: str = "adamw") -> str:
+    """The optimizer class that will step (what the trainer's metrics.optimizer reports)."""
+    name = normalise_optimizer_name(optimizer)
+    if strategy.offload_optimizer != "none":
+        return OFFLOADED_OPTIMIZER_CLASSES.get(name, name)
+    if strategy.use_deepspeed and name in DEEPSPEED_GPU_OPTIMIZER_CLASSES:
+        return DEEPSPEED_GPU_OPTIMIZER_CLASSES[name]
+    return TORCH_OPTIMIZER_CLASSES.get(name, name)

@@ -1,0 +1,97 @@
+"""Checks that run before anything is downloaded: LoRA targets against the model's module names (read
+from its configs), the base precision against the training type, and the run time of every phase (class
+images, training, validation renders) against the job's deadline. No torch here.
+"""
+
+from __future__ import annotations
+
+from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.modelsize import ModelSize, lora_target_suffixes, unmatched_lora_targets
+from fluxbooth.plan.types import QUANTISED_PRECISIONS, Candidate, JobShape
+
+DEADLINE_WARN_FRACTION = 0.8
+# The time model is rough; refuse only when even a generous error cannot save the run.
+DEADLINE_REFUSE_FACTOR = 1.5
+
+
+def check_job(job: JobShape, model: ModelSize) -> None:
+    """`invalid_input` for settings that cannot work with this model, before any planning."""
+    if job.training_type == "full" and job.base_precision in QUANTISED_PRECISIONS:
+        raise FluxboothError(
+            ErrorCode.INVALID_INPUT,
+            f"base_precision: {job.base_precision!r} stores a frozen base, and a full fine-tune trains every "
+            "weight; use training_type 'lora' with it, or base_precision 'auto' or 'bf16'",
+        )
+    if job.training_type == "lora" and job.lora_target_modules:
+        unmatched = unmatched_lora_targets(model, job.lora_target_modules)
+        if unmatched:
+            raise FluxboothError(
+                ErrorCode.INVALID_INPUT,
+                f"lora_target_modules: {', '.join(repr(name) for name in unmatched)} match no Linear layer of "
+                f"{model.name}'s transformer; valid names: {', '.join(lora_target_suffixes(model))}",
+                details={"unmatched": unmatched},
+            )
+
+
+def _describe(candidate: Candidate) -> str:
+    text = candidate.strategy.describe()
+    return text.replace("LoRA", f"LoRA rank {candidate.lora_rank}", 1) if candidate.lora_rank is not None else text
+
+
+def _remedies(candidate: Candidate, job: JobShape, deadline: float) -> list[str]:
+    """The changes that would bring the run within the deadline, biggest phase first; never the
+    strategy the job already uses."""
+    phases = candidate.phase_seconds
+    fixed = sum(seconds for name, seconds in phases.items() if name not in ("training", "class_images", "validation"))
+    remedies: list[tuple[float, str]] = []
+    budget = max(0.0, deadline - fixed)
+    if phases.get("training"):
+        others = phases.get("class_images", 0.0) + phases.get("validation", 0.0)
+        steps = int(max(0.0, budget - others) / max(candidate.seconds_per_step, 1e-9))
+        remedies.append((phases["training"], f"about {max(1, steps)} steps"))
+    if phases.get("class_images") and job.num_class_images:
+        per_image = phases["class_images"] / job.num_class_images
+        affordable = int(max(0.0, budget - phases.get("training", 0.0) - phases.get("validation", 0.0)) / per_image)
+        remedies.append(
+            (phases["class_images"], f"num_class_images about {affordable} (≈{per_image:.0f} s per generated image; "
+             "images in the zip's class/ folder are not generated)")
+        )
+    if phases.get("validation"):
+        remedies.append(
+            (phases["validation"], f"fewer validation_prompts ({job.validation_prompts} now) or a larger "
+             f"validation_steps ({job.validation_rounds} rounds of renders now)")
+        )
+    ordered = [text for _, text in sorted(remedies, reverse=True)]
+    if job.training_type == "full":
+        ordered.append("training_type 'lora'")
+    return ordered + ["a faster GPU"]
+
+
+def deadline_check(candidate: Candidate, job: JobShape, deadline_seconds: float | None) -> list[str]:
+    """Refuse a run that clearly cannot finish before the deadline (every phase counted), warn when close."""
+    if not deadline_seconds:
+        return []
+    total = candidate.total_seconds
+    shown = ", ".join(
+        f"{name.replace('_', ' ')} ≈{seconds / 60:.0f} min"
+        for name, seconds in candidate.phase_seconds.items()
+        if seconds >= 60
+    )
+    if total > deadline_seconds * DEADLINE_REFUSE_FACTOR:
+        raise FluxboothError(
+            ErrorCode.DOES_NOT_FIT,
+            f"steps: {job.steps} steps at ≈{candidate.seconds_per_step:.1f} s/step with {_describe(candidate)}, "
+            f"with every phase ({shown}), take ≈{total / 3600:.1f} h, beyond the job deadline of "
+            f"{deadline_seconds / 3600:.1f} h; use " + ", or ".join(_remedies(candidate, job, deadline_seconds)),
+            details={
+                "estimated_seconds": round(total),
+                "deadline_seconds": round(deadline_seconds),
+                "phase_seconds": {name: round(seconds) for name, seconds in candidate.phase_seconds.items()},
+            },
+        )
+    if total > deadline_seconds * DEADLINE_WARN_FRACTION:
+        return [
+            f"steps: the estimated run time (≈{total / 60:.0f} min at ≈{candidate.seconds_per_step:.1f} s/step, "
+            f"{shown}) is close to the job deadline ({deadline_seconds / 60:.0f} min); the run may time out"
+        ]
+    return []

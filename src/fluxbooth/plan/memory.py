@@ -1,0 +1,434 @@
+"""The memory model: predicted GPU, host-RAM and disk bytes of one strategy, per phase.
+
+Every formula is written down in docs/memory.md and followed here term by term (the names in
+`MemoryEstimate.breakdown` are the terms of that document). No torch here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from fluxbooth import deepspeed_numbers as ds
+from fluxbooth.hardware import GIB, Hardware
+from fluxbooth.modelsize import ModelSize, block_of, is_quantised_layer
+from fluxbooth.plan.types import JobShape, MemoryEstimate, Strategy
+from fluxbooth.train.names import normalise_optimizer_name
+
+# ---- Safety margins: a plan fits when predicted * (1 + margin) <= available. -------------------
+GPU_MARGIN = 0.10  # allocator fragmentation, cuDNN/cuBLAS workspaces we do not model
+HOST_MARGIN = 0.10  # page cache, the handler's own memory, pinned-buffer rounding
+DISK_MARGIN = 0.05
+
+# ---- Fixed costs (see docs/memory.md, "Fixed costs"). ------------------------------------------
+# Proportional set size of the trainer process with torch, diffusers, transformers and accelerate
+# imported, of DeepSpeed's engine and CPU ops on top, and of the `accelerate launch` parent — measured
+# by bench/memory.py on the tiny model (whose own weights are a few hundred KiB).
+TRAINER_PROCESS_BASELINE_BYTES = int(0.39 * GIB)
+DEEPSPEED_RUNTIME_BYTES = int(0.05 * GIB)
+LAUNCHER_PROCESS_BYTES = int(0.19 * GIB)
+# On the CPU accelerator, memory glibc keeps after frees, in units of the 16-bit weights (P x w):
+# bench/memory.py measured 0.75-1.2 (ZeRO-2, no DeepSpeed) and 1.6-2.2 (ZeRO-3) with glibc's default
+# mmap threshold, and none with MALLOC_MMAP_THRESHOLD_ fixed.
+CPU_ALLOCATOR_RETENTION = 1.0
+CPU_ALLOCATOR_RETENTION_ZERO3 = 2.0
+# CUDA adds its libraries (cuBLAS, cuDNN, NCCL) to every process's resident memory and a context
+# with kernel images and workspaces to every GPU. Not measured here (no GPU in CI); published
+# figures for torch 2.x on Hopper/Ampere are 0.5-0.9 GiB per context and 1.5-3 GiB of host RSS.
+CUDA_CONTEXT_GPU_BYTES = int(0.75 * GIB)
+CUDA_RUNTIME_HOST_BYTES = int(2.5 * GIB)
+
+# ---- Activation coefficients (bench/activations.py, docs/memory.md "Activations"). -------------
+# Bytes saved for backward per (token x hidden unit) by one block, measured with
+# torch.autograd.graph.saved_tensors_hooks on FLUX blocks with FLUX's head dim (128) and 2-4 heads
+# at 512^2 and 1024^2; linear in heads and tokens to within 4 %. Attention is the SDPA kernel
+# (saves q, k, v, output and log-sum-exp, no tokens^2 matrix), as on GPUs with flash/mem-efficient.
+SAVED_BYTES_PER_TOKEN_HIDDEN = {
+    # compute dtype bytes -> (double-stream block, single-stream block, embedders and output)
+    2: (56.1, 50.8, 4.0),
+    4: (96.2, 85.5, 8.1),
+}
+
+# ---- Quantised bases (docs/memory.md, "Quantised bases"). --------------------------------------
+# fp8 (e4m3): one byte per weight plus one fp32 scale per output channel.
+FP8_BYTES_PER_PARAM = 1.0
+FP8_SCALE_BYTES_PER_OUTPUT = 4
+# NF4 with double quantisation (bitsandbytes): 4 bits per weight, an 8-bit absmax per 64-weight block and
+# one fp32 constant per 256 absmax values: 8/64 + 32/(64*256) = 0.127 bit per weight on top of the 4.
+NF4_BITS_PER_PARAM = 4 + 8 / 64 + 32 / (64 * 256)
+
+# fp32 optimizer state per trainable parameter, besides the master weights: Adam's m and v; one buffer for
+# Adagrad's sum, Lion's and SGD's momentum; Adafactor keeps a full second moment on ZeRO's flat partitions.
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "adagrad": 4, "lion": 4, "sgd": 4, "adafactor": 4}
+
+
+def compute_dtype_bytes(mixed_precision: str) -> int:
+    return 4 if mixed_precision == "no" else 2
+
+
+def image_tokens(resolution: tuple[int, int]) -> int:
+    """FLUX packs 2x2 patches of 8x-downsampled latents: one token per 16x16 pixels."""
+    width, height = resolution
+    return math.ceil(height / 16) * math.ceil(width / 16)
+
+
+def token_hidden(model: ModelSize, job: JobShape) -> int:
+    return (image_tokens(job.resolution) + job.max_sequence_length) * model.transformer.hidden_size
+
+
+def activation_bytes(model: ModelSize, job: JobShape, mixed_precision: str) -> dict[str, int]:
+    """Activation memory of one micro-step at its peak (docs/memory.md, "Activations").
+
+    Without checkpointing the peak is at the start of backward: everything every block saved,
+    plus the gradient flowing back. With checkpointing each block keeps only its inputs, and the
+    peak is while the first block is recomputed and back-propagated: all inputs plus one block's
+    full activations."""
+    shape = model.transformer
+    width = compute_dtype_bytes(mixed_precision)
+    double, single, outer = SAVED_BYTES_PER_TOKEN_HIDDEN[width]
+    tokens = image_tokens(job.resolution) + job.max_sequence_length
+    hidden = token_hidden(model, job)
+    samples = job.samples_per_micro_step
+    inputs = (
+        job.max_sequence_length * shape.joint_attention_dim + image_tokens(job.resolution) * shape.in_channels
+    ) * width
+    embedders = outer * hidden + inputs
+    if job.gradient_checkpointing:
+        saved = shape.num_blocks * hidden * width
+        working = largest_block_coefficient(model, width) * hidden
+    else:
+        saved = (shape.num_layers * double + shape.num_single_layers * single) * hidden
+        working = 2 * hidden * width
+    # Rotary tables (cos, sin in fp32) are shared by all blocks.
+    rotary = 2 * tokens * shape.attention_head_dim * 4
+    return {
+        "activations_saved": int(samples * (saved + embedders) + rotary),
+        "activations_working": int(samples * working),
+    }
+
+
+def largest_block_coefficient(model: ModelSize, width: int) -> float:
+    double, single, _ = SAVED_BYTES_PER_TOKEN_HIDDEN[width]
+    shape = model.transformer
+    return max(double if shape.num_layers else 0.0, single if shape.num_single_layers else 0.0)
+
+
+def inference_activation_bytes(model: ModelSize, job: JobShape, mixed_precision: str) -> int:
+    """One image rendered without gradients: at most one block's activations are alive at a time."""
+    width = compute_dtype_bytes(mixed_precision)
+    return int(largest_block_coefficient(model, width) * token_hidden(model, job))
+
+
+def trainable_params(model: ModelSize, training_type: str, lora_rank: int, targets: Sequence[str]) -> int:
+    if training_type == "lora":
+        return model.lora_params(lora_rank, targets)
+    return model.transformer_params
+
+
+def optimizer_state_bytes(optimizer: str) -> int:
+    return OPTIMIZER_STATE_BYTES.get(normalise_optimizer_name(optimizer), 8)
+
+
+def quantised_layer_bytes(in_features: int, out_features: int, precision: str) -> float:
+    weights = in_features * out_features
+    if precision == "fp8":
+        return weights * FP8_BYTES_PER_PARAM + out_features * FP8_SCALE_BYTES_PER_OUTPUT
+    return weights * NF4_BITS_PER_PARAM / 8
+
+
+def frozen_base_bytes(model: ModelSize, precision: str, width: int) -> dict[str, int]:
+    """The frozen transformer as stored: quantised block Linears (with their scales), and everything
+    else (biases, norms, embedders, the final layers) in the compute dtype."""
+    if precision not in ("fp8", "nf4"):
+        return {"frozen_weights": model.transformer_params * width}
+    quantised_elements = 0
+    quantised = 0.0
+    for layer in model.linear_layers:
+        if is_quantised_layer(layer.name):
+            quantised_elements += layer.in_features * layer.out_features
+            quantised += quantised_layer_bytes(layer.in_features, layer.out_features, precision)
+    return {
+        "frozen_weights_quantised": int(quantised),
+        "frozen_weights_unquantised": (model.transformer_params - quantised_elements) * width,
+    }
+
+
+def largest_quantised_block_bytes(model: ModelSize, precision: str) -> int:
+    """The biggest transformer block as a quantised base stores it (what block swapping moves at once)."""
+    blocks: dict[str, float] = {}
+    for layer in model.linear_layers:
+        if is_quantised_layer(layer.name):
+            name = block_of(layer.name)
+            blocks[name] = blocks.get(name, 0.0) + quantised_layer_bytes(layer.in_features, layer.out_features, precision)
+    return int(max(blocks.values(), default=0.0))
+
+
+def largest_quantised_layer_params(model: ModelSize) -> int:
+    return max(
+        (layer.in_features * layer.out_features for layer in model.linear_layers if is_quantised_layer(layer.name)),
+        default=0,
+    )
+
+
+def _zero12_states(
+    strategy: Strategy, trainable: int, weights: dict[str, int], n: int, width: int, state: int, on_cuda: bool
+) -> tuple[dict[str, int], dict[str, int]]:
+    partitioned_state, offloaded_state = _state_bytes(width, state)
+    device: dict[str, int] = dict(weights)
+    host: dict[str, int] = {}
+    if strategy.offload_optimizer == "none":
+        if strategy.zero_stage == 1:
+            device["gradients"] = trainable * width
+            device["optimizer_states_partition"] = trainable * (partitioned_state - width) // n
+        else:
+            device["optimizer_states_partition"] = trainable * partitioned_state // n
+    else:
+        host["optimizer_states_offloaded"] = trainable * offloaded_state
+    # DeepSpeed allocates whole buckets: the CUDA allocator reserves them, while on the CPU only
+    # the pages written (at most the trainable parameters) become resident. With overlap_comm
+    # (CUDA only, see configs.py) the reduce bucket is double-buffered.
+    if on_cuda:
+        device["gradient_buckets"] = ds.ZERO2_REDUCE_BUCKET_ELEMENTS * width * 2
+        if n > 1:
+            device["allgather_bucket"] = ds.ZERO2_ALLGATHER_BUCKET_ELEMENTS * width
+    else:
+        device["gradient_buckets"] = min(trainable, ds.ZERO2_REDUCE_BUCKET_ELEMENTS) * width
+    return device, host
+
+
+def _state_bytes(width: int, state: int) -> tuple[int, int]:
+    """(partitioned on the device, offloaded to the host) bytes per trainable parameter: 16-bit grads,
+    fp32 grads, the fp32 master (only when training in 16 bits) and the optimizer state."""
+    master = 4 if width == 2 else 0
+    partitioned = width + 4 + master + state if width == 2 else 4 + state
+    offloaded = 4 + master + state if width == 2 else 4 + state
+    return partitioned, offloaded
+
+
+def _frozen_placement(
+    strategy: Strategy, model: ModelSize, trainable: int, width: int
+) -> tuple[dict[str, int], dict[str, int]]:
+    """(device, host) bytes of the weights outside ZeRO-3: the trainable ones in 16 bits, the frozen
+    base as stored; a swapped quantised base lives in pinned host RAM, two blocks at a time on the GPU."""
+    frozen = frozen_base_bytes(model, strategy.base_precision, width) if strategy.training_type == "lora" else {}
+    device = {"weights_16bit": trainable * width if strategy.training_type == "lora" else model.transformer_params * width}
+    if strategy.quantised and strategy.offload_param == "cpu":
+        host = {"frozen_weights_quantised_swapped": frozen["frozen_weights_quantised"]}
+        device["frozen_weights_unquantised"] = frozen["frozen_weights_unquantised"]
+        device["swapped_blocks"] = 2 * largest_quantised_block_bytes(model, strategy.base_precision)
+        return device, host
+    device.update(frozen)
+    return device, {}
+
+
+def model_state_bytes(
+    strategy: Strategy,
+    model: ModelSize,
+    trainable: int,
+    processes: int,
+    width: int,
+    on_cuda: bool = True,
+    state: int = 8,
+) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """(device, host, disk) terms of the model states. DeepSpeed's estimators
+    (`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`) without
+    their 1.5x buffer factor — margins are applied once, in `fits` — extended to frozen weights
+    (LoRA's base, quantised or not) and to NVMe. Device terms are per GPU, host and disk terms for the
+    node. `state`: the optimizer's fp32 state bytes per trainable parameter (8 for Adam)."""
+    n = processes
+    weights, host = _frozen_placement(strategy, model, trainable, width)
+    disk: dict[str, int] = {}
+    if not strategy.use_deepspeed:
+        # Plain accelerate: fp32 trainable weights under autocast, fp32 grads, optimizer state; frozen
+        # weights as stored.
+        device = {key: value for key, value in weights.items() if key != "weights_16bit"}
+        device["trainable_weights_grads_optimizer"] = trainable * (8 + state)
+        return device, host, disk
+    if strategy.zero_stage in (1, 2):
+        device, offloaded = _zero12_states(strategy, trainable, weights, n, width, state, on_cuda)
+        return device, {**host, **offloaded}, disk
+    partitioned_state, offloaded_state = _state_bytes(width, state)
+    master = 4 if width == 2 else 0
+    frozen = model.transformer_params if strategy.training_type == "lora" else 0
+    device = {"largest_layer_gathered": 4 * model.largest_layer_params}
+    # ZeRO-3: the largest layer is gathered (weights and grads, 16-bit) while it computes.
+    reduce_bucket = ds.ZERO3_REDUCE_BUCKET_ELEMENTS if on_cuda else min(trainable, ds.ZERO3_REDUCE_BUCKET_ELEMENTS)
+    prefetch = min(model.transformer_params, ds.ZERO3_PREFETCH_BUCKET_ELEMENTS)
+    device["zero3_buckets"] = (reduce_bucket + prefetch) * width
+    weights_16bit = (trainable + frozen) * width
+    if strategy.offload_param == "none":
+        device["weights_16bit_partition"] = weights_16bit // n
+    elif strategy.offload_param == "cpu":
+        host["weights_16bit_offloaded"] = weights_16bit
+    else:
+        disk["weights_16bit_swapped"] = weights_16bit
+        host["param_swap_buffers"] = (
+            ds.PARAM_SWAP_BUFFER_COUNT * min(model.transformer_params, ds.PARAM_SWAP_BUFFER_ELEMENTS) * width
+        )
+        host["weights_16bit_kept_in_cpu"] = min(trainable + frozen, ds.PARAMS_KEPT_IN_CPU_ELEMENTS) * width
+    if strategy.offload_optimizer == "none":
+        device["optimizer_states_partition"] = trainable * (partitioned_state - width) // n
+    elif strategy.offload_optimizer == "cpu":
+        host["optimizer_states_offloaded"] = trainable * offloaded_state
+    else:
+        # ZeRO-Infinity swaps the fp32 master and optimizer states; fp32 gradients stay in host RAM.
+        host["gradients_fp32"] = trainable * 4
+        disk["optimizer_states_swapped"] = trainable * (master + state)
+        # Pinned fp32 buffers of one sub-group each (configs.py: sub_group_size) for the master and state.
+        host["optimizer_swap_buffers"] = ds.OPTIMIZER_SWAP_BUFFER_COUNT * min(trainable, ds.ZERO3_SUB_GROUP_ELEMENTS) * 4
+    return device, host, disk
+
+
+def cached_bytes_per_image(model: ModelSize, job: JobShape, width: int) -> int:
+    """What the trainer caches per image: the VAE posterior's mean and std in fp32, and (upper bound:
+    every image may carry its own caption) one prompt's T5 sequence and CLIP pooled embedding."""
+    latent_elements = image_tokens(job.resolution) * model.transformer.in_channels
+    prompt = (job.max_sequence_length * model.text_encoder_2_hidden_size + model.transformer.pooled_projection_dim) * width
+    return 2 * 4 * latent_elements + prompt
+
+
+def encoder_bytes(model: ModelSize, width: int) -> int:
+    """The text encoders in the compute dtype and the VAE in fp32 (its latents are the targets)."""
+    return (model.text_encoder_params + model.text_encoder_2_params) * width + model.vae_params * 4
+
+
+def _fixed_host(strategy: Strategy, processes: int, on_cpu: bool) -> dict[str, int]:
+    fixed = {
+        "trainer_processes": processes
+        * (TRAINER_PROCESS_BASELINE_BYTES + (DEEPSPEED_RUNTIME_BYTES if strategy.use_deepspeed else 0)),
+        "launcher_process": LAUNCHER_PROCESS_BYTES,
+    }
+    if not on_cpu:
+        fixed["cuda_runtime"] = processes * CUDA_RUNTIME_HOST_BYTES
+    return fixed
+
+
+def _loading_host(strategy: Strategy, model: ModelSize, processes: int, width: int) -> int:
+    """Host bytes while the transformer loads. Under ZeRO-3 it is built partitioned (zero.Init) and streamed
+    in module by module; a quantised base is quantised layer by layer as it loads, so one layer in the
+    compute dtype is the most the host holds of it; otherwise every process reads it whole into host RAM
+    before it moves to the GPU (on the CPU accelerator it stays)."""
+    if strategy.zero_stage == 3 and strategy.use_deepspeed:
+        return 0
+    if strategy.quantised:
+        return processes * model.largest_layer_params * width
+    return processes * model.transformer_params * width
+
+
+def _inference_gpu(device: dict[str, int], activations: int, inference: int) -> int:
+    """GPU peak of a render (class images, validation) with the training transformer: its states stay
+    allocated (renders during training), the training activations are replaced by one block's."""
+    return sum(device.values()) - activations + inference
+
+
+def estimate_memory(
+    strategy: Strategy,
+    model: ModelSize,
+    job: JobShape,
+    hardware: Hardware,
+    mixed_precision: str,
+) -> MemoryEstimate:
+    """Predicted peak GPU (per GPU), host (node) and disk bytes of one strategy, and of each phase."""
+    width = compute_dtype_bytes(mixed_precision)
+    on_cpu = hardware.accelerator == "cpu"
+    processes = 1 if on_cpu else max(1, hardware.gpu_count)
+    trainable = trainable_params(model, strategy.training_type, job.lora_rank, job.lora_targets)
+    state = optimizer_state_bytes(job.optimizer)
+    device, host, disk = model_state_bytes(strategy, model, trainable, processes, width, on_cuda=not on_cpu, state=state)
+    device.update(activation_bytes(model, job, mixed_precision))
+    if strategy.quantised:
+        # Each quantised Linear is dequantised to the compute dtype for its matmul, forward and backward.
+        device["dequantised_layer"] = 2 * largest_quantised_layer_params(model) * width
+    fixed_host = _fixed_host(strategy, processes, on_cpu)
+    if not on_cpu:
+        device["cuda_context"] = CUDA_CONTEXT_GPU_BYTES
+    # Cached embeddings and latents stay in host RAM for the whole run.
+    images = job.num_instance_images + job.num_class_images
+    host["cached_embeddings"] = processes * images * cached_bytes_per_image(model, job, width)
+
+    encoders = encoder_bytes(model, width)
+    gpu_limit = hardware.gpu_memory_bytes / (1 + GPU_MARGIN)
+    cache_on_cpu = on_cpu or encoders + CUDA_CONTEXT_GPU_BYTES > gpu_limit
+    exported = trainable * width if strategy.training_type == "lora" else model.transformer_params * width
+    # Export: the trainer saves and then reloads the trained weights to verify them while the engine
+    # (and its offloaded states) is still alive: the reloaded copy plus the safetensors pages it was
+    # read from are on the host.
+    export_transient = 2 * exported
+    activations = device["activations_saved"] + device["activations_working"]
+    inference = inference_activation_bytes(model, job, mixed_precision)
+    renders = _inference_gpu(device, activations, inference)
+    loading_host = _loading_host(strategy, model, processes, width)
+    if on_cpu:
+        # glibc raises its mmap threshold after large frees, so the buffers freed between steps
+        # (activations, ZeRO-3's gathered parameters) stay in the heap: measured by bench/memory.py
+        # as about the 16-bit weights once, twice under ZeRO-3.
+        host["allocator_retention"] = (
+            CPU_ALLOCATOR_RETENTION_ZERO3 if strategy.zero_stage == 3 else CPU_ALLOCATOR_RETENTION
+        ) * model.transformer_params * width
+        # Everything the GPU would hold lives in host RAM, next to the offloaded states.
+        training_host = sum(host.values()) + sum(device.values())
+        phase_gpu = dict.fromkeys(("loading", "caching", "class_images", "training", "validation", "export"), 0)
+        render_host = training_host - activations + inference
+        export_host = training_host - activations + export_transient
+    else:
+        training_host = sum(host.values())
+        weights_on_gpu = renders - inference
+        phase_gpu = {
+            "loading": weights_on_gpu - activations_free(device) + largest_layer_in_flight(model, width),
+            "caching": 0 if cache_on_cpu else encoders + CUDA_CONTEXT_GPU_BYTES,
+            "class_images": renders if job.num_class_images else 0,
+            "training": sum(device.values()),
+            "validation": renders if job.validation_prompts else 0,
+            "export": weights_on_gpu,
+        }
+        render_host = training_host
+        export_host = training_host + export_transient
+    phase_host = {
+        "loading": loading_host + (0 if on_cpu else host["cached_embeddings"]),
+        "caching": processes * encoders + host["cached_embeddings"],
+        "class_images": render_host if job.num_class_images else 0,
+        "training": training_host,
+        "validation": render_host if job.validation_prompts else 0,
+        "export": export_host,
+    }
+    fixed = sum(fixed_host.values())
+    phase_host = {name: value + fixed for name, value in phase_host.items()}
+    disk_work = _work_disk(exported, images * cached_bytes_per_image(model, job, width), trainable, width, state, job)
+    nvme = sum(disk.values())
+    breakdown = {**{f"gpu.{k}": v for k, v in device.items()}, **{f"host.{k}": v for k, v in host.items()}}
+    breakdown.update({f"host.{k}": v for k, v in fixed_host.items()})
+    breakdown.update({f"host.phase_{k}": v - fixed for k, v in phase_host.items()})
+    breakdown.update({f"disk.{k}": v for k, v in disk.items()})
+    breakdown["disk.exported_weights_and_cache"] = disk_work
+    breakdown["trainable_params"] = trainable
+    return MemoryEstimate(
+        gpu_bytes=int(max(phase_gpu.values())),
+        host_bytes=int(max(phase_host.values())),
+        disk_bytes=int(disk_work + nvme),
+        nvme_bytes=int(nvme),
+        breakdown=breakdown,
+        cache_encoders_on_cpu=cache_on_cpu and not on_cpu,
+        phase_gpu_bytes={name: int(value) for name, value in phase_gpu.items()},
+        phase_host_bytes={name: int(value) for name, value in phase_host.items()},
+    )
+
+
+def activations_free(device: dict[str, int]) -> int:
+    """Device terms that exist only once training runs (optimizer partitions, buckets, dequantisation)."""
+    transient = ("optimizer_states_partition", "gradients", "gradient_buckets", "allgather_bucket", "zero3_buckets",
+                 "trainable_weights_grads_optimizer", "dequantised_layer")
+    return sum(device.get(name, 0) for name in transient)
+
+
+def largest_layer_in_flight(model: ModelSize, width: int) -> int:
+    """While loading, one layer in the compute dtype is on its way to the GPU (and being quantised)."""
+    return model.largest_layer_params * width
+
+
+def _work_disk(exported: int, cached: int, trainable: int, width: int, state: int, job: JobShape) -> int:
+    """Disk in the job directory: exported weights, the cache, and one resumable checkpoint at a time
+    (16-bit weights, fp32 master and optimizer state of what trains)."""
+    disk = exported + cached
+    if job.checkpointing_steps:
+        disk += trainable * (width + 4 + state)
+    return disk

@@ -1,0 +1,86 @@
+"""The `does_not_fit` message: the closest strategy's needs against what the worker has, smaller versions
+of the same job that would fit, and other strategies that would. Never the strategy the job already uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from fluxbooth.hardware import Hardware, format_bytes
+from fluxbooth.modelsize import ModelSize
+from fluxbooth.plan.candidates import _shortfall, describe_candidate, evaluate_candidates, pick
+from fluxbooth.plan.types import Candidate, JobShape
+
+
+def job_variants(job: JobShape) -> list[tuple[str, JobShape]]:
+    """Smaller versions of a job, in the order a person would try them."""
+    variants = []
+    if not job.gradient_checkpointing:
+        variants.append(("gradient_checkpointing true", replace(job, gradient_checkpointing=True)))
+    if job.batch_size > 1:
+        variants.append(("batch_size 1", replace(job, batch_size=1, gradient_accumulation_steps=job.gradient_accumulation_steps * job.batch_size)))
+    if job.training_type == "lora" and job.base_precision in ("bf16", "fp8"):
+        variants.append(("base_precision 'auto'", replace(job, base_precision="auto")))
+    if max(job.resolution) > 512:
+        variants.append(("resolution 512x512", replace(job, resolution=(512, 512))))
+    return variants
+
+
+def _fitting_variants(job: JobShape, hardware: Hardware, model: ModelSize) -> list[str]:
+    found = []
+    for change, variant in job_variants(job):
+        candidate = pick(evaluate_candidates(variant, hardware, model, include_alternatives=False))
+        if candidate is not None:
+            found.append(f"{change} ({describe_candidate(candidate)})")
+    return found
+
+
+def _machine(hardware: Hardware) -> str:
+    if hardware.accelerator == "cpu":
+        return (
+            f"this worker has no GPU ({'; '.join(hardware.notes) or 'nvidia-smi found none'}), so everything "
+            f"must fit in host RAM: {format_bytes(hardware.host_available_bytes)} available"
+        )
+    return (
+        f"this worker has {hardware.gpu_count}x {format_bytes(hardware.gpu_memory_bytes)} GPU and "
+        f"{format_bytes(hardware.host_available_bytes)} host RAM available"
+    )
+
+
+def _last_resort(job: JobShape) -> str:
+    """What is left to try when no strategy and no smaller job fits: only what the job does not do yet."""
+    options = ["use a larger GPU or more host RAM"]
+    if max(job.resolution) > 512:
+        options.append("lower the resolution")
+    if job.training_type == "full":
+        options.append("use LoRA")
+    if len(options) == 1:
+        return options[0]
+    return ", ".join(options[:-1]) + " or " + options[-1]
+
+
+def refusal_message(candidates: Sequence[Candidate], hardware: Hardware, model: ModelSize, job: JobShape) -> str:
+    requested = [candidate for candidate in candidates if candidate.honours_request]
+    closest = min(requested, key=lambda candidate: _shortfall(candidate.estimate, hardware))
+    width, height = job.resolution
+    kind = "full fine-tune" if job.training_type == "full" else f"LoRA rank {job.lora_rank}"
+    message = (
+        f"{kind} of {model.name} at {width}x{height}, batch {job.batch_size}, does not fit: {_machine(hardware)}. "
+        f"Closest: {describe_candidate(closest)} — {closest.reason}"
+    )
+    alternatives = [candidate for candidate in candidates if candidate.fits and not candidate.honours_request]
+    variants = _fitting_variants(job, hardware, model)
+    if variants:
+        message += ". The same job fits with " + "; or ".join(variants[:2])
+    if alternatives:
+        best = sorted(alternatives, key=lambda candidate: candidate.seconds_per_step)[:2]
+        message += ". Would fit: " + "; ".join(
+            f"{describe_candidate(candidate)} (≈{format_bytes(candidate.estimate.gpu_bytes)} GPU, "
+            f"≈{format_bytes(candidate.estimate.host_bytes)} host)"
+            for candidate in best
+        )
+        message += " — set training_type/base_precision/zero_stage/offload accordingly"
+    elif not variants:
+        message += f". No strategy fits; {_last_resort(job)}"
+    return message

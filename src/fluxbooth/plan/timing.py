@@ -1,0 +1,180 @@
+"""The time model: seconds per optimizer step and seconds per phase (rough, for ranking and deadlines).
+
+docs/memory.md "Time" writes the formulas down. GPU numbers are datasheet peaks times an efficiency
+factor, not measurements; CPU numbers were measured on the CI machine by bench/. No torch here.
+"""
+
+from __future__ import annotations
+
+from fluxbooth.hardware import Hardware
+from fluxbooth.modelsize import ModelSize, is_quantised_layer
+from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec
+from fluxbooth.plan.memory import compute_dtype_bytes, frozen_base_bytes, image_tokens
+from fluxbooth.plan.types import JobShape, Strategy
+
+# Sustained share of the datasheet's dense bf16 peak a FLUX step reaches (large matmuls, flash attention).
+GPU_EFFICIENCY = 0.40
+# Pinned host-to-GPU copies reach about 20 of PCIe gen4 x16's 32 GB/s per direction.
+PCIE_EFFICIENCY = 0.625
+# bf16 training on this CI machine's cores: 50-70 GFLOP/s per core in the least disturbed runs of
+# bench/memory.py (a shared 2-core machine: the measured seconds per step vary 3x between runs).
+CPU_FLOPS_PER_CORE = 50e9
+# Python, accelerate and DeepSpeed bookkeeping per optimizer step: 0.3-2 s per step for the
+# 135 k-parameter tiny model on a busy 2-core machine (bench/memory.py); a guess on GPUs.
+STEP_OVERHEAD_SECONDS = {"cpu": 0.5, "cuda": 0.05}
+HOST_MEMCPY_BYTES_PER_SECOND = 5e9
+NVME_BYTES_PER_SECOND = 2e9
+# Reading the model at load time and writing the exports: a guess for RunPod's container disk and
+# network volumes (not measured here).
+DISK_READ_BYTES_PER_SECOND = 1e9
+DISK_WRITE_BYTES_PER_SECOND = 1e9
+# DeepSpeedCPUAdam: 50 M parameters in 0.036 s on 2 cores (bench/cpu_adam_threads.py), until host
+# memory bandwidth caps it: it reads and writes fp32 weights, m and v, reads fp32 grads and
+# writes 16-bit weights, about 30 bytes per parameter.
+CPU_ADAM_PARAMS_PER_SECOND_PER_CORE = 0.7e9
+CPU_ADAM_BYTES_PER_PARAM = 30
+HOST_MEMORY_BYTES_PER_SECOND = 40e9
+# torch.optim.AdamW (foreach) on the CPU: 0.62 s for the same 50 M parameters on this 2-core machine.
+TORCH_ADAM_CPU_SLOWDOWN = 10.0
+GPU_ADAM_PARAMS_PER_SECOND = 20e9
+ZERO3_HOOK_OVERHEAD = 0.10  # per-module gather/release hooks on one GPU
+# GPU memory traffic per quantised weight and pass to dequantise it for a bf16 matmul (not measured: the
+# GPU-evidence work measures it): fp8 reads 1 byte, writes 2, the matmul reads the 2 again; NF4 reads half
+# a byte and writes 2 through a lookup table and a per-block rescale, counted at half the bandwidth.
+DEQUANTISE_TRAFFIC_BYTES = {"fp8": 5.0, "nf4": 9.0}
+# The FLUX VAE (AutoencoderKL, 128-256-512-512 channels): its 3x3 convolutions cost about 4 MFLOP per
+# pixel to encode and 9 MFLOP per pixel to decode, counted layer by layer from the config's layout.
+VAE_ENCODE_FLOPS_PER_PIXEL = 4e6
+VAE_DECODE_FLOPS_PER_PIXEL = 9e6
+
+
+def gpu_spec_for(hardware: Hardware) -> tuple[GpuSpec, bool]:
+    """(the spec used, whether the card is in the table)."""
+    if not hardware.gpus:
+        return UNKNOWN_GPU, True
+    spec = gpu_spec(hardware.gpus[0].name)
+    return (spec, True) if spec is not None else (UNKNOWN_GPU, False)
+
+
+def sustained_flops(hardware: Hardware) -> float:
+    if not hardware.gpus:
+        return CPU_FLOPS_PER_CORE * max(1, hardware.cpu_count)
+    return gpu_spec_for(hardware)[0].bf16_flops * GPU_EFFICIENCY
+
+
+def host_link_bytes_per_second(hardware: Hardware) -> float:
+    if not hardware.gpus:
+        return HOST_MEMCPY_BYTES_PER_SECOND
+    return gpu_spec_for(hardware)[0].pcie_bytes_per_second * PCIE_EFFICIENCY
+
+
+def forward_flops(model: ModelSize, job: JobShape) -> float:
+    """One forward pass of one sample: 2*P*T for the weights, 4*T^2*D per block for attention."""
+    shape = model.transformer
+    tokens = image_tokens(job.resolution) + job.max_sequence_length
+    return 2 * model.transformer_params * tokens + 4 * tokens * tokens * shape.hidden_size * shape.num_blocks
+
+
+def training_flops_per_sample(model: ModelSize, job: JobShape, training_type: str) -> float:
+    """Forward, backward 2x forward (1x when weights are frozen: no weight gradients), plus a second
+    forward under checkpointing."""
+    backward_factor = 2.0 if training_type == "full" else 1.0
+    recompute = 1.0 if job.gradient_checkpointing else 0.0
+    return forward_flops(model, job) * (1 + backward_factor + recompute)
+
+
+def quantised_elements(model: ModelSize) -> int:
+    return sum(layer.in_features * layer.out_features for layer in model.linear_layers if is_quantised_layer(layer.name))
+
+
+def base_pass_seconds(strategy: Strategy, model: ModelSize, hardware: Hardware, width: int, trainable: int) -> float:
+    """Seconds one pass over the frozen base costs beyond the matmuls: dequantising a quantised base, and
+    streaming offloaded weights to the GPU."""
+    seconds = 0.0
+    link = host_link_bytes_per_second(hardware)
+    if strategy.quantised and hardware.gpus:
+        bandwidth = gpu_spec_for(hardware)[0].memory_bytes_per_second
+        seconds += quantised_elements(model) * DEQUANTISE_TRAFFIC_BYTES[strategy.base_precision] / bandwidth
+    if strategy.quantised and strategy.offload_param == "cpu":
+        seconds += frozen_base_bytes(model, strategy.base_precision, width)["frozen_weights_quantised"] / link
+    elif strategy.offload_param == "cpu":
+        frozen = model.transformer_params if strategy.training_type == "lora" else 0
+        seconds += (trainable + frozen) * width / link
+    elif strategy.offload_param == "nvme":
+        frozen = model.transformer_params if strategy.training_type == "lora" else 0
+        seconds += (trainable + frozen) * width / NVME_BYTES_PER_SECOND
+    return seconds
+
+
+def optimizer_seconds(strategy: Strategy, hardware: Hardware, trainable: int, width: int) -> float:
+    on_cpu = hardware.accelerator == "cpu"
+    cores = max(1, hardware.cpu_count)
+    cpu_adam = max(
+        trainable / (CPU_ADAM_PARAMS_PER_SECOND_PER_CORE * cores),
+        trainable * CPU_ADAM_BYTES_PER_PARAM / HOST_MEMORY_BYTES_PER_SECOND,
+    )
+    if strategy.offload_optimizer == "none":
+        return cpu_adam * TORCH_ADAM_CPU_SLOWDOWN if on_cpu else trainable / GPU_ADAM_PARAMS_PER_SECOND
+    # Gradients go down and updated 16-bit weights come back once per optimizer step.
+    transfer = 2 * trainable * width / host_link_bytes_per_second(hardware)
+    if strategy.offload_optimizer == "nvme":
+        transfer += 2 * trainable * 12 / NVME_BYTES_PER_SECOND
+    return cpu_adam + transfer
+
+
+def seconds_per_step(
+    strategy: Strategy, model: ModelSize, job: JobShape, hardware: Hardware, trainable: int, width: int
+) -> float:
+    """Estimated wall time of one optimizer step (gradient_accumulation_steps micro-steps)."""
+    micro_steps = job.gradient_accumulation_steps
+    compute = micro_steps * job.samples_per_micro_step * training_flops_per_sample(
+        model, job, strategy.training_type
+    ) / sustained_flops(hardware)
+    if strategy.use_deepspeed and strategy.zero_stage == 3:
+        compute *= 1 + ZERO3_HOOK_OVERHEAD
+    passes = 3 if job.gradient_checkpointing else 2  # forward, (recompute,) backward
+    base = micro_steps * passes * base_pass_seconds(strategy, model, hardware, width, trainable)
+    return (
+        STEP_OVERHEAD_SECONDS[hardware.accelerator]
+        + compute
+        + optimizer_seconds(strategy, hardware, trainable, width)
+        + base
+    )
+
+
+def render_seconds(
+    strategy: Strategy, model: ModelSize, job: JobShape, hardware: Hardware, trainable: int, inference_steps: int
+) -> float:
+    """One image rendered with the training transformer (class images, validation): one forward per
+    denoising step (FLUX.1 is guidance-distilled: no second, unconditional pass), then the VAE decode."""
+    width = compute_dtype_bytes(job.mixed_precision)
+    flops = sustained_flops(hardware)
+    per_step = forward_flops(model, job) / flops + base_pass_seconds(strategy, model, hardware, width, trainable)
+    pixels = job.resolution[0] * job.resolution[1]
+    return inference_steps * per_step + pixels * VAE_DECODE_FLOPS_PER_PIXEL / flops
+
+
+def phase_seconds(
+    strategy: Strategy, model: ModelSize, job: JobShape, hardware: Hardware, trainable: int, step_seconds: float
+) -> dict[str, float]:
+    """Seconds of every phase of the job (docs/memory.md, "Phases")."""
+    width = compute_dtype_bytes(job.mixed_precision)
+    flops = sustained_flops(hardware)
+    stored = (model.transformer_params + model.encoder_params) * 2  # FLUX.1 ships bf16
+    images = job.num_instance_images + job.num_class_images
+    pixels = job.resolution[0] * job.resolution[1]
+    # Every image may carry its own caption: T5 runs once per distinct prompt.
+    text = (images + 1) * 2 * model.text_encoder_2_params * job.max_sequence_length
+    exported = trainable if strategy.training_type == "lora" else model.transformer_params
+    return {
+        "loading": stored / DISK_READ_BYTES_PER_SECOND,
+        "caching": (images * pixels * VAE_ENCODE_FLOPS_PER_PIXEL + text) / flops,
+        "class_images": job.num_class_images
+        * render_seconds(strategy, model, job, hardware, trainable, job.class_image_inference_steps),
+        "training": job.steps * step_seconds,
+        "validation": job.validation_rounds
+        * job.validation_prompts
+        * render_seconds(strategy, model, job, hardware, trainable, job.validation_inference_steps),
+        # Written, then read back to verify.
+        "export": 2 * exported * width / DISK_WRITE_BYTES_PER_SECOND,
+    }

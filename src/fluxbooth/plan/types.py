@@ -1,0 +1,255 @@
+"""The planner's data: the job as the planner reads it, strategies, estimates, candidates and the `Plan`.
+
+`Plan` is shared with configs.py and the result contract. No torch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from fluxbooth.trainer_config import LoraSettings, TrainerConfig
+
+Offload = Literal["none", "cpu", "nvme"]
+
+# Default LoRA targets when a request names none: the trainer's (one owner: TrainerConfig's LoraSettings).
+DEFAULT_LORA_TARGETS: tuple[str, ...] = LoraSettings.target_modules
+ALTERNATIVE_LORA_RANK = 16
+# How the frozen base of a LoRA is stored: "bf16" means unquantised, in the compute dtype.
+BASE_PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "nf4")
+QUANTISED_PRECISIONS: tuple[str, ...] = ("fp8", "nf4")
+# Phases of a job, in the order they run (docs/memory.md, "Phases").
+PHASES: tuple[str, ...] = ("loading", "caching", "class_images", "training", "validation", "export")
+
+
+@dataclass(frozen=True)
+class PhaseEstimate:
+    """Predicted peak memory and duration of one phase of the job."""
+
+    gpu_bytes: int
+    host_bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    accelerator: Literal["cuda", "cpu"]
+    num_processes: int
+    training_type: Literal["full", "lora"]
+    use_deepspeed: bool
+    zero_stage: int
+    offload_optimizer: Offload
+    offload_param: Offload
+    mixed_precision: Literal["bf16", "fp16", "no"]
+    gradient_checkpointing: bool
+    optimizer: str
+    predicted_gpu_bytes: int
+    predicted_host_bytes: int
+    predicted_disk_bytes: int
+    nvme_path: str | None = None
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+    predicted_seconds_per_step: float | None = None
+    # Text encoders and VAE run on the CPU while caching when they would not fit the GPU.
+    cache_encoders_on_cpu: bool = False
+    # How the frozen LoRA base is stored ("bf16": unquantised in the compute dtype; always so for full).
+    base_precision: str = "bf16"
+    # Peak memory and time of every phase, in PHASES order; empty for hand-built plans.
+    phases: tuple[tuple[str, PhaseEstimate], ...] = ()
+    predicted_total_seconds: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["warnings"] = list(self.warnings)
+        data["phases"] = {name: asdict(phase) for name, phase in self.phases}
+        return data
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """The request fields the planner reads, with the names `TrainingRequest` uses, so a
+    `JobShape` can stand in for a request (the CLI builds one from flags)."""
+
+    training_type: str = "full"
+    lora_rank: int = 16
+    lora_target_modules: tuple[str, ...] | None = None
+    base_precision: str = "auto"
+    zero_stage: int | str = "auto"
+    offload: str = "auto"
+    use_deepspeed: bool = True
+    mixed_precision: str = "bf16"
+    gradient_checkpointing: bool = True
+    resolution: tuple[int, int] = (1024, 1024)
+    batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    steps: int = 1000
+    optimizer: str = "adamw"
+    with_prior_preservation: bool = False
+    num_class_images: int = 0
+    # Instance images: unknown before the dataset is fetched, so the planner assumes the dataset cap.
+    num_instance_images: int = 1
+    checkpointing_steps: int | None = None
+    max_sequence_length: int = 512
+    timeout_seconds: int | None = None
+    validation_prompts: int = 0
+    validation_steps: int | None = None
+    validation_inference_steps: int = TrainerConfig.validation_inference_steps
+    class_image_inference_steps: int = TrainerConfig.class_image_inference_steps
+
+    @classmethod
+    def from_request(cls, request: Any, *, instance_images: int) -> JobShape:
+        """Read a `TrainingRequest` (or anything with its attribute names) by attribute. The request
+        does not say how many images its dataset holds: `instance_images` is the caller's bound (the
+        dataset cap before the dataset is fetched)."""
+        defaults = cls()
+        targets = getattr(request, "lora_target_modules", None)
+        with_prior = bool(getattr(request, "with_prior_preservation", False))
+        return cls(
+            training_type=str(getattr(request, "training_type", defaults.training_type)),
+            lora_rank=int(getattr(request, "lora_rank", defaults.lora_rank)),
+            lora_target_modules=tuple(targets) if targets else None,
+            base_precision=str(getattr(request, "base_precision", defaults.base_precision)),
+            zero_stage=getattr(request, "zero_stage", defaults.zero_stage),
+            offload=str(getattr(request, "offload", defaults.offload)),
+            use_deepspeed=bool(getattr(request, "use_deepspeed", defaults.use_deepspeed)),
+            mixed_precision=str(getattr(request, "mixed_precision", defaults.mixed_precision)),
+            gradient_checkpointing=bool(getattr(request, "gradient_checkpointing", defaults.gradient_checkpointing)),
+            resolution=_resolution(getattr(request, "resolution", defaults.resolution)),
+            batch_size=int(getattr(request, "batch_size", defaults.batch_size)),
+            gradient_accumulation_steps=int(
+                getattr(request, "gradient_accumulation_steps", defaults.gradient_accumulation_steps)
+            ),
+            steps=int(getattr(request, "steps", defaults.steps)),
+            optimizer=str(getattr(request, "optimizer", defaults.optimizer)),
+            with_prior_preservation=with_prior,
+            num_class_images=int(getattr(request, "num_class_images", 0) or 0) if with_prior else 0,
+            num_instance_images=max(1, int(instance_images)),
+            checkpointing_steps=getattr(request, "checkpointing_steps", None),
+            max_sequence_length=int(getattr(request, "max_sequence_length", defaults.max_sequence_length)),
+            timeout_seconds=getattr(request, "timeout_seconds", None),
+            validation_prompts=len(getattr(request, "validation_prompts", None) or ()),
+            validation_steps=getattr(request, "validation_steps", None),
+        )
+
+    @property
+    def lora_targets(self) -> tuple[str, ...]:
+        return self.lora_target_modules or DEFAULT_LORA_TARGETS
+
+    @property
+    def samples_per_micro_step(self) -> int:
+        # Prior preservation concatenates a class image to every instance image.
+        return self.batch_size * (2 if self.with_prior_preservation else 1)
+
+    @property
+    def validation_rounds(self) -> int:
+        """How many times the validation prompts are rendered: every validation_steps, and at the end."""
+        if not self.validation_prompts:
+            return 0
+        if self.validation_steps and self.validation_steps < self.steps:
+            during = (self.steps - 1) // self.validation_steps
+            return during + 1
+        return 1
+
+
+def _resolution(value: Any) -> tuple[int, int]:
+    if isinstance(value, int):
+        return (value, value)
+    if isinstance(value, str):
+        width, _, height = value.lower().partition("x")
+        return (int(width), int(height or width))
+    width, height = value
+    return (int(width), int(height))
+
+
+@dataclass(frozen=True)
+class Strategy:
+    training_type: str
+    use_deepspeed: bool
+    zero_stage: int
+    offload_optimizer: Offload
+    offload_param: Offload
+    base_precision: str = "bf16"
+
+    @property
+    def quantised(self) -> bool:
+        return self.base_precision in QUANTISED_PRECISIONS
+
+    def describe(self) -> str:
+        kind = "full fine-tune" if self.training_type == "full" else "LoRA"
+        if self.quantised:
+            kind += f" over an {self.base_precision} base"
+        if not self.use_deepspeed:
+            where = ", frozen base swapped block by block from the CPU" if self.offload_param == "cpu" else ""
+            return f"{kind} without DeepSpeed{where}"
+        offloads = []
+        if self.offload_optimizer != "none":
+            offloads.append(f"optimizer to {self.offload_optimizer}")
+        if self.offload_param != "none":
+            offloads.append(
+                "frozen base swapped block by block from the cpu" if self.quantised else f"parameters to {self.offload_param}"
+            )
+        where = f", offload {' and '.join(offloads)}" if offloads else ", no offload"
+        return f"{kind} with ZeRO-{self.zero_stage}{where}"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    gpu_bytes: int  # per GPU, the peak over all phases
+    host_bytes: int  # the whole node (all processes), the peak over all phases
+    disk_bytes: int  # work dir plus offload swap
+    nvme_bytes: int  # the part of disk_bytes that lives on the offload path
+    breakdown: dict[str, int]
+    cache_encoders_on_cpu: bool
+    phase_gpu_bytes: dict[str, int] = field(default_factory=dict)
+    phase_host_bytes: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    strategy: Strategy
+    estimate: MemoryEstimate
+    seconds_per_step: float
+    fits: bool
+    reason: str
+    lora_rank: int | None
+    honours_request: bool
+    relative_speed: float = 1.0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.phase_seconds.values())
+
+    def phases(self) -> tuple[tuple[str, PhaseEstimate], ...]:
+        return tuple(
+            (
+                name,
+                PhaseEstimate(
+                    gpu_bytes=int(self.estimate.phase_gpu_bytes.get(name, 0)),
+                    host_bytes=int(self.estimate.phase_host_bytes.get(name, 0)),
+                    seconds=round(self.phase_seconds.get(name, 0.0), 1),
+                ),
+            )
+            for name in PHASES
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "training_type": self.strategy.training_type,
+            "base_precision": self.strategy.base_precision,
+            "use_deepspeed": self.strategy.use_deepspeed,
+            "zero_stage": self.strategy.zero_stage,
+            "offload_optimizer": self.strategy.offload_optimizer,
+            "offload_param": self.strategy.offload_param,
+            "lora_rank": self.lora_rank,
+            "fits": self.fits,
+            "gpu_bytes": self.estimate.gpu_bytes,
+            "host_bytes": self.estimate.host_bytes,
+            "disk_bytes": self.estimate.disk_bytes,
+            "seconds_per_step": round(self.seconds_per_step, 3),
+            "total_seconds": round(self.total_seconds),
+            "relative_speed": round(self.relative_speed, 3),
+            "honours_request": self.honours_request,
+            "reason": self.reason,
+            "phases": {name: asdict(phase) for name, phase in self.phases()},
+            "breakdown": dict(self.estimate.breakdown),
+        }
