@@ -187,7 +187,7 @@ class DatasetLimits:
     max_archive_expansion_ratio: int = 100
     max_image_pixels: int = 50_000_000
     # Pixels decoded over the whole dataset, each distinct file once: about 330 twelve-megapixel photos,
-    # or 80 s of decoding at the slowest measured rate (PNG, 50 Mpx/s; bench/dataset_budgets.py).
+    # or 70 s of decoding at the slowest rate measured (PNG, 60 Mpx per CPU second; bench/dataset_budgets.py).
     max_dataset_pixels: int = 4_000_000_000
     # Images longer than this (either way) are cropped to their middle: the trainer only uses the middle.
     max_image_aspect_ratio: float = 4.0

@@ -22,12 +22,13 @@ from fluxbooth.settings import DatasetLimits
 ALLOWED_IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")
 MAX_CAPTION_CHARS = 2000
 
-# zlib's fastest level with run-length matching only: on this 2-core CPU it costs about 1.5-2x an
-# uncompressed save and stores photos in 0.55-0.65 of their raw size and flat or synthetic images in
-# 0.002 (bench/dataset_budgets.py). Plain deflate at the default level was 80 % of preparation time.
+# zlib's fastest level with run-length matching only, because it costs less than the disk it saves: about
+# 35 ms more CPU per megapixel than an uncompressed save, for 0.65 of the raw size on photo-like images
+# (1 MB saved per megapixel) and 0.002 on flat ones, where the disk attacks live (bench/dataset_budgets.py).
+# Pillow's default level costs twice as much for no further gain; it was 80 % of preparation time.
 PNG_COMPRESS_LEVEL = 1
 PNG_COMPRESS_TYPE = zlib.Z_RLE
-PNG_CHUNK_BYTES = 64 * 1024  # Pillow writes image data in chunks of at most this (ImageFile.MAXBLOCK)
+PNG_CHUNK_BYTES = 64 * 1024  # Pillow fills data chunks of at least this (ImageFile.MAXBLOCK), 12 bytes of framing each
 PNG_HEADER_BYTES = 1024  # signature, IHDR, IEND and the small ancillary chunks Pillow may add
 WHITE = (255, 255, 255)
 
@@ -144,13 +145,15 @@ def stored_size(width: int, height: int, resolution: tuple[int, int], max_aspect
 
 def stored_bytes_bound(width: int, height: int, resolution: tuple[int, int], max_aspect: float) -> int:
     """The most bytes the stored PNG can take, whichever way its EXIF orientation turns it: the raw rows
-    (a filter byte each) under zlib's worst-case expansion (its compressBound), plus the PNG chunks."""
+    (a filter byte each) under zlib's worst-case expansion (its compressBound), plus the PNG chunks' framing
+    (counted as if a chunk could end at every row too, which costs nothing and assumes nothing of Pillow)."""
     largest = 0
     for oriented in ((width, height), (height, width)):
         stored_width, stored_height = stored_size(*oriented, resolution, max_aspect)
         raw = stored_height * (3 * stored_width + 1)
         deflated = raw + (raw >> 12) + (raw >> 14) + (raw >> 25) + 13
-        largest = max(largest, deflated + 12 * (deflated // PNG_CHUNK_BYTES + 1) + PNG_HEADER_BYTES)
+        chunks = deflated // PNG_CHUNK_BYTES + 1 + stored_height
+        largest = max(largest, deflated + 12 * chunks + PNG_HEADER_BYTES)
     return largest
 
 
