@@ -23,7 +23,7 @@ from fluxbooth.errors import ErrorCode, FluxboothError, error_for_the_wire
 from fluxbooth.job import ProgressSink, run_job
 from fluxbooth.launch import Redactor
 from fluxbooth.progress import ProgressBar
-from fluxbooth.settings import WorkerSettings
+from fluxbooth.settings import SECRET_ENV_NAMES, WorkerSettings
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -88,6 +88,31 @@ def configure_logging(settings: WorkerSettings, stream: IO[str] | None = None, l
     logging.basicConfig(level=level, handlers=[output], force=True)
 
 
+def check_worker_at_start() -> None:
+    """The doctor's checks, once, before the worker takes its first job. Registered as a runpod SDK fitness
+    check, which runs on RunPod only (not in the local test or API modes) and stops the worker on a failure,
+    so a broken image or endpoint fails at start instead of failing every job."""
+    from fluxbooth.doctor import FAIL, worker_start_checks
+
+    results = worker_start_checks(os.environ)
+    log = logging.getLogger("fluxbooth.start")
+    for result in results:
+        log.log(logging.ERROR if result.status == FAIL else logging.INFO, "%-5s %s: %s",
+                result.status.upper(), result.name, result.detail)
+    failed = [f"{result.name}: {result.detail}" for result in results if result.status == FAIL]
+    if failed:
+        raise RuntimeError("the worker cannot train: " + " | ".join(failed))
+
+
+def settings_for_logging() -> WorkerSettings:
+    """The worker's settings, or, when they do not parse (the start check reports that), just its secrets."""
+    try:
+        return WorkerSettings.from_environ()
+    except ValueError:
+        return WorkerSettings.from_environ({name: os.environ[name] for name in SECRET_ENV_NAMES if name in os.environ})
+
+
 if __name__ == "__main__":
-    configure_logging(WorkerSettings.from_environ())
+    configure_logging(settings_for_logging())
+    runpod.serverless.register_fitness_check(check_worker_at_start)
     runpod.serverless.start(worker_config())

@@ -523,6 +523,25 @@ def doctor_passed(results: list[CheckResult]) -> bool:
     return all(result.status != FAIL for result in results)
 
 
+# Not a reason to stop a worker at start: a missing base model may still be downloaded by the first job
+# (which refuses in seconds, naming where it looked, when it cannot be).
+NOT_CHECKED_AT_WORKER_START = frozenset({"base model"})
+
+
+def worker_start_checks(
+    environ: Mapping[str, str], *, probe: Callable[..., dict[str, Any]] = run_runtime_probe
+) -> list[CheckResult]:
+    """The doctor's checks that show a broken worker before it takes a job: its settings and bucket, torch,
+    CUDA when the machine has GPUs, DeepSpeed and its ops, accelerate, host RAM and disk. A machine without
+    any GPU is not failed here (the planner refuses its jobs, naming why)."""
+    try:
+        WorkerSettings.from_environ(environ)
+    except ValueError as error:
+        return [CheckResult("worker settings", FAIL, f"{error}; fix the endpoint's environment variables")]
+    results = run_doctor(environ, DoctorOptions(allow_cpu=True), probe=probe)
+    return [result for result in results if result.name not in NOT_CHECKED_AT_WORKER_START]
+
+
 def _child_main(arguments: list[str]) -> int:
     options = json.loads(arguments[0])
     report = _runtime_probe(options["config_dir"], options["need_cpu_adam"], options["need_aio"], options["build_ops"])
