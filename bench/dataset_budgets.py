@@ -130,7 +130,9 @@ def png_storage() -> list[str]:
             data = buffer.getvalue()
             save = median_seconds(lambda image=image, option=option: image.save(io.BytesIO(), format="PNG", **option))
             read = median_seconds(lambda data=data: Image.open(io.BytesIO(data)).load())
-            rows.append(f"| {image_name} | {option_name} | {save * 1000:.0f} | {read * 1000:.0f} | {len(data) / raw:.3f} |")
+            rows.append(
+                f"| {image_name} | {option_name} | {save * 1000:.0f} | {read * 1000:.0f} | {len(data) / raw:.3f} |"
+            )
     return rows
 
 

@@ -310,7 +310,9 @@ def test_cropped_images_are_noted_in_the_summary(tmp_path: Path) -> None:
 def test_stored_images_are_compressed(tmp_path: Path) -> None:
     make_image(tmp_path / "flat.png", size=(1024, 1024))
 
-    normalise_image(tmp_path / "flat.png", tmp_path / "out.png", member="flat.png", limits=LIMITS, resolution=(1024, 1024))
+    normalise_image(
+        tmp_path / "flat.png", tmp_path / "out.png", member="flat.png", limits=LIMITS, resolution=(1024, 1024)
+    )
 
     assert (tmp_path / "out.png").stat().st_size < 1024 * 1024 * 3 / 100
 
@@ -319,7 +321,9 @@ def test_stored_size_never_exceeds_its_bound(tmp_path: Path) -> None:
     noise = Image.frombytes("RGB", (300, 200), random.Random(3).randbytes(300 * 200 * 3))
     noise.save(tmp_path / "noise.png")
 
-    normalise_image(tmp_path / "noise.png", tmp_path / "out.png", member="noise.png", limits=LIMITS, resolution=(512, 512))
+    normalise_image(
+        tmp_path / "noise.png", tmp_path / "out.png", member="noise.png", limits=LIMITS, resolution=(512, 512)
+    )
 
     assert 300 * 200 * 3 < (tmp_path / "out.png").stat().st_size <= stored_bytes_bound(300, 200, (512, 512), 4.0)
 

@@ -1,5 +1,7 @@
-"""Zip hardening: every member checked before anything is decompressed, then streamed through byte
-counters into files with generated names (member names are inspected, never used as paths)."""
+"""Zip hardening and the archive's total-work budgets: every member is checked before anything is
+decompressed (names, types, no two members sharing compressed data, sizes summed over the whole archive
+against a cap and a ratio to the upload), then streamed through byte counters into files with generated
+names (member names are inspected, never used as paths)."""
 
 from __future__ import annotations
 

@@ -291,7 +291,10 @@ def _stream_to_file(
     partial = destination.with_name(destination.name + ".part")
     needed = (declared_bytes or 0) + DISK_RESERVE_BYTES
     try:
-        with disk_stage(destination.parent, needed, purpose="downloading the dataset") as need, partial.open("wb") as sink:
+        with (
+            disk_stage(destination.parent, needed, purpose="downloading the dataset") as need,
+            partial.open("wb") as sink,
+        ):
             while True:
                 try:
                     # read1: whatever has arrived, so the deadline is checked even while a server trickles.
