@@ -267,3 +267,85 @@ def test_some_hardware_flags_replace_only_those_numbers_of_the_probe(cli_env: di
     probed_disk = shutil.disk_usage(Path(cli_env["FLUXBOOTH_WORK_DIR"]).parent).free
     assert report["hardware"]["disk_free_bytes"] == pytest.approx(probed_disk, rel=0.01)
     assert report["plan"]["accelerator"] == "cuda"
+
+
+# ---- plan --request: defaults that train on RunPod's tiers (issue 9, item 3) ---------------------------
+
+# RunPod's single-GPU tiers: card, memory, host RAM.
+RUNPOD_TIERS = {
+    "24 GiB RTX 4090": ["--gpu-name", "NVIDIA GeForce RTX 4090", "--gpu-memory", "24GiB", "--host-memory", "62GiB"],
+    "48 GiB RTX A6000": ["--gpu-name", "NVIDIA RTX A6000", "--gpu-memory", "48GiB", "--host-memory", "94GiB"],
+    "80 GiB H100": ["--gpu-name", "NVIDIA H100 80GB HBM3", "--gpu-memory", "80GiB", "--host-memory", "188GiB"],
+}
+FLUX_DEV = ["--base-model", "black-forest-labs/FLUX.1-dev", "--gpus", "1", "--disk", "200GiB"]
+LORA_RATE_WARNING = (
+    "learning_rate 2e-06 is low for a LoRA (suitable: 1e-05 to 0.001); it is used as given — remove "
+    "learning_rate to get the default 0.0001"
+)
+
+
+def guide_request(tmp_path: Path, advanced: bool) -> Path:
+    """The reference guide's Basic or Advanced request, as written (an empty zip stands in for the photos)."""
+    fields: dict[str, object] = {
+        "model_name": "my_dreambooth_model",
+        "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==",
+        "instance_prompt": "a photo of sks person",
+        "class_prompt": "a photo of a person",
+        "steps": 2000,
+        "learning_rate": 2e-6,
+        "batch_size": 1,
+        "use_deepspeed": True,
+    }
+    if advanced:
+        fields.update(
+            gradient_accumulation_steps=2, resolution="1024x1024", with_prior_preservation=True,
+            prior_loss_weight=1.0, num_class_images=50, mixed_precision="fp16", gradient_checkpointing=True,
+        )
+    path = tmp_path / ("advanced.json" if advanced else "basic.json")
+    path.write_text(json.dumps(fields))
+    return path
+
+
+def plan_json(arguments: list[str], environ: dict[str, str]) -> tuple[int, dict]:
+    code, output = run_cli(["plan", *arguments, "--json"], environ)
+    return code, json.loads(output)
+
+
+@pytest.mark.parametrize(("tier", "base"), [("24 GiB RTX 4090", "fp8"), ("48 GiB RTX A6000", "bf16"), ("80 GiB H100", "bf16")])
+def test_a_request_without_training_type_gets_a_lora_plan_on_every_runpod_tier(
+    cli_env: dict[str, str], tmp_path: Path, tier: str, base: str
+) -> None:
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"model_name": "m", "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==", "instance_prompt": "a photo of sks person"}))
+    code, report = plan_json(["--request", str(request), *FLUX_DEV, *RUNPOD_TIERS[tier]], cli_env)
+    assert code == EXIT_OK
+    plan = report["plan"]
+    assert (plan["training_type"], plan["base_precision"], plan["offload_param"]) == ("lora", base, "none")
+    assert (report["job"]["steps"], report["job"]["resolution"]) == (1000, [1024, 1024])
+    assert report["warnings"] == []
+
+
+@pytest.mark.parametrize("tier", list(RUNPOD_TIERS))
+@pytest.mark.parametrize("advanced", [False, True], ids=["basic", "advanced"])
+def test_the_guides_requests_plan_on_every_tier_with_a_warning_about_their_rate(
+    cli_env: dict[str, str], tmp_path: Path, tier: str, advanced: bool
+) -> None:
+    code, report = plan_json(["--request", str(guide_request(tmp_path, advanced)), *FLUX_DEV, *RUNPOD_TIERS[tier]], cli_env)
+    assert code == EXIT_OK
+    assert report["plan"]["training_type"] == "lora"
+    assert LORA_RATE_WARNING in report["warnings"]
+
+
+def test_at_the_workers_default_deadline_the_guides_basic_request_is_refused_with_the_changes_that_fit(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    code, report = plan_json(
+        ["--request", str(guide_request(tmp_path, False)), *FLUX_DEV, *RUNPOD_TIERS["24 GiB RTX 4090"], "--deadline", "3300"],
+        cli_env,
+    )
+    assert code == EXIT_FAILED
+    assert report["error"]["code"] == "does_not_fit"
+    assert report["error"]["message"].endswith(
+        "beyond the job deadline of 0.9 h; use about 531 steps, or timeout_seconds 14940 (and an endpoint "
+        "execution timeout above it), or a faster GPU"
+    )

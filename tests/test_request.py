@@ -97,7 +97,7 @@ def test_guide_basic_request_notes_that_class_prompt_is_unused_without_prior_pre
 ) -> None:
     warnings = parse_request(guide_basic_request(dataset_b64)).warnings()
 
-    assert warnings == ["class_prompt is ignored because with_prior_preservation is false"]
+    assert "class_prompt is ignored because with_prior_preservation is false" in warnings
 
 
 # ------------------------------------------------------------------------------------------- defaults
@@ -110,7 +110,8 @@ def test_defaults_follow_the_design(dataset_b64: str) -> None:
     assert request.resolution == (1024, 1024)
     assert request.steps == 1000
     assert request.seed == 42
-    assert request.training_type == "full"
+    assert request.training_type == "lora"
+    assert request.base_precision == "auto"
     assert request.zero_stage == "auto"
     assert request.offload == "auto"
     assert request.base_model is None
@@ -119,11 +120,11 @@ def test_defaults_follow_the_design(dataset_b64: str) -> None:
 
 
 def test_effective_learning_rate_defaults_to_2e_6_for_full_fine_tune(dataset_b64: str) -> None:
-    assert parse_request(minimal(dataset_b64)).effective_learning_rate == 2e-6
+    assert parse_request(minimal(dataset_b64, training_type="full")).effective_learning_rate == 2e-6
 
 
 def test_effective_learning_rate_defaults_to_1e_4_for_lora(dataset_b64: str) -> None:
-    assert parse_request(minimal(dataset_b64, training_type="lora")).effective_learning_rate == 1e-4
+    assert parse_request(minimal(dataset_b64)).effective_learning_rate == 1e-4
 
 
 def test_explicit_learning_rate_wins_over_the_default(dataset_b64: str) -> None:
@@ -426,7 +427,7 @@ def test_prior_preservation_without_class_prompt_is_refused(dataset_b64: str) ->
 
 
 def test_lora_settings_with_full_training_are_refused(dataset_b64: str) -> None:
-    message = refusal(minimal(dataset_b64, lora_rank=8, lora_alpha=8.0))
+    message = refusal(minimal(dataset_b64, training_type="full", lora_rank=8, lora_alpha=8.0))
 
     assert "input.lora_rank, input.lora_alpha: only apply when input.training_type is 'lora'" in message
 
@@ -510,3 +511,45 @@ def test_validation_steps_not_below_steps_is_accepted_with_a_warning(dataset_b64
 def test_request_model_refuses_directly_too(dataset_b64: str) -> None:
     with pytest.raises(ValueError, match="input.class_prompt: required"):
         TrainingRequest.model_validate(minimal(dataset_b64, with_prior_preservation=True))
+
+
+# ---- defaults that train, and rates that suit the training type ---------------------------------------
+
+
+def test_a_rate_that_suits_lora_gets_no_warning(dataset_b64: str) -> None:
+    assert parse_request(minimal(dataset_b64, learning_rate=2e-4)).warnings() == []
+
+
+def test_the_guides_full_fine_tune_rate_under_lora_is_used_with_a_warning(dataset_b64: str) -> None:
+    request = parse_request(guide_basic_request(dataset_b64))
+
+    assert (request.training_type, request.effective_learning_rate) == ("lora", 2e-6)
+    assert (
+        "learning_rate 2e-06 is low for a LoRA (suitable: 1e-05 to 0.001); it is used as given — remove "
+        "learning_rate to get the default 0.0001"
+    ) in request.warnings()
+
+
+def test_a_lora_rate_under_a_full_fine_tune_is_warned(dataset_b64: str) -> None:
+    request = parse_request(minimal(dataset_b64, training_type="full", learning_rate=1e-4))
+
+    assert request.warnings() == [
+        "learning_rate 0.0001 is high for a full fine-tune (suitable: 1e-07 to 1e-05); it is used as given — "
+        "remove learning_rate to get the default 2e-06"
+    ]
+
+
+@pytest.mark.parametrize("precision", ["fp8", "nf4"])
+def test_a_quantised_base_with_a_full_fine_tune_is_refused(dataset_b64: str, precision: str) -> None:
+    message = refusal(minimal(dataset_b64, training_type="full", base_precision=precision))
+
+    assert (
+        f"input.base_precision, input.training_type: '{precision}' stores a frozen, quantised base, and a full "
+        "fine-tune trains every weight; use training_type 'lora' with it, or base_precision 'auto' or 'bf16'"
+    ) in message
+
+
+def test_an_unknown_base_precision_is_refused(dataset_b64: str) -> None:
+    assert "input.base_precision: Input should be 'auto', 'bf16', 'fp8' or 'nf4'" in refusal(
+        minimal(dataset_b64, base_precision="int8")
+    )

@@ -75,7 +75,10 @@ def add_plan_parser(subparsers: Any) -> None:
     job = parser.add_argument_group("job")
     job.add_argument("--request", type=Path, help="a request JSON (job input); flags below override its fields")
     job.add_argument("--base-model", help="a preset name (black-forest-labs/FLUX.1-dev, ...-schnell) or a local diffusers folder")
-    job.add_argument("--training-type", choices=("full", "lora"))
+    job.add_argument("--training-type", choices=("full", "lora"), help="(default: lora)")
+    job.add_argument(
+        "--base-precision", choices=("auto", "bf16", "fp8", "nf4"), help="how a LoRA's frozen base is stored (default: auto)"
+    )
     job.add_argument("--resolution", type=_resolution, help="1024 or 768x1024 (width x height)")
     job.add_argument("--batch-size", type=int)
     job.add_argument("--gradient-accumulation-steps", type=int)
@@ -94,10 +97,12 @@ def add_plan_parser(subparsers: Any) -> None:
     parser.set_defaults(handler=run_plan_command)
 
 
-def _job_from_arguments(arguments: argparse.Namespace) -> Any:
+def _job_from_arguments(arguments: argparse.Namespace) -> tuple[Any, list[str]]:
+    """The job to plan, and the request's own warnings (e.g. a learning rate that does not suit its type)."""
     from fluxbooth.plan import JobShape
 
     job = JobShape()
+    notes: list[str] = []
     if arguments.request is not None:
         from fluxbooth.request import parse_request
 
@@ -109,9 +114,12 @@ def _job_from_arguments(arguments: argparse.Namespace) -> Any:
             ) from error
         from fluxbooth.plan import as_job
 
-        job = as_job(parse_request(raw.get("input", raw) if isinstance(raw, dict) else raw))
+        request = parse_request(raw.get("input", raw) if isinstance(raw, dict) else raw)
+        job = as_job(request)
+        notes = request.warnings()
     overrides = {
         "training_type": arguments.training_type,
+        "base_precision": arguments.base_precision,
         "resolution": arguments.resolution,
         "batch_size": arguments.batch_size,
         "gradient_accumulation_steps": arguments.gradient_accumulation_steps,
@@ -128,7 +136,7 @@ def _job_from_arguments(arguments: argparse.Namespace) -> Any:
         overrides["with_prior_preservation"] = True
     from dataclasses import replace
 
-    return replace(job, **{name: value for name, value in overrides.items() if value is not None})
+    return replace(job, **{name: value for name, value in overrides.items() if value is not None}), notes
 
 
 def _base_model_from(arguments: argparse.Namespace, environ: Mapping[str, str]) -> str:
@@ -212,24 +220,25 @@ def _plan_table(report: dict[str, Any], out: TextIO) -> None:
     out.write(
         f"model    {model['name']} ({_count(model['transformer_params'])} transformer parameters)\n"
         f"job      {job['training_type']}"
-        + (f" rank {job['lora_rank']}" if job["training_type"] == "lora" else "")
+        + (f" rank {job['lora_rank']}, base {job['base_precision']}" if job["training_type"] == "lora" else "")
         + f", {width}x{height}, batch {job['batch_size']}, {job['mixed_precision']}, "
         f"checkpointing {'on' if job['gradient_checkpointing'] else 'off'}\n"
         f"machine  {report['hardware_summary']}\n\n"
     )
-    header = ("", "type", "ZeRO", "offload opt/param", "fits", "GPU (each)", "host RAM", "disk", "speed", "reason")
+    header = ("", "type", "base", "ZeRO", "offload opt/param", "fits", "GPU (each)", "host RAM", "disk", "speed", "reason")
     rows = [header]
     chosen = report["chosen"]
     for candidate in report["candidates"]:
         kind = candidate["training_type"] + (f" r{candidate['lora_rank']}" if candidate["lora_rank"] else "")
         is_chosen = chosen is not None and all(
             chosen[key] == candidate[key]
-            for key in ("training_type", "zero_stage", "offload_optimizer", "offload_param", "lora_rank")
+            for key in ("training_type", "base_precision", "zero_stage", "offload_optimizer", "offload_param", "lora_rank")
         )
         rows.append(
             (
                 "*" if is_chosen else ("" if candidate["honours_request"] else "~"),
                 kind,
+                candidate["base_precision"],
                 str(candidate["zero_stage"]) if candidate["use_deepspeed"] else "-",
                 f"{candidate['offload_optimizer']}/{candidate['offload_param']}",
                 "yes" if candidate["fits"] else "no",
@@ -243,31 +252,54 @@ def _plan_table(report: dict[str, Any], out: TextIO) -> None:
     widths = [max(len(row[index]) for row in rows) for index in range(len(header) - 1)]
     for row in rows:
         out.write("  ".join(cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)) + "  " + row[-1] + "\n")
-    out.write("\n* chosen   ~ an alternative (another training type), shown for comparison\n")
+    out.write("\n* chosen   ~ an alternative (another training type or base precision), shown for comparison\n")
     if chosen is not None:
-        plan = report["plan"]
-        out.write(
-            f"\nchosen: {chosen['training_type']} with "
-            + (f"ZeRO-{plan['zero_stage']}" if plan["use_deepspeed"] else "no DeepSpeed")
-            + f", offload optimizer {plan['offload_optimizer']}, parameters {plan['offload_param']}, "
-            f"optimizer {plan['optimizer']}\n"
-            f"time:   ≈{plan['predicted_seconds_per_step']:.2f} s/step, ≈{report['estimated_run_seconds'] / 60:.0f} min "
-            f"for {job['steps']} steps (a rough estimate, see docs/memory.md)\n"
-        )
-        for warning in plan["warnings"]:
-            out.write(f"warning: {warning}\n")
+        _chosen_summary(report, out)
     else:
         out.write(f"\nnothing fits: {report['error']['message']}\n")
+    for warning in report["warnings"]:
+        out.write(f"warning: {warning}\n")
+
+
+def _chosen_summary(report: dict[str, Any], out: TextIO) -> None:
+    """The chosen strategy, then each phase's peak memory and time."""
+    plan = report["plan"]
+    on_cpu = report["accelerator"] == "cpu"
+    out.write(
+        f"\nchosen: {plan['training_type']}"
+        + (f" over {'a' if plan['base_precision'] == 'bf16' else 'an'} {plan['base_precision']} base" if plan["training_type"] == "lora" else "")
+        + " with "
+        + (f"ZeRO-{plan['zero_stage']}" if plan["use_deepspeed"] else "no DeepSpeed")
+        + f", offload optimizer {plan['offload_optimizer']}, parameters {plan['offload_param']}, "
+        f"optimizer {plan['optimizer']}\n"
+        f"time:   ≈{plan['predicted_seconds_per_step']:.2f} s/step, ≈{report['estimated_run_seconds'] / 60:.0f} min "
+        f"for {report['job']['steps']} steps, ≈{(plan['predicted_total_seconds'] or 0) / 60:.0f} min for the whole job "
+        "(a rough estimate, see docs/memory.md)\n\n"
+    )
+    rows = [("phase", "GPU peak", "host peak", "time")]
+    for name, phase in plan["phases"].items():
+        rows.append(
+            (
+                name,
+                "-" if on_cpu or not phase["gpu_bytes"] else format_bytes(phase["gpu_bytes"]),
+                format_bytes(phase["host_bytes"]) if phase["host_bytes"] else "-",
+                f"{phase['seconds'] / 60:.1f} min" if phase["seconds"] >= 60 else f"{phase['seconds']:.0f} s",
+            )
+        )
+    widths = [max(len(row[index]) for row in rows) for index in range(4)]
+    for row in rows:
+        out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n")
 
 
 def run_plan_command(arguments: argparse.Namespace, environ: Mapping[str, str], out: TextIO) -> int:
-    from fluxbooth.plan import choose_plan, evaluate_candidates, model_size, pick
+    from fluxbooth.plan import check_job, choose_plan, evaluate_candidates, model_size, pick
 
-    job = _job_from_arguments(arguments)
+    job, request_warnings = _job_from_arguments(arguments)
     hardware = _hardware_from(arguments, environ)
     model = model_size(_base_model_from(arguments, environ))
     # Sizing an endpoint is about memory: the deadline is checked only when one is asked for.
     deadline = arguments.deadline if arguments.deadline is not None else job.timeout_seconds
+    check_job(job, model)
     candidates = evaluate_candidates(job, hardware, model)
     report: dict[str, Any] = {
         "chosen": None,
@@ -280,6 +312,7 @@ def run_plan_command(arguments: argparse.Namespace, environ: Mapping[str, str], 
         "job": {
             "training_type": job.training_type,
             "lora_rank": job.lora_rank,
+            "base_precision": job.base_precision,
             "resolution": list(job.resolution),
             "batch_size": job.batch_size,
             "gradient_accumulation_steps": job.gradient_accumulation_steps,
@@ -292,6 +325,7 @@ def run_plan_command(arguments: argparse.Namespace, environ: Mapping[str, str], 
         },
         "deadline_seconds": deadline,
         "candidates": [candidate.to_dict() for candidate in candidates],
+        "warnings": list(request_warnings),
     }
     try:
         plan = choose_plan(job, hardware, model, deadline_seconds=deadline)
@@ -301,6 +335,7 @@ def run_plan_command(arguments: argparse.Namespace, environ: Mapping[str, str], 
         report["error"] = {"code": error.code.value, "message": error.message}
     else:
         report["plan"] = plan.to_dict()
+        report["warnings"] += list(plan.warnings)
         report["estimated_run_seconds"] = round((plan.predicted_seconds_per_step or 0) * job.steps)
         chosen = pick(candidates)
         report["chosen"] = chosen.to_dict() if chosen is not None else None

@@ -30,9 +30,17 @@ from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.settings import TINY_MODEL_NAME
 from fluxbooth.train.names import DEEPSPEED_ONLY_OPTIMIZERS, SUPPORTED_OPTIMIZERS, normalise_optimizer_name
 
+# LoRA by default: a full fine-tune of FLUX.1-dev needs about 225 GiB of host RAM for its offloaded optimizer
+# states, more than any single-GPU RunPod tier has, while a rank-16 LoRA trains on 24, 48 and 80 GiB cards.
+DEFAULT_TRAINING_TYPE = "lora"
 DEFAULT_FULL_LEARNING_RATE = 2e-6
 DEFAULT_LORA_LEARNING_RATE = 1e-4
+# Learning rates that suit each training type (Adam-family optimizers): outside them an explicit rate is
+# accepted with a warning. A LoRA's low-rank update starts at zero and needs 1e-5..1e-3 to move (diffusers'
+# FLUX DreamBooth LoRA recipe: 1e-4); a full fine-tune moves 12 B pretrained weights and diverges above ~1e-5.
+SUITABLE_LEARNING_RATES = {"lora": (1e-5, 1e-3), "full": (1e-7, 1e-5)}
 MAX_PROMPT_CHARS = 2000
+MAX_TIMEOUT_SECONDS = 86_400
 MIN_RESOLUTION_SIDE = 64
 MAX_RESOLUTION_SIDE = 2048
 RESOLUTION_MULTIPLE = 16
@@ -119,7 +127,9 @@ class TrainingRequest(BaseModel):
     offload: Literal["auto", "none", "cpu", "nvme"] = "auto"
 
     # Full fine-tune or LoRA.
-    training_type: Literal["full", "lora"] = "full"
+    training_type: Literal["full", "lora"] = DEFAULT_TRAINING_TYPE
+    # How the frozen base is stored under LoRA ("auto": the planner picks the fastest that fits).
+    base_precision: Literal["auto", "bf16", "fp8", "nf4"] = "auto"
     lora_rank: int = Field(default=16, ge=1, le=512)
     lora_alpha: float | None = Field(default=None, gt=0, le=100_000)
     lora_target_modules: list[LoraModuleName] | None = Field(default=None, min_length=1, max_length=64)
@@ -137,7 +147,7 @@ class TrainingRequest(BaseModel):
     validation_prompts: list[Prompt] = Field(default_factory=list, max_length=8)
     validation_steps: int | None = Field(default=None, ge=1, le=100_000)
     output_formats: list[OutputFormat] | None = Field(default=None, min_length=1, max_length=3)
-    timeout_seconds: int | None = Field(default=None, ge=60, le=86_400)
+    timeout_seconds: int | None = Field(default=None, ge=60, le=MAX_TIMEOUT_SECONDS)
     debug: bool = False
 
     @field_validator("dataset")
@@ -279,6 +289,12 @@ class TrainingRequest(BaseModel):
                     f"{named}: only apply when input.training_type is 'lora'; "
                     "remove them or set training_type 'lora'"
                 )
+        if self.training_type == "full" and self.base_precision in ("fp8", "nf4"):
+            problems.append(
+                f"input.base_precision, input.training_type: {self.base_precision!r} stores a frozen, quantised "
+                "base, and a full fine-tune trains every weight; use training_type 'lora' with it, or "
+                "base_precision 'auto' or 'bf16'"
+            )
         if not self.use_deepspeed:
             forced = [
                 f"input.{name}"
@@ -324,6 +340,20 @@ class TrainingRequest(BaseModel):
     def effective_lora_alpha(self) -> float:
         return float(self.lora_rank) if self.lora_alpha is None else self.lora_alpha
 
+    def _learning_rate_warnings(self) -> list[str]:
+        if self.learning_rate is None:
+            return []
+        low, high = SUITABLE_LEARNING_RATES[self.training_type]
+        if low <= self.learning_rate <= high:
+            return []
+        default = DEFAULT_LORA_LEARNING_RATE if self.training_type == "lora" else DEFAULT_FULL_LEARNING_RATE
+        kind = "a LoRA" if self.training_type == "lora" else "a full fine-tune"
+        direction = "low" if self.learning_rate < low else "high"
+        return [
+            f"learning_rate {self.learning_rate:g} is {direction} for {kind} (suitable: {low:g} to {high:g}); "
+            f"it is used as given — remove learning_rate to get the default {default:g}"
+        ]
+
     def warnings(self) -> list[str]:
         """Accepted but questionable settings; carried into the log and the result."""
         notes: list[str] = []
@@ -332,6 +362,7 @@ class TrainingRequest(BaseModel):
                 "mixed_precision 'fp16': FLUX activations overflow fp16 (expect NaN or inf losses); "
                 "'bf16' is recommended on any GPU that supports it"
             )
+        notes += self._learning_rate_warnings()
         if self.class_prompt is not None and not self.with_prior_preservation:
             notes.append("class_prompt is ignored because with_prior_preservation is false")
         if self.validation_steps is not None and self.validation_steps >= self.steps:

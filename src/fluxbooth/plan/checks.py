@@ -5,13 +5,18 @@ images, training, validation renders) against the job's deadline. No torch here.
 
 from __future__ import annotations
 
+import math
+
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.modelsize import ModelSize, lora_target_suffixes, unmatched_lora_targets
+from fluxbooth.request import MAX_TIMEOUT_SECONDS
 from fluxbooth.plan.types import QUANTISED_PRECISIONS, Candidate, JobShape
 
 DEADLINE_WARN_FRACTION = 0.8
 # The time model is rough; refuse only when even a generous error cannot save the run.
 DEADLINE_REFUSE_FACTOR = 1.5
+# A deadline suggested in a refusal leaves this much room over the estimate.
+DEADLINE_TIMEOUT_HEADROOM = 1.25
 
 
 def check_job(job: JobShape, model: ModelSize) -> None:
@@ -40,28 +45,29 @@ def _describe(candidate: Candidate) -> str:
 
 def _remedies(candidate: Candidate, job: JobShape, deadline: float) -> list[str]:
     """The changes that would bring the run within the deadline, biggest phase first; never the
-    strategy the job already uses."""
+    strategy the job already uses, never a count below one."""
     phases = candidate.phase_seconds
-    fixed = sum(seconds for name, seconds in phases.items() if name not in ("training", "class_images", "validation"))
+    variable = ("training", "class_images", "validation")
+    budget = deadline - sum(seconds for name, seconds in phases.items() if name not in variable)
     remedies: list[tuple[float, str]] = []
-    budget = max(0.0, deadline - fixed)
-    if phases.get("training"):
-        others = phases.get("class_images", 0.0) + phases.get("validation", 0.0)
-        steps = int(max(0.0, budget - others) / max(candidate.seconds_per_step, 1e-9))
-        remedies.append((phases["training"], f"about {max(1, steps)} steps"))
+    steps = int((budget - phases.get("class_images", 0.0) - phases.get("validation", 0.0)) / max(candidate.seconds_per_step, 1e-9))
+    if phases.get("training") and steps >= 1:
+        remedies.append((phases["training"], f"about {steps} steps"))
     if phases.get("class_images") and job.num_class_images:
         per_image = phases["class_images"] / job.num_class_images
-        affordable = int(max(0.0, budget - phases.get("training", 0.0) - phases.get("validation", 0.0)) / per_image)
-        remedies.append(
-            (phases["class_images"], f"num_class_images about {affordable} (≈{per_image:.0f} s per generated image; "
-             "images in the zip's class/ folder are not generated)")
-        )
+        affordable = int((budget - phases.get("training", 0.0) - phases.get("validation", 0.0)) / per_image)
+        if affordable >= 1:
+            remedies.append((phases["class_images"], f"num_class_images about {affordable} (≈{per_image:.0f} s per "
+                             "generated image; images in the zip's class/ folder are not generated)"))
     if phases.get("validation"):
         remedies.append(
             (phases["validation"], f"fewer validation_prompts ({job.validation_prompts} now) or a larger "
              f"validation_steps ({job.validation_rounds} rounds of renders now)")
         )
     ordered = [text for _, text in sorted(remedies, reverse=True)]
+    needed = math.ceil(candidate.total_seconds * DEADLINE_TIMEOUT_HEADROOM / 60) * 60
+    if needed <= MAX_TIMEOUT_SECONDS:
+        ordered.append(f"timeout_seconds {needed} (and an endpoint execution timeout above it)")
     if job.training_type == "full":
         ordered.append("training_type 'lora'")
     return ordered + ["a faster GPU"]

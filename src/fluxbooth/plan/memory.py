@@ -391,8 +391,10 @@ def estimate_memory(
         "validation": render_host if job.validation_prompts else 0,
         "export": export_host,
     }
+    # The fixed costs count in every phase the job runs; a phase it skips costs nothing.
     fixed = sum(fixed_host.values())
-    phase_host = {name: value + fixed for name, value in phase_host.items()}
+    skipped = {name for name, runs in (("class_images", job.num_class_images), ("validation", job.validation_prompts)) if not runs}
+    phase_host = {name: 0 if name in skipped else value + fixed for name, value in phase_host.items()}
     disk_work = _work_disk(exported, images * cached_bytes_per_image(model, job, width), trainable, width, state, job)
     nvme = sum(disk.values())
     breakdown = {**{f"gpu.{k}": v for k, v in device.items()}, **{f"host.{k}": v for k, v in host.items()}}

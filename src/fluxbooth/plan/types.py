@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from fluxbooth.request import DEFAULT_TRAINING_TYPE
 from fluxbooth.trainer_config import LoraSettings, TrainerConfig
 
 Offload = Literal["none", "cpu", "nvme"]
@@ -69,7 +70,7 @@ class JobShape:
     """The request fields the planner reads, with the names `TrainingRequest` uses, so a
     `JobShape` can stand in for a request (the CLI builds one from flags)."""
 
-    training_type: str = "full"
+    training_type: str = DEFAULT_TRAINING_TYPE
     lora_rank: int = 16
     lora_target_modules: tuple[str, ...] | None = None
     base_precision: str = "auto"
