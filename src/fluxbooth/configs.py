@@ -312,4 +312,5 @@ def trainer_config_for(
         export_formats=tuple(request.output_formats or default_formats),
         class_image_cache_dir=str(class_image_cache_dir) if class_image_cache_dir else None,
         encoders_on_cpu=plan.cache_encoders_on_cpu,
+        base_precision=plan.base_precision,
     )

@@ -77,6 +77,10 @@ class TrainerConfig:
     class_image_cache_dir: str | None = None  # keep generated class images here across jobs (one folder per recipe)
     encoders_on_cpu: bool = False  # run the text encoders and VAE on the CPU while caching (Plan.cache_encoders_on_cpu)
     validation_steps: int | None = None  # also render validation_prompts every N optimizer steps, with the weights being trained
+    # How the frozen LoRA base is stored (Plan.base_precision): "bf16" (unquantised, in the compute dtype), "fp8"
+    # or "nf4". With a quantised base, offload_param "cpu" means the quantised blocks live in pinned host RAM and
+    # are moved to the GPU block by block (the planner's block-swap candidate); DeepSpeed is not told.
+    base_precision: str = "bf16"
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))

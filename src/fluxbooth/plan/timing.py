@@ -92,8 +92,8 @@ def base_pass_seconds(strategy: Strategy, model: ModelSize, hardware: Hardware, 
     streaming offloaded weights to the GPU."""
     seconds = 0.0
     link = host_link_bytes_per_second(hardware)
-    if strategy.quantised and hardware.gpus:
-        bandwidth = gpu_spec_for(hardware)[0].memory_bytes_per_second
+    if strategy.quantised:
+        bandwidth = gpu_spec_for(hardware)[0].memory_bytes_per_second if hardware.gpus else HOST_MEMORY_BYTES_PER_SECOND
         seconds += quantised_elements(model) * DEQUANTISE_TRAFFIC_BYTES[strategy.base_precision] / bandwidth
     if strategy.quantised and strategy.offload_param == "cpu":
         seconds += frozen_base_bytes(model, strategy.base_precision, width)["frozen_weights_quantised"] / link

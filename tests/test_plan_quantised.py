@@ -1,0 +1,185 @@
+"""The planner for LoRA over a quantised base (issue 11): sizes, candidates, GPU table, phases, refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.hardware import GIB, Hardware, hypothetical_hardware
+from fluxbooth.modelsize import FLUX_DEV_NAME, ModelSize, is_quantised_layer, model_size
+from fluxbooth.plan import JobShape, Strategy, choose_plan, frozen_base_bytes
+from fluxbooth.plan.gpus import gpu_spec
+
+RTX_4090 = "NVIDIA GeForce RTX 4090"
+
+
+@pytest.fixture(scope="module")
+def flux_dev() -> ModelSize:
+    return model_size(FLUX_DEV_NAME)
+
+
+def card(gpu_gib: float, name: str, host_gib: float = 62) -> Hardware:
+    return hypothetical_hardware(
+        gpus=1, gpu_memory_bytes=int(gpu_gib * GIB), host_memory_bytes=int(host_gib * GIB), disk_bytes=200 * GIB, gpu_name=name
+    )
+
+
+def lora(**fields: object) -> JobShape:
+    """FLUX.1-dev rank-16 LoRA at 1024², 1000 steps, sized for four photos."""
+    return JobShape(**{"training_type": "lora", "num_instance_images": 4, **fields})  # type: ignore[arg-type]
+
+
+# ---- sizes of a quantised base ---------------------------------------------------------------------
+
+
+def quantised_and_other_elements(model: ModelSize) -> tuple[int, int]:
+    quantised = sum(layer.in_features * layer.out_features for layer in model.linear_layers if is_quantised_layer(layer.name))
+    return quantised, model.transformer_params - quantised
+
+
+def test_an_fp8_base_stores_a_byte_per_block_weight_and_a_scale_per_output_channel(flux_dev: ModelSize) -> None:
+    quantised, other = quantised_and_other_elements(flux_dev)
+    outputs = sum(layer.out_features for layer in flux_dev.linear_layers if is_quantised_layer(layer.name))
+    assert frozen_base_bytes(flux_dev, "fp8", 2) == {
+        "frozen_weights_quantised": quantised + 4 * outputs,
+        "frozen_weights_unquantised": 2 * other,
+    }
+
+
+def test_an_nf4_base_stores_half_a_byte_plus_the_double_quantised_absmax(flux_dev: ModelSize) -> None:
+    quantised, other = quantised_and_other_elements(flux_dev)
+    sizes = frozen_base_bytes(flux_dev, "nf4", 2)
+    assert sizes["frozen_weights_quantised"] == int(quantised * (4 + 8 / 64 + 32 / (64 * 256)) / 8)
+    assert sizes["frozen_weights_unquantised"] == 2 * other
+
+
+def test_the_embedders_and_final_layers_stay_unquantised(flux_dev: ModelSize) -> None:
+    kept = {layer.name for layer in flux_dev.linear_layers if not is_quantised_layer(layer.name)}
+    assert {"context_embedder", "x_embedder", "norm_out.linear", "proj_out"} <= kept
+    assert not any(name.startswith(("transformer_blocks.", "single_transformer_blocks.")) for name in kept)
+
+
+# ---- issue 11's planner targets ----------------------------------------------------------------------
+
+
+def test_a_24_gib_rtx_4090_keeps_a_quantised_base_on_the_gpu_within_6_s_per_step(flux_dev: ModelSize) -> None:
+    plan = choose_plan(lora(), card(24, RTX_4090), flux_dev)
+    assert (plan.base_precision, plan.offload_param, plan.offload_optimizer) == ("fp8", "none", "none")
+    assert plan.predicted_seconds_per_step is not None and plan.predicted_seconds_per_step <= 6.0
+
+
+def test_a_16_gib_a4000_gets_no_parameter_offload(flux_dev: ModelSize) -> None:
+    plan = choose_plan(lora(), card(16, "NVIDIA RTX A4000"), flux_dev)
+    assert (plan.base_precision, plan.offload_param) == ("nf4", "none")
+
+
+@pytest.mark.parametrize(("gib", "name"), [(48, "NVIDIA RTX A6000"), (80, "NVIDIA H100 80GB HBM3")])
+def test_48_and_80_gib_cards_need_no_quantisation(flux_dev: ModelSize, gib: int, name: str) -> None:
+    plan = choose_plan(lora(), card(gib, name, host_gib=94), flux_dev)
+    assert (plan.base_precision, plan.offload_param) == ("bf16", "none")
+
+
+def test_an_8_gib_card_gets_a_plan_at_512(flux_dev: ModelSize) -> None:
+    plan = choose_plan(lora(resolution=(512, 512)), card(8, "NVIDIA RTX A4000"), flux_dev)
+    assert (plan.training_type, plan.base_precision) == ("lora", "nf4")
+    assert plan.predicted_gpu_bytes * 1.1 <= 8 * GIB
+
+
+def test_a_requested_base_precision_is_honoured(flux_dev: ModelSize) -> None:
+    plan = choose_plan(lora(base_precision="nf4"), card(80, "NVIDIA H100 80GB HBM3", host_gib=188), flux_dev)
+    assert (plan.base_precision, plan.offload_param) == ("nf4", "none")
+
+
+def test_a_full_fine_tune_over_a_quantised_base_is_invalid_input(flux_dev: ModelSize) -> None:
+    with pytest.raises(FluxboothError) as caught:
+        choose_plan(JobShape(training_type="full", base_precision="nf4"), card(80, "NVIDIA H100 80GB HBM3"), flux_dev)
+    assert caught.value.code is ErrorCode.INVALID_INPUT
+    assert caught.value.message == (
+        "base_precision: 'nf4' stores a frozen base, and a full fine-tune trains every weight; use "
+        "training_type 'lora' with it, or base_precision 'auto' or 'bf16'"
+    )
+
+
+def test_a_bf16_base_that_does_not_fit_is_refused_naming_the_precision_that_would(flux_dev: ModelSize) -> None:
+    with pytest.raises(FluxboothError) as caught:
+        choose_plan(lora(base_precision="bf16", offload="none"), card(24, RTX_4090), flux_dev)
+    message = caught.value.message
+    assert caught.value.code is ErrorCode.DOES_NOT_FIT
+    assert "The same job fits with base_precision 'auto' (LoRA rank 16 over an fp8 base with ZeRO-2, no offload)" in message
+    assert "Closest: LoRA rank 16 with ZeRO-3, no offload — needs ≈26.7 GiB per GPU, has 24.0 GiB" in message
+
+
+def test_a_refusal_never_suggests_lora_to_a_lora_job(flux_dev: ModelSize) -> None:
+    with pytest.raises(FluxboothError) as caught:
+        choose_plan(lora(resolution=(512, 512)), card(2, "NVIDIA RTX A4000", host_gib=8), flux_dev)
+    assert caught.value.message.endswith("No strategy fits; use a larger GPU or more host RAM")
+
+
+# ---- the GPU table ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("nvml_name", "row"),
+    [
+        ("NVIDIA RTX A4000", "RTX A4000"), ("NVIDIA RTX A4500", "RTX A4500"), ("NVIDIA RTX A5000", "RTX A5000"),
+        ("NVIDIA RTX A6000", "RTX A6000"), ("NVIDIA A40", "A40"), ("NVIDIA L4", "L4"), ("NVIDIA L40", "L40"),
+        ("NVIDIA L40S", "L40S"), ("NVIDIA GeForce RTX 3090", "GeForce RTX 3090"),
+        ("NVIDIA GeForce RTX 4090", "GeForce RTX 4090"), ("NVIDIA GeForce RTX 5090", "GeForce RTX 5090"),
+        ("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada"), ("NVIDIA A100-SXM4-80GB", "A100 SXM"),
+        ("NVIDIA A100 80GB PCIe", "A100 PCIe"), ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H100 NVL", "H100 NVL"), ("NVIDIA H200", "H200 SXM"), ("NVIDIA B200", "B200"),
+    ],
+)
+def test_every_gpu_runpod_rents_is_matched_on_its_nvml_name(nvml_name: str, row: str) -> None:
+    spec = gpu_spec(nvml_name)
+    assert spec is not None and spec.name == row
+
+
+def test_an_unknown_gpu_is_planned_with_a_warning(flux_dev: ModelSize) -> None:
+    plan = choose_plan(lora(), card(24, "NVIDIA GeForce RTX 3070"), flux_dev)
+    assert (
+        "GPU 'NVIDIA GeForce RTX 3070' is not in the planner's table; times assume an RTX A4000-class card "
+        "(76.7 TFLOPS bf16, PCIe 4.0), so they may be far off"
+    ) in plan.warnings
+
+
+# ---- phases --------------------------------------------------------------------------------------------
+
+
+def test_the_plan_carries_memory_and_time_for_every_phase(flux_dev: ModelSize) -> None:
+    plan = choose_plan(lora(with_prior_preservation=True, num_class_images=10, validation_prompts=2), card(24, RTX_4090), flux_dev)
+    phases = plan.to_dict()["phases"]
+    assert list(phases) == ["loading", "caching", "class_images", "training", "validation", "export"]
+    assert all(phase["seconds"] > 0 and phase["host_bytes"] > 0 for phase in phases.values())
+    assert max(phase["gpu_bytes"] for phase in phases.values()) == plan.predicted_gpu_bytes
+    assert plan.predicted_total_seconds == pytest.approx(sum(phase["seconds"] for phase in phases.values()), abs=1)
+
+
+def test_renders_keep_the_quantised_base_on_the_gpu_within_the_plan(flux_dev: ModelSize) -> None:
+    plan = choose_plan(lora(with_prior_preservation=True, num_class_images=10, validation_prompts=2), card(16, "NVIDIA RTX A4000"), flux_dev)
+    phases = dict(plan.phases)
+    # The 22 GiB bf16 transformer would not fit a 16 GiB card: renders use the nf4 training transformer.
+    assert plan.base_precision == "nf4"
+    assert phases["class_images"].gpu_bytes < 16 * GIB / 1.1
+    assert phases["validation"].gpu_bytes < 16 * GIB / 1.1
+
+
+def test_thousands_of_class_images_beyond_the_deadline_are_refused_naming_the_count_that_fits(flux_dev: ModelSize) -> None:
+    job = lora(steps=100, with_prior_preservation=True, num_class_images=10_000)
+    with pytest.raises(FluxboothError) as caught:
+        choose_plan(job, card(80, "NVIDIA H100 80GB HBM3", host_gib=188), flux_dev, deadline_seconds=3300)
+    assert caught.value.code is ErrorCode.DOES_NOT_FIT
+    assert "class images ≈" in caught.value.message
+    assert "num_class_images about " in caught.value.message
+
+
+def test_validation_every_step_beyond_the_deadline_is_refused_naming_the_validation_settings(flux_dev: ModelSize) -> None:
+    job = lora(steps=1000, validation_prompts=8, validation_steps=1)
+    with pytest.raises(FluxboothError) as caught:
+        choose_plan(job, card(80, "NVIDIA H100 80GB HBM3", host_gib=188), flux_dev, deadline_seconds=3300)
+    assert "fewer validation_prompts (8 now) or a larger validation_steps (1000 rounds of renders now)" in caught.value.message
+
+
+def test_the_quantised_swap_strategy_is_described_as_block_swapping() -> None:
+    strategy = Strategy("lora", True, 2, "none", "cpu", "nf4")
+    assert strategy.describe() == "LoRA over an nf4 base with ZeRO-2, offload frozen base swapped block by block from the cpu"
