@@ -328,7 +328,10 @@ def prepare_download(repo_id: str, revision: str | None, places: ModelPlaces, fi
     from huggingface_hub import snapshot_download
 
     cache_dir = places.hub_cache
-    common: dict[str, Any] = {"revision": revision, "cache_dir": cache_dir, "endpoint": places.endpoint, "token": places.token}
+    common: dict[str, Any] = {
+        "revision": revision, "cache_dir": cache_dir, "endpoint": places.endpoint, "token": places.token,
+        "tqdm_class": _progress_bar_class(None),
+    }
     try:
         preview = snapshot_download(repo_id, allow_patterns=list(PIPELINE_FILE_PATTERNS), dry_run=True, **common)
         if not preview:
@@ -373,17 +376,19 @@ class _ByteTally:
         self.sink(min(done, self.total), self.total)
 
 
-def _progress_bar_class(tally: _ByteTally) -> type:
+def _progress_bar_class(tally: _ByteTally | None) -> type:
+    """A tqdm for the client that draws nothing (the worker reports progress as events, not on a
+    terminal) and hands the bytes of its byte bars to `tally`."""
     from tqdm.auto import tqdm
 
     class ByteCountingBar(tqdm):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            self.counts_bytes = kwargs.get("unit") == "B"
-            kwargs["disable"] = True  # the worker reports progress as events, not on a terminal
+            self.counts_bytes = tally is not None and kwargs.get("unit") == "B"
+            kwargs["disable"] = True
             super().__init__(*args, **kwargs)
 
         def update(self, n: float | None = 1) -> bool | None:
-            if self.counts_bytes and n:
+            if tally is not None and self.counts_bytes and n:
                 tally.add(id(self), int(n))
             return super().update(n)
 
@@ -398,7 +403,6 @@ def download_pending(pending: PendingDownload, places: ModelPlaces, sink: Progre
     if refusal is not None:
         raise refusal
     tally = _ByteTally(sink, pending.bytes_total, should_stop)
-    sink(0, pending.bytes_total)
     folder = snapshot_download(
         pending.repo_id, revision=pending.commit, cache_dir=pending.cache_dir, endpoint=places.endpoint,
         token=places.token, allow_patterns=list(PIPELINE_FILE_PATTERNS), tqdm_class=_progress_bar_class(tally),
