@@ -465,3 +465,42 @@ def test_cached_embeddings_grow_with_the_instance_image_count() -> None:
     }
     per_image = cached_bytes_per_image(model, as_job(FakeRequest(), 1), 2)
     assert cached == {10: 10 * per_image, 20: 20 * per_image}
+
+
+# ---- checks before launch (issue 12, item 3) --------------------------------------------------------
+
+
+def test_lora_targets_that_match_no_module_are_refused_listing_the_valid_names() -> None:
+    with pytest.raises(FluxboothError) as caught:
+        choose_plan(
+            FakeRequest(training_type="lora", lora_target_modules=["to_q", "q_proj", "attn.to_kk"]),
+            gpu_machine(80, 256),
+            model_size(FLUX_DEV_NAME),
+        )
+    assert caught.value.code is ErrorCode.INVALID_INPUT
+    assert caught.value.message.startswith(
+        "lora_target_modules: 'q_proj', 'attn.to_kk' match no Linear layer of black-forest-labs/FLUX.1-dev's "
+        "transformer; valid names: time_text_embed.timestep_embedder.linear_1, "
+    )
+    assert ", attn.to_q, attn.to_k, attn.to_v, attn.to_out.0, " in caught.value.message
+    assert caught.value.details == {"unmatched": ["q_proj", "attn.to_kk"]}
+
+
+def test_lora_targets_are_checked_against_a_local_models_own_configs(tiny_model_dir: Path) -> None:
+    with pytest.raises(FluxboothError) as caught:
+        choose_plan(
+            FakeRequest(training_type="lora", lora_target_modules=["linear_1", "not_a_layer"], resolution=(64, 64)),
+            cpu_machine(),
+            model_size(str(tiny_model_dir)),
+        )
+    assert caught.value.code is ErrorCode.INVALID_INPUT
+    assert caught.value.details == {"unmatched": ["not_a_layer"]}
+
+
+def test_lora_targets_that_all_match_are_planned() -> None:
+    plan = choose_plan(
+        FakeRequest(training_type="lora", lora_target_modules=["attn.to_q", "proj_mlp", "context_embedder"]),
+        gpu_machine(80, 256),
+        model_size(FLUX_DEV_NAME),
+    )
+    assert plan.training_type == "lora"
