@@ -83,6 +83,9 @@ def add_plan_parser(subparsers: Any) -> None:
     job.add_argument("--batch-size", type=int)
     job.add_argument("--gradient-accumulation-steps", type=int)
     job.add_argument("--steps", type=int)
+    job.add_argument(
+        "--instance-images", type=int, help="photos in the dataset (default: the dataset cap, as the worker plans before download)"
+    )
     job.add_argument("--lora-rank", type=int)
     job.add_argument("--mixed-precision", choices=("bf16", "fp16", "no"))
     job.add_argument("--zero-stage", type=_zero_stage, help="auto, 1, 2 or 3")
@@ -124,6 +127,7 @@ def _job_from_arguments(arguments: argparse.Namespace) -> tuple[Any, list[str]]:
         "batch_size": arguments.batch_size,
         "gradient_accumulation_steps": arguments.gradient_accumulation_steps,
         "steps": arguments.steps,
+        "num_instance_images": arguments.instance_images,
         "lora_rank": arguments.lora_rank,
         "mixed_precision": arguments.mixed_precision,
         "zero_stage": arguments.zero_stage,

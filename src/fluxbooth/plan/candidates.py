@@ -50,7 +50,7 @@ def as_job(request: Any, instance_images: int | None = None) -> JobShape:
     then sizes for the dataset cap, so a plan holds for any dataset the worker accepts."""
     if isinstance(request, JobShape):
         return request
-    bound = instance_images if instance_images is not None else DatasetLimits().max_images
+    bound = instance_images if instance_images is not None else DatasetLimits.max_images
     return JobShape.from_request(request, instance_images=bound)
 
 

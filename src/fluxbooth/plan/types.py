@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from fluxbooth.request import DEFAULT_TRAINING_TYPE
+from fluxbooth.settings import DatasetLimits
 from fluxbooth.trainer_config import LoraSettings, TrainerConfig
 
 Offload = Literal["none", "cpu", "nvme"]
@@ -87,7 +88,7 @@ class JobShape:
     with_prior_preservation: bool = False
     num_class_images: int = 0
     # Instance images: unknown before the dataset is fetched, so the planner assumes the dataset cap.
-    num_instance_images: int = 1
+    num_instance_images: int = DatasetLimits.max_images
     checkpointing_steps: int | None = None
     max_sequence_length: int = 512
     timeout_seconds: int | None = None
