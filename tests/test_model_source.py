@@ -473,3 +473,18 @@ def test_a_hub_id_planted_in_the_hf_cache_trains_offline_with_the_real_trainer(
     assert result["metrics"]["steps"] == 2
     assert "download" not in [update["stage"] for update in progress]
     assert hub.requests == []
+
+
+# ---------------------------------------------------------------------------------------- the request
+
+
+def test_base_model_revision_is_a_request_field_without_traversal() -> None:
+    from fluxbooth.request import parse_request
+
+    base = {"model_name": "m", "instance_prompt": "sks", "dataset_url": "https://example.com/d.zip", "base_model": REPO_ID}
+    assert parse_request({**base, "base_model_revision": "refs/pr/1"}).base_model_revision == "refs/pr/1"
+    with pytest.raises(FluxboothError) as caught:
+        parse_request({**base, "base_model_revision": "v1..v2"})
+    assert (caught.value.code, caught.value.message) == (
+        ErrorCode.INVALID_INPUT, "invalid request: input.base_model_revision: must not contain '..'"
+    )

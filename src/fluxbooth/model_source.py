@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,6 +50,8 @@ REQUIRED_FILES = ("model_index.json", "scheduler/scheduler_config.json", "transf
 WEIGHT_FOLDERS = ("transformer", "vae", "text_encoder", "text_encoder_2")
 
 ProgressSink = Callable[[int, int], None]
+# What a full or unwritable cache volume raises while the client writes.
+CACHE_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
 
 
 class DownloadStopped(Exception):
@@ -249,6 +252,25 @@ def hub_error(error: Exception, repo_id: str, revision: str | None, places: Mode
     )
 
 
+def cache_error(error: Exception, cache_dir: Path, repo_id: str) -> FluxboothError | None:
+    """A full or unwritable cache volume, told apart from the hub's answers (which are OSErrors too)."""
+    if not isinstance(error, OSError) or error.errno not in CACHE_DISK_ERRNOS:
+        return None
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return FluxboothError(
+            ErrorCode.DOES_NOT_FIT,
+            f"disk: the disk under {cache_dir} filled up while downloading {repo_id} ({error.strerror}); free "
+            "space there or point HF_HOME at a bigger volume",
+            refresh_worker=False,
+        )
+    return FluxboothError(
+        ErrorCode.INTERNAL,
+        f"base_model: the Hugging Face cache {cache_dir} cannot be written ({error.strerror}); point HF_HOME "
+        "at a writable volume",
+        refresh_worker=False,
+    )
+
+
 # ------------------------------------------------------------------------------------------ looking
 
 
@@ -352,8 +374,8 @@ def prepare_download(repo_id: str, revision: str | None, places: ModelPlaces, fi
         folder = Path(snapshot_download(repo_id, allow_patterns=list(SIZING_FILE_PATTERNS), **{**common, "revision": commit}))
     except FluxboothError:
         raise
-    except Exception as error:  # the hub client's errors: gated, not found, unreachable
-        raise hub_error(error, repo_id, revision, places, field) from error
+    except Exception as error:  # the hub client's errors (gated, not found, unreachable) or the cache's disk
+        raise cache_error(error, cache_dir, repo_id) or hub_error(error, repo_id, revision, places, field) from error
     return ResolvedModel(folder=folder, source="download", pending=pending)
 
 
@@ -463,15 +485,10 @@ async def download_base_model(
         ) from stopped
     except FluxboothError:
         raise
-    except OSError as error:
-        raise FluxboothError(
-            ErrorCode.INTERNAL,
-            f"base_model: downloading {pending.repo_id} into {pending.cache_dir} failed ({error}); check that the "
-            "Hugging Face cache (HF_HOME) is on a writable volume with room for the model",
-            refresh_worker=False,
-        ) from error
     except Exception as error:
-        raise hub_error(error, pending.repo_id, pending.commit, places, "base_model") from error
+        raise cache_error(error, pending.cache_dir, pending.repo_id) or hub_error(
+            error, pending.repo_id, pending.commit, places, "base_model"
+        ) from error
     missing = missing_pipeline_files(folder)
     if missing:
         raise FluxboothError(
