@@ -349,3 +349,12 @@ def test_at_the_workers_default_deadline_the_guides_basic_request_is_refused_wit
         "beyond the job deadline of 0.9 h; use about 531 steps, or timeout_seconds 14940 (and an endpoint "
         "execution timeout above it), or a faster GPU"
     )
+
+
+def test_instance_images_sizes_the_cached_embeddings_for_a_known_count(cli_env: dict[str, str]) -> None:
+    cached = {}
+    for count in ("4", "8"):
+        code, report = plan_json([*EIGHTY_GIB_CARD, *FLUX_DEV, "--instance-images", count], cli_env)
+        assert code == EXIT_OK
+        cached[count] = report["chosen"]["breakdown"]["host.cached_embeddings"]
+    assert cached["8"] == 2 * cached["4"]
