@@ -349,6 +349,30 @@ def test_a_download_that_does_not_fit_on_the_disk_is_refused_before_any_file_is_
     assert hub.downloads() == []
 
 
+def test_a_download_and_the_training_run_on_the_same_disk_must_both_fit(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    from fluxbooth.hardware import format_bytes
+    from fluxbooth.model_source import ensure_room_to_download
+
+    hub.add_repo(pipeline_repo(tiny_pipeline))
+    model = resolve(online(model_env))
+    assert model.pending is not None
+    work_root = Path(model_env["FLUXBOOTH_WORK_DIR"])  # under tmp_path, like the cache: one disk
+    ensure_room_to_download(model, 0, work_root)
+
+    with pytest.raises(FluxboothError) as caught:
+        ensure_room_to_download(model, 2**60, work_root)
+
+    needed = model.pending.bytes_total + 2**60
+    assert (caught.value.code, caught.value.details["needed_bytes"]) == (ErrorCode.DOES_NOT_FIT, needed)
+    assert caught.value.message.startswith(
+        f"disk: downloading {REPO_ID} (1.1 MiB) and then training (about {format_bytes(2**60)}: caches, checkpoints "
+        f"and the exported weights) need {format_bytes(needed)} on the disk holding {model_env['HF_HUB_CACHE']}, "
+        "but only "
+    )
+
+
 def test_a_gated_model_without_a_token_is_refused_naming_hf_token(
     model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
 ) -> None:

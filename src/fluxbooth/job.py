@@ -31,7 +31,7 @@ from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.export import LocalArtifact, collect_artifacts
 from fluxbooth.hardware import format_bytes, free_disk_bytes, nvme_root, probe_hardware
 from fluxbooth.launch import Redactor, classify_outcome, run_trainer, trainer_command
-from fluxbooth.model_source import ResolvedModel, download_base_model, resolve_hub_model
+from fluxbooth.model_source import ResolvedModel, download_base_model, ensure_room_to_download, resolve_hub_model
 from fluxbooth.plan import Plan, choose_plan, model_size
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
 from fluxbooth.trainer_config import TrainerConfig
@@ -408,6 +408,7 @@ async def _run(
         warnings.extend(resume_warnings)
     hardware = await _in_thread(probe_hardware, job_dir, settings.environ)
     plan = choose_plan(request, hardware, model_size(str(model.folder)), deadline_seconds=deadline)
+    ensure_room_to_download(model, plan.predicted_disk_bytes, settings.work_root)
     warnings.extend(plan.warnings)
     if plan.nvme_path:
         def is_live(attempt_name: str) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -207,6 +208,23 @@ def download_does_not_fit(pending: PendingDownload, free_bytes: int) -> Fluxboot
     )
 
 
+def download_and_training_do_not_fit(pending: PendingDownload, training_bytes: int, free_bytes: int) -> FluxboothError | None:
+    """When the cache and the job's directory share a disk, the model and the training run must both fit."""
+    needed = pending.bytes_total + training_bytes
+    if needed <= free_bytes:
+        return None
+    return FluxboothError(
+        ErrorCode.DOES_NOT_FIT,
+        f"disk: downloading {pending.repo_id} ({format_bytes(pending.bytes_total)}) and then training (about "
+        f"{format_bytes(training_bytes)}: caches, checkpoints and the exported weights) need "
+        f"{format_bytes(needed)} on the disk holding {pending.cache_dir}, but only {format_bytes(free_bytes)} "
+        "are free; free space there, point HF_HOME at another volume, or provide the model another way "
+        "(baked into the image, RunPod cached model)",
+        refresh_worker=False,
+        details={"needed_bytes": needed, "free_bytes": free_bytes},
+    )
+
+
 def hub_error(error: Exception, repo_id: str, revision: str | None, places: ModelPlaces, field: str) -> FluxboothError:
     """The hub's refusal in the worker's error contract, saying what to change."""
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
@@ -377,6 +395,23 @@ def prepare_download(repo_id: str, revision: str | None, places: ModelPlaces, fi
     except Exception as error:  # the hub client's errors (gated, not found, unreachable) or the cache's disk
         raise cache_error(error, cache_dir, repo_id) or hub_error(error, repo_id, revision, places, field) from error
     return ResolvedModel(folder=folder, source="download", pending=pending)
+
+
+def _device_of(path: Path) -> int:
+    existing = path.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return os.stat(existing).st_dev
+
+
+def ensure_room_to_download(model: ResolvedModel, training_bytes: int, work_root: Path) -> None:
+    """At plan time: the pending download, plus the training run when it writes to the same disk."""
+    pending = model.pending
+    if pending is None or _device_of(pending.cache_dir) != _device_of(work_root):
+        return
+    refusal = download_and_training_do_not_fit(pending, training_bytes, free_disk_bytes(pending.cache_dir))
+    if refusal is not None:
+        raise refusal
 
 
 class _ByteTally:
