@@ -156,6 +156,22 @@ def resolve_base_model(requested: str | None, settings: WorkerSettings, revision
     return resolve_hub_model(name, revision, settings.environ, field)
 
 
+async def _complete_base_model(
+    model: ResolvedModel, settings: WorkerSettings, reporter: ProgressReporter, deadline_at: float,
+    seconds: dict[str, float],
+) -> str:
+    """The base model's folder for the trainer, downloading what is pending (stage `download`)."""
+    if model.pending is not None:
+        reporter.stage("download", bytes_done=0, bytes_total=model.pending.bytes_total)
+        started = time.monotonic()
+        await download_base_model(
+            model, settings.environ, lambda update: reporter.stage("download", **update), reporter.min_interval,
+            deadline_at,
+        )
+        seconds["download"] = _elapsed(started)
+    return str(model.folder)
+
+
 def _elapsed(since: float) -> float:
     return round(time.monotonic() - since, 3)
 
@@ -423,15 +439,7 @@ async def _run(
     stage_started = time.monotonic()
     dataset = await _in_thread(prepare_dataset, request, job_dir, settings.dataset_limits)
     seconds["dataset"] = _elapsed(stage_started)
-    if model.pending is not None:
-        reporter.stage("download", bytes_done=0, bytes_total=model.pending.bytes_total)
-        stage_started = time.monotonic()
-        await download_base_model(
-            model, settings.environ, lambda update: reporter.stage("download", **update), reporter.min_interval,
-            started + deadline,
-        )
-        seconds["download"] = _elapsed(stage_started)
-    base_model = str(model.folder)
+    base_model = await _complete_base_model(model, settings, reporter, started + deadline, seconds)
 
     trainer = trainer_config_for(
         request, plan, base_model=base_model, instance_dir=dataset.instance_dir,
