@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--layers", type=_layers, help="DOUBLE,SINGLE transformer blocks instead of the preset's (reduced-depth variants)"
     )
+    parser.add_argument(
+        "--share-encoders-with", type=Path, metavar="FOLDER",
+        help="write only the transformer; link the encoders, VAE, tokenizers and scheduler to this built pipeline",
+    )
     parser.add_argument("--max-shard-size", type=_size, help="largest weights file, e.g. 2GB (default: diffusers' 10GB, transformers' 5GB)")
     return parser
 
@@ -63,14 +67,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if arguments.out_dir is None:
         parser.error("OUT is required unless --count is given")
-    if chosen.name == "tiny" and arguments.layers is None and arguments.max_shard_size is None:
+    plain_tiny = arguments.layers is None and arguments.max_shard_size is None and arguments.share_encoders_with is None
+    if chosen.name == "tiny" and plain_tiny:
         from fluxbooth.tiny import build_tiny_pipeline
 
         path = build_tiny_pipeline(arguments.out_dir, seed=arguments.seed)
     else:
         from fluxbooth.synthetic.build import build_pipeline
 
-        path = build_pipeline(chosen, arguments.out_dir, seed=arguments.seed, device=arguments.device)
+        try:
+            path = build_pipeline(
+                chosen, arguments.out_dir, seed=arguments.seed, device=arguments.device,
+                share_encoders_with=arguments.share_encoders_with,
+            )
+        except ValueError as error:
+            parser.error(str(error))
     print(path, flush=True)
     return 0
 

@@ -261,32 +261,61 @@ def describe(preset: Preset, seed: int) -> dict[str, Any]:
     return json.loads(json.dumps(description, sort_keys=True))
 
 
-def build_pipeline(preset: Preset, out_dir: Path, *, seed: int = 0, device: str = "cpu") -> Path:
+def _write_all(preset: Preset, staging: Path, seed: int, device: str) -> None:
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    tokenizers = build_tokenizers(preset)
+    configs = component_configs(preset, tokenizers)
+    for component in COMPONENTS:
+        write_component(
+            component, configs[component], staging / component, max_shard_bytes=preset.max_shard_bytes[component],
+            dtype_name=preset.dtype, device=device, seed=seed,
+        )
+    for name, tokenizer in tokenizers.items():
+        tokenizer.save_pretrained(staging / name)
+    FlowMatchEulerDiscreteScheduler(**preset.scheduler).save_pretrained(staging / "scheduler")
+    (staging / "model_index.json").write_text(json.dumps(_model_index(tokenizers), indent=2) + "\n")
+
+
+SHARED_ENTRIES = ("vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "scheduler", "model_index.json")
+
+
+def _write_transformer_beside(preset: Preset, staging: Path, seed: int, device: str, shared: Path) -> None:
+    """Only the transformer is written; every other component links to `shared`'s (a reduced-depth
+    variant of a full-size model needs no second 9.5 GB T5 encoder)."""
+    missing = [entry for entry in SHARED_ENTRIES if not (shared / entry).exists()]
+    if missing:
+        raise ValueError(f"--share-encoders-with {shared}: not a complete pipeline folder (missing {missing})")
+    configs = component_configs(preset, build_tokenizers(preset) if preset.tokenizers == "tiny" else None)
+    write_component(
+        "transformer", configs["transformer"], staging / "transformer", max_shard_bytes=preset.max_shard_bytes["transformer"],
+        dtype_name=preset.dtype, device=device, seed=seed,
+    )
+    for entry in SHARED_ENTRIES:
+        (staging / entry).symlink_to(shared.absolute() / entry)
+
+
+def build_pipeline(
+    preset: Preset, out_dir: Path, *, seed: int = 0, device: str = "cpu", share_encoders_with: Path | None = None
+) -> Path:
     """Write `preset`'s pipeline to `out_dir` (reused when already complete) and return its path.
+    With `share_encoders_with`, only the transformer is written and the rest links to that folder.
 
     Written under a temporary name beside `out_dir` and renamed into place: a reader never sees half
     a pipeline."""
     out_dir = Path(out_dir).absolute()
     description = describe(preset, seed)
+    if share_encoders_with is not None:
+        description["share_encoders_with"] = str(Path(share_encoders_with).absolute())
     if is_complete(out_dir, description):
         return out_dir
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = out_dir.parent / f".{out_dir.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        tokenizers = build_tokenizers(preset)
-        configs = component_configs(preset, tokenizers)
-        summary = {}
-        for component in COMPONENTS:
-            summary[component] = write_component(
-                component, configs[component], staging / component, max_shard_bytes=preset.max_shard_bytes[component],
-                dtype_name=preset.dtype, device=device, seed=seed,
-            )
-        for name, tokenizer in tokenizers.items():
-            tokenizer.save_pretrained(staging / name)
-        FlowMatchEulerDiscreteScheduler(**preset.scheduler).save_pretrained(staging / "scheduler")
-        (staging / "model_index.json").write_text(json.dumps(_model_index(tokenizers), indent=2) + "\n")
+        if share_encoders_with is None:
+            _write_all(preset, staging, seed, device)
+        else:
+            _write_transformer_beside(preset, staging, seed, device, Path(share_encoders_with))
         (staging / MARKER_FILE).write_text(json.dumps(description, sort_keys=True) + "\n")
         if out_dir.exists():
             shutil.rmtree(out_dir)
