@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -205,6 +206,7 @@ class _Handler(BaseHTTPRequestHandler):
         if ranged.endswith("-") and ranged[:-1].isdigit():
             start = int(ranged[:-1])
         body = hub_file.data[start:]
+        time.sleep(self.server.hub.cdn_delay_seconds)  # a slow CDN, so a download can be caught in flight
         headers = {"ETag": f'"{hub_file.sha256}"'}
         if start:
             headers["Content-Range"] = f"bytes {start}-{hub_file.size - 1}/{hub_file.size}"
@@ -244,7 +246,8 @@ class _HubHTTPServer(ThreadingHTTPServer):
 class HubServer:
     """The hub and its CDN, two HTTP servers on two ports (two origins), each in its own thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, cdn_delay_seconds: float = 0.0) -> None:
+        self.cdn_delay_seconds = cdn_delay_seconds
         self.repos: dict[str, HubRepo] = {}
         self.cdn: dict[str, HubFile] = {}
         self.requests: list[LoggedRequest] = []

@@ -453,6 +453,31 @@ def test_the_deadline_stops_a_download_with_a_timeout_that_keeps_the_worker(
     )
 
 
+def test_a_cancelled_job_stops_its_download_and_reraises_the_cancellation(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    from fluxbooth.model_source import missing_pipeline_files
+
+    hub.add_repo(pipeline_repo(tiny_pipeline))
+    hub.cdn_delay_seconds = 2.0  # the weights are still in flight when the configs have arrived
+    env = online(model_env)
+    model = resolve(env)
+
+    async def cancel_after_the_first_bytes() -> None:
+        first_bytes = asyncio.Event()
+        task = asyncio.ensure_future(
+            download_base_model(model, env, lambda update: first_bytes.set(), 0.0, time.monotonic() + 120)
+        )
+        await first_bytes.wait()
+        task.cancel()
+        await task
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(cancel_after_the_first_bytes())
+
+    assert "transformer/*.safetensors" in missing_pipeline_files(model.folder)
+
+
 # ------------------------------------------------------------------------------------ through a job
 
 
