@@ -55,6 +55,10 @@ def test_a_download_shows_bytes_done_of_total() -> None:
     assert describe(payload) == "download  [######------------------]  25%  3.0 MiB / 12.0 MiB"
 
 
+def test_dataset_preparation_shows_images_done_of_total() -> None:
+    assert describe({"stage": "dataset", "done": 5, "total": 20}) == "dataset  [######------------------]  5/20"
+
+
 def test_a_stage_shows_its_details_by_name() -> None:
     assert describe({"stage": "export", "formats": ["diffusers", "comfyui"]}) == "export  formats=diffusers,comfyui"
 

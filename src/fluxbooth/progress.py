@@ -2,7 +2,7 @@
 
 Used where no RunPod endpoint receives the payloads: `python -m fluxbooth train` and the handler's local
 modes. Each stage (and each status a stage reports) is one line. Its progress, a bar with step/total, loss
-and ETA while training, bytes while downloading, is one more line: on a terminal redrawn in place (`\\r`),
+and ETA while training, bytes while downloading, images while preparing the dataset, is one more line: on a terminal redrawn in place (`\\r`),
 anywhere else (a log file, a pipe) written again at most every `plain_interval` seconds, and at the end.
 
 Every line starts with the time since the job began, so a long silent phase shows in the log.
@@ -23,6 +23,7 @@ PLAIN_INTERVAL_SECONDS = 10.0
 # Payload fields that the bar itself shows; any other field is shown as `name=value`.
 STEP_FIELDS = frozenset({"stage", "step", "total", "loss", "eta_seconds"})
 BYTE_FIELDS = frozenset({"stage", "bytes_done", "bytes_total"})
+COUNT_FIELDS = frozenset({"stage", "done", "total"})
 
 
 def format_duration(seconds: float) -> str:
@@ -68,20 +69,33 @@ def describe(payload: Mapping[str, Any]) -> str:
         percent = f"{100 * done // total}%" if total > 0 else "?%"
         parts = [stage, bar(done, total), percent, f"{format_bytes(done)} / {format_bytes(total)}"]
         shown = BYTE_FIELDS
+    elif "done" in payload and "total" in payload:
+        done, total = int(payload["done"]), int(payload["total"])
+        parts, shown = [stage, bar(done, total), f"{done}/{total}"], COUNT_FIELDS
     else:
         parts, shown = [stage], frozenset({"stage"})
     details = _details(payload, shown)
     return "  ".join(parts + ([details] if details else []))
 
 
+# (done, total) field pairs of the kinds of progress a payload can carry.
+PROGRESS_PAIRS = (("step", "total"), ("bytes_done", "bytes_total"), ("done", "total"))
+
+
+def _progress_of(payload: Mapping[str, Any]) -> tuple[int, int] | None:
+    for done, total in PROGRESS_PAIRS:
+        if done in payload and total in payload:
+            return int(payload[done]), int(payload[total])
+    return None
+
+
 def _is_progress(payload: Mapping[str, Any]) -> bool:
-    return ("step" in payload and "total" in payload) or ("bytes_done" in payload and "bytes_total" in payload)
+    return _progress_of(payload) is not None
 
 
 def _is_complete(payload: Mapping[str, Any]) -> bool:
-    if "step" in payload and "total" in payload:
-        return int(payload["step"]) >= int(payload["total"])
-    return int(payload.get("bytes_done", 0)) >= int(payload.get("bytes_total", 1))
+    done, total = _progress_of(payload) or (0, 1)
+    return done >= total
 
 
 @dataclass
