@@ -242,6 +242,14 @@ def predict(request_path: Path, env: dict[str, str], folder: Path) -> dict[str, 
     return {key: plan[key] for key in keys if key in plan}
 
 
+def _kill_group(pid: int, record: RunRecord) -> None:
+    record.notes.append("killed: past the call's time budget")
+    try:
+        os.killpg(pid, 9)
+    except ProcessLookupError:
+        pass
+
+
 def train(
     request_path: Path, env: dict[str, str], folder: Path, record: RunRecord, nvml: Nvml, timeout: float, interval: float
 ) -> dict[str, Any]:
@@ -257,6 +265,9 @@ def train(
         stdout_chunks: list[str] = []
         reader = threading.Thread(target=lambda: stdout_chunks.append(process.stdout.read() if process.stdout else ""))
         reader.start()
+        # The worker enforces the request's timeout_seconds itself; this is the backstop for the call's budget.
+        watchdog = threading.Timer(timeout + 30, _kill_group, args=(process.pid, record))
+        watchdog.start()
         with Sampler(process.pid, nvml, interval) as sampler:
             assert process.stderr is not None
             for line in process.stderr:
@@ -264,12 +275,9 @@ def train(
                 event = parse_trainer_event(line)
                 if event is not None and events.take(event):
                     sampler.phase = events.phase
-                if time.monotonic() - started > timeout:
-                    os.killpg(process.pid, 9)
-                    record.notes.append(f"killed after {timeout:.0f} s (call time budget)")
-                    break
             record.exit_status = process.wait()
             events.close()
+        watchdog.cancel()
         reader.join()
     record.wall_seconds = round(time.monotonic() - started, 1)
     record.host_peak, record.host_by_phase = sampler.host_peak, sampler.host_by_phase

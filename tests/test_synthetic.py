@@ -195,3 +195,18 @@ def test_full_size_tokenizers_have_the_real_vocabulary_sizes_and_special_ids() -
     t5_ids = t5(prompt, padding="max_length", max_length=512).input_ids
     assert len(clip_ids) == 77 and len(t5_ids) == 512
     assert clip.unk_token_id not in clip(prompt).input_ids[1:-1] and t5.unk_token_id not in t5_ids
+
+
+def test_full_size_shards_have_the_sizes_of_flux1_devs_published_files() -> None:
+    import torch
+
+    from fluxbooth.synthetic.build import component_configs, construct, plan_shards, unique_state_names
+
+    full = preset("flux1-dev")
+    configs = component_configs(full)
+    sizes = {}
+    for component in ("transformer", "text_encoder_2"):
+        model = construct(component, configs[component], "meta", torch.bfloat16)
+        shards = plan_shards(model, unique_state_names(model), full.max_shard_bytes[component], torch.bfloat16)
+        sizes[component] = [round(shard.nbytes / 1e9, 2) for shard in shards]
+    assert sizes == {"transformer": [9.98, 9.95, 3.87], "text_encoder_2": [4.99, 4.53]}
