@@ -10,14 +10,7 @@ from typing import Any
 
 from fluxbooth.hardware import Hardware, format_bytes
 from fluxbooth.modelsize import ModelSize
-from fluxbooth.plan.memory import (
-    DISK_MARGIN,
-    GPU_MARGIN,
-    HOST_MARGIN,
-    MemoryEstimate,
-    compute_dtype_bytes,
-    estimate_memory,
-)
+from fluxbooth.plan.memory import DISK_MARGIN, GPU_MARGIN, HOST_MARGIN, compute_dtype_bytes, estimate_memory
 from fluxbooth.plan.timing import phase_seconds, seconds_per_step
 from fluxbooth.plan.types import (
     ALTERNATIVE_LORA_RANK,
@@ -25,6 +18,7 @@ from fluxbooth.plan.types import (
     QUANTISED_PRECISIONS,
     Candidate,
     JobShape,
+    MemoryEstimate,
     Offload,
     Strategy,
 )
@@ -90,7 +84,7 @@ def base_precisions_for(training_type: str, requested: str) -> tuple[str, ...]:
     return BASE_PRECISIONS if requested == "auto" else (requested,)
 
 
-def _requested_stage(job: JobShape) -> int | None:
+def requested_stage(job: JobShape) -> int | None:
     return None if job.zero_stage in (None, "auto") else int(job.zero_stage)
 
 
@@ -105,7 +99,7 @@ def honours_request(strategy: Strategy, job: JobShape) -> bool:
         return False
     if not strategy.use_deepspeed:
         return not job.use_deepspeed
-    stage = _requested_stage(job)
+    stage = requested_stage(job)
     if stage is not None and stage != strategy.zero_stage:
         return False
     return job.offload in ("auto", strategy.offload_optimizer)
@@ -153,7 +147,7 @@ def fit_reason(estimate: MemoryEstimate, hardware: Hardware) -> str:
     return "; ".join(problems)
 
 
-def _shortfall(estimate: MemoryEstimate, hardware: Hardware) -> tuple[int, float]:
+def shortfall(estimate: MemoryEstimate, hardware: Hardware) -> tuple[int, float]:
     """How far a candidate is from fitting: how many resources are short, then the worst
     need/available ratio — so a strategy short only of host RAM is closer than one short of both."""
     ratios = [estimate.host_bytes * (1 + HOST_MARGIN) / max(1, hardware.host_available_bytes)]
@@ -193,7 +187,7 @@ def evaluate_candidates(
     plans: list[tuple[Strategy, int]] = []
     for base in base_precisions_for(job.training_type, job.base_precision):
         plans += [(s, job.lora_rank) for s in strategies_for(job.training_type, job.use_deepspeed, has_nvme, base)]
-    if job.use_deepspeed and _requested_stage(job) == 1:
+    if job.use_deepspeed and requested_stage(job) == 1:
         plans.insert(0, (Strategy(job.training_type, True, 1, "none", "none"), job.lora_rank))
         plans.insert(1, (Strategy(job.training_type, True, 1, "cpu", "none"), job.lora_rank))
     if include_alternatives:

@@ -11,7 +11,7 @@ from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import Hardware
 from fluxbooth.modelsize import ModelSize
 from fluxbooth.plan.candidates import (
-    _requested_stage,
+    requested_stage,
     as_job,
     effective_precision,
     evaluate_candidate,
@@ -44,7 +44,7 @@ def _check_offload(job: JobShape, hardware: Hardware) -> None:
             "offload: 'nvme' needs an offload directory on fast disk; set FLUXBOOTH_NVME_PATH on the "
             "worker, or use offload 'cpu' or 'auto'",
         )
-    if job.offload == "nvme" and _requested_stage(job) in (1, 2):
+    if job.offload == "nvme" and requested_stage(job) in (1, 2):
         raise FluxboothError(
             ErrorCode.INVALID_INPUT,
             "offload: DeepSpeed offloads to NVMe only under ZeRO-3; set zero_stage to 3 or 'auto'",

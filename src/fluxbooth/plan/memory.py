@@ -374,7 +374,7 @@ def estimate_memory(
         training_host = sum(host.values())
         weights_on_gpu = renders - inference
         phase_gpu = {
-            "loading": weights_on_gpu - activations_free(device) + largest_layer_in_flight(model, width),
+            "loading": weights_on_gpu - training_only_bytes(device) + largest_layer_in_flight(model, width),
             "caching": 0 if cache_on_cpu else encoders + CUDA_CONTEXT_GPU_BYTES,
             "class_images": renders if job.num_class_images else 0,
             "training": sum(device.values()),
@@ -415,8 +415,9 @@ def estimate_memory(
     )
 
 
-def activations_free(device: dict[str, int]) -> int:
-    """Device terms that exist only once training runs (optimizer partitions, buckets, dequantisation)."""
+def training_only_bytes(device: dict[str, int]) -> int:
+    """Device terms that exist only once training runs: optimizer partitions, gradients, buckets, the
+    dequantised layer."""
     transient = ("optimizer_states_partition", "gradients", "gradient_buckets", "allgather_bucket", "zero3_buckets",
                  "trainable_weights_grads_optimizer", "dequantised_layer")
     return sum(device.get(name, 0) for name in transient)

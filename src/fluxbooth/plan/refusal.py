@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from fluxbooth.hardware import Hardware, format_bytes
 from fluxbooth.modelsize import ModelSize
-from fluxbooth.plan.candidates import _shortfall, describe_candidate, evaluate_candidates, pick
+from fluxbooth.plan.candidates import shortfall, describe_candidate, evaluate_candidates, pick
 from fluxbooth.plan.types import Candidate, JobShape
 
 
@@ -62,7 +62,7 @@ def _last_resort(job: JobShape) -> str:
 
 def refusal_message(candidates: Sequence[Candidate], hardware: Hardware, model: ModelSize, job: JobShape) -> str:
     requested = [candidate for candidate in candidates if candidate.honours_request]
-    closest = min(requested, key=lambda candidate: _shortfall(candidate.estimate, hardware))
+    closest = min(requested, key=lambda candidate: shortfall(candidate.estimate, hardware))
     width, height = job.resolution
     kind = "full fine-tune" if job.training_type == "full" else f"LoRA rank {job.lora_rank}"
     message = (
