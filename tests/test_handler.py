@@ -188,7 +188,8 @@ def restored_root_logger() -> Iterator[None]:
 def test_worker_logging_masks_secrets_in_every_library_and_traceback(restored_root_logger: None) -> None:
     canary = "canary-bucket-key-7f3a9c"
     output = io.StringIO()
-    configure_logging(WorkerSettings.from_environ({"BUCKET_ACCESS_KEY_ID": canary}), output, level=logging.DEBUG)
+    env = {"BUCKET_ENDPOINT_URL": "https://loras.s3.us-east-1.amazonaws.com", "BUCKET_ACCESS_KEY_ID": canary}
+    configure_logging(WorkerSettings.from_environ(env), output, level=logging.DEBUG)
     # botocore's DEBUG log prints the SigV4 Authorization header, which names the access key ID.
     logging.getLogger("botocore.endpoint").debug("headers={'Authorization': b'AWS4-HMAC-SHA256 Credential=%s/...'}", canary)
     try:

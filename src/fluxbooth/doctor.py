@@ -194,41 +194,32 @@ def _reference_plan(hardware: Hardware, settings: WorkerSettings) -> tuple[Any, 
 
 def _resolved_base_model(settings: WorkerSettings) -> str | None:
     """A local folder for the configured base model, or None when it is not on this machine."""
+    from fluxbooth.model_source import local_model_folder
+
     name = settings.default_base_model
     if name == TINY_MODEL_NAME:
         return None
-    if name.startswith("/"):
-        return name if (Path(name) / "transformer" / "config.json").is_file() else None
-    return _hub_snapshot(name, settings.environ)
-
-
-def _hub_snapshot(repo_id: str, environ: Mapping[str, str]) -> str | None:
-    hub = Path(
-        environ.get("HF_HUB_CACHE")
-        or Path(environ.get("HF_HOME") or Path(environ.get("HOME", "~")).expanduser() / ".cache" / "huggingface") / "hub"
-    )
-    snapshots = hub / ("models--" + repo_id.replace("/", "--")) / "snapshots"
-    if not snapshots.is_dir():
-        return None
-    for snapshot in sorted(snapshots.iterdir()):
-        if (snapshot / "transformer" / "config.json").is_file():
-            return str(snapshot)
-    return None
+    folder = local_model_folder(name, None, settings.environ)
+    return str(folder) if folder is not None else None
 
 
 def check_base_model(settings: WorkerSettings) -> CheckResult:
+    from fluxbooth.model_source import ModelPlaces, how_to_provide, locate_hub_model
+
     name = settings.default_base_model
     if name == TINY_MODEL_NAME:
         return CheckResult("base model", OK, f"{name}: built on demand from code, nothing to download")
     folder = _resolved_base_model(settings)
+    if folder is None and name.startswith("/"):
+        return CheckResult("base model", FAIL, f"{name} is not on this machine (no transformer/config.json there)")
     if folder is None:
-        where = name if name.startswith("/") else f"{name} (not in the Hugging Face cache)"
-        return CheckResult(
-            "base model",
-            FAIL,
-            f"{where} is not on this machine; bake it into the image (builder/) or mount it and set "
-            "FLUXBOOTH_BASE_MODEL to its folder — jobs must not download 30 GB at run time",
-        )
+        places = ModelPlaces.from_environ(settings.environ)
+        looked = "; ".join(look.describe() for look in locate_hub_model(name, None, places)[1])
+        if places.offline:
+            return CheckResult("base model", FAIL, f"{name} is not on this machine and HF_HUB_OFFLINE=1. Looked in: "
+                               f"{looked}. {how_to_provide(name)}")
+        return CheckResult("base model", WARN, f"{name} is not on this machine: the first job downloads it into "
+                           f"{places.hub_cache} (HF_TOKEN for gated models). Looked in: {looked}")
     weights = list((Path(folder) / "transformer").glob("*.safetensors"))
     if not weights:
         return CheckResult("base model", FAIL, f"{folder}/transformer has config.json but no .safetensors weights")
@@ -449,7 +440,7 @@ def check_bucket(settings: WorkerSettings) -> CheckResult:
         status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
         hint = {
             "403": "the key cannot access this bucket; check BUCKET_ACCESS_KEY_ID/BUCKET_SECRET_ACCESS_KEY",
-            "404": "no such bucket; check BUCKET_NAME",
+            "404": "no such bucket; check the bucket named in BUCKET_ENDPOINT_URL (or BUCKET_NAME)",
         }.get(str(status), "check BUCKET_ENDPOINT_URL and the bucket settings")
         return CheckResult("object storage", FAIL, _redact(f"HEAD {where} failed: {status} {code}; {hint}", settings))
     except (BotoCoreError, FluxboothError, ValueError) as error:
