@@ -553,3 +553,7 @@ def test_an_unknown_base_precision_is_refused(dataset_b64: str) -> None:
     assert "input.base_precision: Input should be 'auto', 'bf16', 'fp8' or 'nf4'" in refusal(
         minimal(dataset_b64, base_precision="int8")
     )
+
+
+def test_rates_of_optimizers_tuned_on_other_scales_get_no_warning(dataset_b64: str) -> None:
+    assert parse_request(minimal(dataset_b64, optimizer="sgd", learning_rate=1e-2)).warnings() == []

@@ -39,6 +39,7 @@ DEFAULT_LORA_LEARNING_RATE = 1e-4
 # accepted with a warning. A LoRA's low-rank update starts at zero and needs 1e-5..1e-3 to move (diffusers'
 # FLUX DreamBooth LoRA recipe: 1e-4); a full fine-tune moves 12 B pretrained weights and diverges above ~1e-5.
 SUITABLE_LEARNING_RATES = {"lora": (1e-5, 1e-3), "full": (1e-7, 1e-5)}
+ADAM_FAMILY = ("adamw", "adam")
 MAX_PROMPT_CHARS = 2000
 MAX_TIMEOUT_SECONDS = 86_400
 MIN_RESOLUTION_SIDE = 64
@@ -341,7 +342,8 @@ class TrainingRequest(BaseModel):
         return float(self.lora_rank) if self.lora_alpha is None else self.lora_alpha
 
     def _learning_rate_warnings(self) -> list[str]:
-        if self.learning_rate is None:
+        # The ranges are Adam's; Lion, Adagrad, SGD and Adafactor are tuned on other scales.
+        if self.learning_rate is None or self.optimizer not in ADAM_FAMILY:
             return []
         low, high = SUITABLE_LEARNING_RATES[self.training_type]
         if low <= self.learning_rate <= high:
