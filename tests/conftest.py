@@ -63,3 +63,11 @@ def worker_env(tmp_path: Path, model_cache_dir: Path, torch_extensions_dir: Path
         "PYTHONUNBUFFERED": "1",
     }
     yield env
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny FLUX pipeline (seed 0) that the trainer tests train on, built once per session."""
+    from fluxbooth.tiny import build_tiny_pipeline
+
+    return build_tiny_pipeline(tmp_path_factory.mktemp("base") / "tiny-flux", seed=0)

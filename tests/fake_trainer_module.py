@@ -32,7 +32,7 @@ import time
 import traceback
 from pathlib import Path
 
-from fluxbooth.events import format_event
+from fluxbooth.events import event_from_payload, format_event
 from fluxbooth.trainer_config import TrainerConfig
 
 FAULT_TOKEN = re.compile(r"\bfault:([a-z_]+)\b")
@@ -56,7 +56,10 @@ def weights_bytes(seed: int) -> bytes:
 
 
 def emit(kind: str, **fields: object) -> None:
-    print(format_event(kind, **fields), flush=True)
+    """Any event as the real trainer prints it (from its flat JSON fields)."""
+    event = event_from_payload({"event": kind, **fields})
+    assert event is not None, f"not a trainer event: {kind} {fields}"
+    print(format_event(event), flush=True)
 
 
 def print_environment() -> None:

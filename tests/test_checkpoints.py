@@ -26,6 +26,7 @@ from fluxbooth.checkpoints import (
     upload_checkpoint,
 )
 from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.events import CheckpointEvent, StepEvent
 from fluxbooth.settings import WorkerSettings
 from fluxbooth.storage import LocalStore, ReadableStore, S3Store, open_checkpoint_store
 from tests.conftest import REPO_ROOT
@@ -79,8 +80,8 @@ def invalid_resume(resume_from: str, settings: WorkerSettings) -> FluxboothError
     return caught.value
 
 
-def checkpoint_event(folder: Path, step: int) -> dict[str, Any]:
-    return {"event": "checkpoint", "step": step, "path": str(folder)}
+def checkpoint_event(folder: Path, step: int) -> CheckpointEvent:
+    return CheckpointEvent(step=step, path=str(folder))
 
 
 # --- upload layout ---------------------------------------------------------------------------
@@ -169,7 +170,7 @@ def test_uploader_ignores_other_trainer_events(s3_bucket_env: dict[str, str], tm
     store = open_checkpoint_store(s3_settings(s3_bucket_env, tmp_path), MODEL)
     uploader = CheckpointUploader(store, tmp_path / "checkpoints", staging_root=tmp_path / "uploads")
 
-    uploader.on_trainer_event({"event": "step", "step": 2, "total": 4, "loss": 0.5})
+    uploader.on_trainer_event(StepEvent(step=2, total=4, loss=0.5, lr=1e-4, seconds_per_step=0.1))
     asyncio.run(uploader.finish())
 
     assert (uploader.uploaded, uploader.warnings, store.list_folders()) == ([], [], [])

@@ -15,6 +15,7 @@ import pytest
 
 from fluxbooth.configs import LaunchFiles
 from fluxbooth.errors import ErrorCode
+from fluxbooth.events import StepEvent, TrainerEvent
 from fluxbooth.job import ensure_tiny_model
 from fluxbooth.launch import Redactor, TrainerOutcome, classify_outcome, run_trainer, trainer_command
 from fluxbooth.plan import Plan
@@ -30,8 +31,8 @@ PLAN = Plan(
 
 
 def run(command: list[str], tmp_path: Path, *, deadline: float = 60.0, env: dict[str, str] | None = None,
-        secrets: tuple[str, ...] = ()) -> tuple[TrainerOutcome, list[dict[str, Any]]]:
-    events: list[dict[str, Any]] = []
+        secrets: tuple[str, ...] = ()) -> tuple[TrainerOutcome, list[TrainerEvent]]:
+    events: list[TrainerEvent] = []
     outcome = asyncio.run(
         run_trainer(
             command, env={"PATH": os.environ["PATH"], **(env or {})}, cwd=tmp_path,
@@ -63,9 +64,9 @@ def test_command_is_accelerate_launch_of_the_trainer_module_with_the_written_fil
 
 def test_clean_run_forwards_every_event_and_is_not_an_error(tmp_path: Path) -> None:
     outcome, events = run(fake_trainer_command(tmp_path, "ok"), tmp_path)
-    assert [event["event"] for event in events] == ["stage", "step", "step", "done"]
+    assert [event.KIND for event in events] == ["stage", "step", "step", "done"]
     assert outcome.returncode == 0
-    assert outcome.last_step == {"event": "step", "step": 2, "total": 2, "loss": 0.25, "lr": 1e-4, "seconds_per_step": 0.01}
+    assert outcome.last_step == StepEvent(step=2, total=2, loss=0.25, lr=1e-4, seconds_per_step=0.01)
     assert classify_outcome(outcome, PLAN, 60) is None
 
 

@@ -17,7 +17,7 @@ import yaml
 from PIL import Image
 
 from fluxbooth.configs import child_environment, write_launch_files
-from fluxbooth.events import parse_event
+from fluxbooth.events import event_payload, parse_event
 from fluxbooth.launch import trainer_command
 from fluxbooth.plan import Plan
 from fluxbooth.trainer_config import LoraSettings, TrainerConfig
@@ -193,7 +193,8 @@ class TrainerJob:
         return runs
 
     def _run_from(self, returncode: int, stdout: str, stderr: str) -> TrainerRun:
-        events = [event for line in stdout.splitlines() if (event := parse_event(line)) is not None]
+        # The tests read the events as they travel: flat JSON objects.
+        events = [event_payload(event) for line in stdout.splitlines() if (event := parse_event(line)) is not None]
         return TrainerRun(returncode, events, stdout + stderr, self.job_dir, self.config)
 
 
@@ -213,3 +214,57 @@ def new_job(job_dir: Path, base_model: Path, *, images: int = 3, plan: Plan | No
 
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text())
+
+
+# --- reading what a run produced ---------------------------------------------------------------
+
+PROMPT = "a photo of sks dog"
+LORA_FORMATS = ("diffusers", "comfyui")
+
+
+def assert_succeeded(run: TrainerRun) -> None:
+    assert run.returncode == 0, run.log[-6000:]
+
+
+def load_pipeline(base: Path, **overrides: Any) -> Any:
+    from diffusers import FluxPipeline
+
+    pipeline = FluxPipeline.from_pretrained(base, **overrides)
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+def render(pipeline: Any) -> Any:
+    """PROMPT at 64x64 in two steps, seed 0, as a numpy image."""
+    import torch
+
+    return pipeline(
+        PROMPT, height=64, width=64, num_inference_steps=2, generator=torch.Generator().manual_seed(0), output_type="np"
+    ).images[0]
+
+
+def base_image(base: Path, **pipeline_overrides: Any) -> Any:
+    return render(load_pipeline(base, **pipeline_overrides))
+
+
+def transformer_state(folder: Path) -> dict[str, Any]:
+    """Every tensor of a saved diffusers transformer, as float32."""
+    from diffusers import FluxTransformer2DModel
+
+    return {name: tensor.float() for name, tensor in FluxTransformer2DModel.from_pretrained(folder).state_dict().items()}
+
+
+def lora_pipeline(base: Path, lora_file: Path) -> Any:
+    pipeline = load_pipeline(base)
+    pipeline.load_lora_weights(lora_file.parent, weight_name=lora_file.name)
+    return pipeline
+
+
+def assert_refused(run: TrainerRun, code: str, *fragments: str) -> None:
+    """The trainer stopped before its first step with one `error` event of `code` naming each fragment."""
+    assert run.returncode != 0
+    (error,) = run.of_kind("error")
+    assert error["code"] == code, error
+    for fragment in fragments:
+        assert fragment in error["message"], error["message"]
+    assert not run.of_kind("step")

@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 import os
-import re
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,8 +22,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.events import CheckpointEvent, TrainerEvent
 from fluxbooth.export import sha256_file
 from fluxbooth.settings import WorkerSettings
+from fluxbooth.train.layout import checkpoint_folder_name, step_of_folder
 from fluxbooth.storage import (
     LocalStore,
     ReadableStore,
@@ -138,21 +139,21 @@ class CheckpointUploader:
         self.uploaded: list[str] = []
         self.warnings: list[str] = []
 
-    def on_trainer_event(self, event: dict[str, Any]) -> None:
-        if event.get("event") == "checkpoint":
+    def on_trainer_event(self, event: TrainerEvent) -> None:
+        if isinstance(event, CheckpointEvent):
             self.checkpoint_made(event)
 
-    def checkpoint_made(self, event: dict[str, Any]) -> None:
+    def checkpoint_made(self, event: CheckpointEvent) -> None:
+        step = event.step
         try:
-            step = int(event["step"])
-            folder = Path(str(event["path"])).resolve()
+            folder = Path(event.path).resolve()
             if folder.parent != self._checkpoint_root or not folder.is_dir():
                 raise ValueError(f"{folder} is not a checkpoint folder under {self._checkpoint_root}")
             snapshot = self._staging_root / checkpoint_folder_name(step)
             shutil.rmtree(snapshot, ignore_errors=True)
             _snapshot(folder, snapshot)
-        except (KeyError, ValueError, OSError) as error:
-            self._warn(f"checkpoint at step {event.get('step')} was not uploaded: {error}")
+        except (ValueError, OSError) as error:
+            self._warn(f"checkpoint at step {step} was not uploaded: {error}")
             return
         self._pending.append(self._executor.submit(self._upload, snapshot, step))
 

@@ -28,12 +28,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fluxbooth.configs import child_environment, trainer_config_for, write_launch_files
 from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.events import StageEvent, StepEvent, TrainerEvent, WarningEvent
 from fluxbooth.export import LocalArtifact, collect_artifacts
 from fluxbooth.hardware import format_bytes, free_disk_bytes, nvme_root, probe_hardware
 from fluxbooth.launch import Redactor, classify_outcome, run_trainer, trainer_command
 from fluxbooth.model_source import ResolvedModel, download_base_model, ensure_room_to_download, resolve_hub_model
 from fluxbooth.plan import Plan, choose_plan, model_size
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
+from fluxbooth.train.layout import checkpoint_root
 from fluxbooth.trainer_config import TrainerConfig
 
 if TYPE_CHECKING:
@@ -84,20 +86,18 @@ class ProgressReporter:
         self._stage = name
         self._send({"stage": name, **extra}, force=True)
 
-    def trainer_event(self, event: dict[str, Any]) -> None:
-        kind = event.get("event")
-        if kind == "stage":
-            self.stage(str(event.get("stage")))
-        elif kind == "step":
-            step, total = int(event["step"]), int(event["total"])
-            seconds = float(event.get("seconds_per_step") or 0.0)
+    def trainer_event(self, event: TrainerEvent) -> None:
+        if isinstance(event, StageEvent):
+            self.stage(event.stage)
+        elif isinstance(event, StepEvent):
+            step, total = event.step, event.total
             self._send(
                 {
                     "stage": "train",
                     "step": step,
                     "total": total,
-                    "loss": event.get("loss"),
-                    "eta_seconds": round(seconds * (total - step), 1),
+                    "loss": event.loss,
+                    "eta_seconds": round(event.seconds_per_step * (total - step), 1),
                 },
                 force=step == total,
             )
@@ -364,7 +364,7 @@ def _upload_all(
 
 def _checkpoint_root(trainer: TrainerConfig) -> Path:
     """Where the trainer writes (and looks for) checkpoint-N folders: its own default when unset."""
-    return Path(trainer.checkpoint_dir or Path(trainer.output_dir).parent / "checkpoints")
+    return checkpoint_root(trainer.checkpoint_dir, trainer.output_dir)
 
 
 def _checkpoint_uploader(
@@ -476,7 +476,7 @@ async def _run(
     reporter.stage("train", total=request.steps)
     uploader = _checkpoint_uploader(trainer, settings, request.model_name, job_dir)
 
-    def on_trainer_event(event: dict[str, Any]) -> None:
+    def on_trainer_event(event: TrainerEvent) -> None:
         reporter.trainer_event(event)
         if uploader is not None:
             uploader.on_trainer_event(event)
@@ -507,7 +507,7 @@ async def _run(
 
     reporter.stage("upload")
     stage_started = time.monotonic()
-    artifacts = await _in_thread(collect_artifacts, Path(trainer.output_dir), outcome.done.get("artifacts", []))
+    artifacts = await _in_thread(collect_artifacts, Path(trainer.output_dir), outcome.done.artifacts)
     stored = await _in_thread(_upload_all, artifacts, settings, request.model_name, job_id)
     seconds["upload"] = _elapsed(stage_started)
     seconds["total"] = _elapsed(started)
@@ -515,8 +515,8 @@ async def _run(
         logger.warning("job %s: %s", job_id, disk_warning)
         warnings.append(disk_warning)
 
-    trainer_metrics = dict(outcome.done.get("metrics", {}))
-    trainer_warnings = [event.get("message", "") for event in outcome.events if event.get("event") == "warning"]
+    trainer_metrics = dict(outcome.done.metrics)
+    trainer_warnings = [event.message for event in outcome.events if isinstance(event, WarningEvent)]
     return {
         "model_name": request.model_name,
         "artifacts": stored,

@@ -31,7 +31,7 @@ import psutil
 
 from fluxbooth.configs import LaunchFiles, threads_per_process
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.events import parse_event
+from fluxbooth.events import DoneEvent, ErrorEvent, StepEvent, TrainerEvent, event_payload, parse_event
 from fluxbooth.plan import Plan
 
 LOG_TAIL_LINES = 200
@@ -93,12 +93,12 @@ class Redactor:
 class TrainerOutcome:
     returncode: int | None
     log_tail: list[str]
-    done: dict[str, Any] | None = None
-    error_event: dict[str, Any] | None = None
+    done: DoneEvent | None = None
+    error_event: ErrorEvent | None = None
     timed_out: bool = False
-    last_step: dict[str, Any] | None = None
+    last_step: StepEvent | None = None
     seconds: float = 0.0
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[TrainerEvent] = field(default_factory=list)
 
 
 def trainer_command(
@@ -232,7 +232,7 @@ async def _read_output(
     outcome: TrainerOutcome,
     tail: deque[str],
     redact: Redactor,
-    on_event: Callable[[dict[str, Any]], None],
+    on_event: Callable[[TrainerEvent], None],
     log_file: TextIO | None,
 ) -> None:
     """Every line the trainer prints, redacted: events to `on_event` and `outcome`, the rest to the log."""
@@ -255,11 +255,11 @@ async def _read_output(
             logger.info("trainer | %s", line)
             continue
         outcome.events.append(event)
-        if event["event"] == "step":
+        if isinstance(event, StepEvent):
             outcome.last_step = event
-        elif event["event"] == "done":
+        elif isinstance(event, DoneEvent):
             outcome.done = event
-        elif event["event"] == "error":
+        elif isinstance(event, ErrorEvent):
             outcome.error_event = event
             tail.append(line)
         logger.info("trainer event | %s", line[line.find("{") :])
@@ -274,7 +274,7 @@ async def run_trainer(
     cwd: Path,
     deadline_seconds: float,
     redact: Redactor,
-    on_event: Callable[[dict[str, Any]], None],
+    on_event: Callable[[TrainerEvent], None],
     log_path: Path | None = None,
     kill_grace_seconds: float = KILL_GRACE_SECONDS,
 ) -> TrainerOutcome:
@@ -364,7 +364,7 @@ def classify_outcome(outcome: TrainerOutcome, plan: Plan, deadline_seconds: floa
     tail = outcome.log_tail
     own_lines = trainer_lines(tail)
     status = trainer_exit_status(outcome)
-    step = outcome.last_step or {}
+    step = event_payload(outcome.last_step) if outcome.last_step else {}
     progress = f" after step {step.get('step')}/{step.get('total')}" if step else ""
     details: dict[str, Any] = {"exit_status": status, "log_tail": own_lines[-ERROR_TAIL_LINES:]}
     if outcome.timed_out:
@@ -374,8 +374,8 @@ def classify_outcome(outcome: TrainerOutcome, plan: Plan, deadline_seconds: floa
             "raise timeout_seconds (and the endpoint's execution timeout) or lower steps",
             details={"last_step": step},
         )
-    event = outcome.error_event or {}
-    trainer_code = str(event.get("code", ""))
+    event = outcome.error_event
+    trainer_code = event.code if event else ""
     if trainer_code:
         details["trainer_code"] = trainer_code
     if not event and outcome.returncode == 0 and outcome.done is not None:
@@ -398,7 +398,7 @@ def classify_outcome(outcome: TrainerOutcome, plan: Plan, deadline_seconds: floa
             details=details,
         )
     if event:
-        message = event.get("message", "the trainer reported an error")
+        message = event.message or "the trainer reported an error"
         # The trainer checks the images again as it loads them; what it refuses is the dataset's fault.
         code = ErrorCode.INVALID_DATASET if trainer_code == "invalid_dataset" else ErrorCode.TRAINER_FAILED
         return FluxboothError(code, f"trainer stopped ({trainer_code or 'error'}): {message}", details=details)

@@ -10,18 +10,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fluxbooth.train.names import DEFAULT_LORA_TARGET_MODULES
+
 
 @dataclass(frozen=True)
 class LoraSettings:
     rank: int = 16
     alpha: float = 16.0
     dropout: float = 0.0
-    target_modules: tuple[str, ...] = (
-        "to_q", "to_k", "to_v", "to_out.0",
-        "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
-        "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2",
-        "proj_mlp", "proj_out",
-    )
+    target_modules: tuple[str, ...] = DEFAULT_LORA_TARGET_MODULES
 
 
 @dataclass(frozen=True)

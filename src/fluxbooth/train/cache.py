@@ -150,8 +150,9 @@ def encode_prompts(
     max_sequence_length: int,
     loading_context: Callable[[], contextlib.AbstractContextManager[Any]],
     tracker: ReleaseTracker,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(T5 sequence embeddings [P, L, D], CLIP pooled embeddings [P, D]) for each prompt, on the CPU."""
+) -> EncodedPrompts:
+    """T5 sequence embeddings [P, L, D] and CLIP pooled embeddings [P, D] of each prompt, on the CPU; the
+    text encoders are loaded for this call only."""
     from diffusers import FluxPipeline
 
     with loading_context():
@@ -175,7 +176,7 @@ def encode_prompts(
     finally:
         del encoders, pipeline
         free_accelerator_memory()
-    return torch.cat(sequences), torch.cat(pooled)
+    return EncodedPrompts(list(prompts), torch.cat(sequences), torch.cat(pooled))
 
 
 def load_vae(
@@ -253,35 +254,20 @@ def encode_images(
 
 
 def encode_image_set(
-    base_model: str,
-    images: Sequence[TrainingImage],
-    *,
-    vae: Any,
-    resolution: tuple[int, int],
-    device: torch.device,
-    text_dtype: torch.dtype,
-    max_sequence_length: int,
-    loading_context: Callable[[], contextlib.AbstractContextManager[Any]],
-    tracker: ReleaseTracker,
+    images: Sequence[TrainingImage], prompts: EncodedPrompts, *, vae: Any, resolution: tuple[int, int], device: torch.device
 ) -> EncodedImages:
-    prompts = sorted({image.prompt for image in images})
-    prompt_embeds, pooled_prompt_embeds = encode_prompts(
-        base_model,
-        prompts,
-        device=device,
-        dtype=text_dtype,
-        max_sequence_length=max_sequence_length,
-        loading_context=loading_context,
-        tracker=tracker,
-    )
+    """The image set's latents, with the embeddings of its prompts taken from `prompts` (encoded beforehand
+    together with every other prompt set, so the text encoders load once)."""
+    own_prompts = sorted({image.prompt for image in images})
+    rows = torch.tensor([prompts.prompts.index(prompt) for prompt in own_prompts], dtype=torch.long)
     latent_mean, latent_std = encode_images(vae, [image.path for image in images], resolution, device=device)
     return EncodedImages(
         latent_mean=latent_mean,
         latent_std=latent_std,
-        prompt_index=torch.tensor([prompts.index(image.prompt) for image in images], dtype=torch.long),
-        prompt_embeds=prompt_embeds,
-        pooled_prompt_embeds=pooled_prompt_embeds,
-        prompts=prompts,
+        prompt_index=torch.tensor([own_prompts.index(image.prompt) for image in images], dtype=torch.long),
+        prompt_embeds=prompts.prompt_embeds[rows],
+        pooled_prompt_embeds=prompts.pooled_prompt_embeds[rows],
+        prompts=own_prompts,
     )
 
 

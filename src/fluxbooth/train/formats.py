@@ -10,7 +10,8 @@ stacked, and the final adaLN modulation stores (shift, scale) where diffusers st
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 
@@ -60,67 +61,73 @@ def swap_halves(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat([second, first], dim=0)
 
 
-def _block_indices(state_dict: dict[str, torch.Tensor], prefix: str) -> list[int]:
-    return sorted({int(match.group(2)) for key in state_dict if (match := _BLOCK_KEY.match(key)) and match.group(1) == prefix})
+@dataclass(frozen=True)
+class ModuleMap:
+    """Every module of a FLUX transformer with its name in both layouts (for the given block indices)."""
+
+    linears: list[tuple[str, str, bool]]  # (diffusers, original, rows swapped in halves)
+    fused: list[tuple[tuple[str, ...], str, str]]  # (diffusers pieces, original, key into split sizes)
+    norms: list[tuple[str, str]]  # (diffusers RMSNorm, original RMSNorm)
 
 
-def _move_linear(
-    source: dict[str, torch.Tensor],
-    converted: dict[str, torch.Tensor],
-    source_module: str,
-    target_module: str,
-    transform: Callable[[torch.Tensor], torch.Tensor] | None,
-) -> None:
-    """Move a module's weight and bias (those present) from `source` to `converted` under a new name."""
-    for suffix in ("weight", "bias"):
-        key = f"{source_module}.{suffix}"
-        if key in source:
-            tensor = source.pop(key)
-            converted[f"{target_module}.{suffix}"] = transform(tensor) if transform else tensor
+def module_map(double_blocks: list[int], single_blocks: list[int]) -> ModuleMap:
+    linears: list[tuple[str, str, bool]] = []
+    fused: list[tuple[tuple[str, ...], str, str]] = []
+    norms: list[tuple[str, str]] = []
+    tables = (
+        ("transformer_blocks", "double_blocks", double_blocks, DOUBLE_BLOCK_LINEARS, DOUBLE_BLOCK_FUSED, DOUBLE_BLOCK_NORMS),
+        ("single_transformer_blocks", "single_blocks", single_blocks, SINGLE_BLOCK_LINEARS, SINGLE_BLOCK_FUSED, SINGLE_BLOCK_NORMS),
+    )
+    for diffusers_prefix, original_prefix, indices, block_linears, block_fused, block_norms in tables:
+        for index in indices:
+            here, there = f"{diffusers_prefix}.{index}", f"{original_prefix}.{index}"
+            linears += [(f"{here}.{name}", f"{there}.{target}", False) for name, target in block_linears.items()]
+            fused += [(tuple(f"{here}.{name}" for name in names), f"{there}.{target}", target) for target, names in block_fused.items()]
+            norms += [(f"{here}.{name}", f"{there}.{target}") for name, target in block_norms.items()]
+    linears += [(name, target, False) for name, target in TOP_LEVEL_LINEARS.items()]
+    linears += [(name, target, True) for name, target in SWAPPED_LINEARS.items()]
+    return ModuleMap(linears, fused, norms)
+
+
+def _diffusers_block_indices(keys: Iterable[str], prefix: str) -> list[int]:
+    return sorted({int(match.group(2)) for key in keys if (match := _BLOCK_KEY.match(key)) and match.group(1) == prefix})
+
+
+def _diffusers_module_map(keys: Iterable[str]) -> ModuleMap:
+    keys = list(keys)
+    return module_map(_diffusers_block_indices(keys, "transformer_blocks"), _diffusers_block_indices(keys, "single_transformer_blocks"))
+
+
+def _original_module_map(keys: Iterable[str]) -> ModuleMap:
+    keys = list(keys)
+    indices = {prefix: sorted({int(key.split(".")[1]) for key in keys if key.startswith(f"{prefix}.")}) for prefix in ("double_blocks", "single_blocks")}
+    return module_map(indices["double_blocks"], indices["single_blocks"])
+
+
+def _move(source: dict[str, torch.Tensor], converted: dict[str, torch.Tensor], renames: list[tuple[str, str]], swapped: bool = False) -> None:
+    """Move each (old key, new key) present in `source` to `converted`; `swapped` exchanges row halves."""
+    for old, new in renames:
+        if old in source:
+            tensor = source.pop(old)
+            converted[new] = swap_halves(tensor) if swapped else tensor
+
+
+def _weight_and_bias(source_module: str, target_module: str) -> list[tuple[str, str]]:
+    return [(f"{source_module}.{suffix}", f"{target_module}.{suffix}") for suffix in ("weight", "bias")]
 
 
 def diffusers_to_original_transformer(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A full diffusers FluxTransformer2DModel state dict → the original single-file layout."""
-    source = dict(state_dict)
-    converted: dict[str, torch.Tensor] = {}
 
-    def move(source_module: str, target_module: str, transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
-        _move_linear(source, converted, source_module, target_module, transform)
-
-    def fuse(source_modules: tuple[str, ...], target_module: str) -> None:
+    def fuse(source: dict[str, torch.Tensor], names: tuple[str, ...], target: str, _: str) -> dict[str, torch.Tensor]:
+        joined = {}
         for suffix in ("weight", "bias"):
-            keys = [f"{module}.{suffix}" for module in source_modules]
+            keys = [f"{name}.{suffix}" for name in names]
             if all(key in source for key in keys):
-                converted[f"{target_module}.{suffix}"] = torch.cat([source.pop(key) for key in keys], dim=0)
+                joined[f"{target}.{suffix}"] = torch.cat([source.pop(key) for key in keys], dim=0)
+        return joined
 
-    def move_norm(source_module: str, target_module: str) -> None:
-        key = f"{source_module}.weight"
-        if key in source:
-            converted[f"{target_module}.scale"] = source.pop(key)
-
-    for index in _block_indices(state_dict, "transformer_blocks"):
-        here, there = f"transformer_blocks.{index}", f"double_blocks.{index}"
-        for name, target in DOUBLE_BLOCK_LINEARS.items():
-            move(f"{here}.{name}", f"{there}.{target}")
-        for target, names in DOUBLE_BLOCK_FUSED.items():
-            fuse(tuple(f"{here}.{name}" for name in names), f"{there}.{target}")
-        for name, target in DOUBLE_BLOCK_NORMS.items():
-            move_norm(f"{here}.{name}", f"{there}.{target}")
-    for index in _block_indices(state_dict, "single_transformer_blocks"):
-        here, there = f"single_transformer_blocks.{index}", f"single_blocks.{index}"
-        for name, target in SINGLE_BLOCK_LINEARS.items():
-            move(f"{here}.{name}", f"{there}.{target}")
-        for target, names in SINGLE_BLOCK_FUSED.items():
-            fuse(tuple(f"{here}.{name}" for name in names), f"{there}.{target}")
-        for name, target in SINGLE_BLOCK_NORMS.items():
-            move_norm(f"{here}.{name}", f"{there}.{target}")
-    for name, target in TOP_LEVEL_LINEARS.items():
-        move(name, target)
-    for name, target in SWAPPED_LINEARS.items():
-        move(name, target, swap_halves)
-    if source:
-        raise ValueError(f"no original FLUX name for {sorted(source)[:5]} ({len(source)} tensors)")
-    return converted
+    return _convert(state_dict, _diffusers_module_map(state_dict), to_original=True, fused=fuse)
 
 
 def original_to_diffusers_transformer(
@@ -128,48 +135,35 @@ def original_to_diffusers_transformer(
 ) -> dict[str, torch.Tensor]:
     """The inverse of `diffusers_to_original_transformer`; `split_sizes` gives, per fused original module
     name without the block index ("img_attn.qkv", "txt_attn.qkv", "linear1"), the row counts to split."""
+
+    def split(source: dict[str, torch.Tensor], names: tuple[str, ...], target: str, sizes_key: str) -> dict[str, torch.Tensor]:
+        parts = {}
+        for suffix in ("weight", "bias"):
+            if f"{target}.{suffix}" in source:
+                pieces = torch.split(source.pop(f"{target}.{suffix}"), split_sizes[sizes_key], dim=0)
+                parts.update({f"{name}.{suffix}": piece.contiguous() for name, piece in zip(names, pieces, strict=True)})
+        return parts
+
+    return _convert(state_dict, _original_module_map(state_dict), to_original=False, fused=split)
+
+
+FusedConversion = Callable[[dict[str, torch.Tensor], tuple[str, ...], str, str], dict[str, torch.Tensor]]
+
+
+def _convert(state_dict: dict[str, torch.Tensor], modules: ModuleMap, *, to_original: bool, fused: FusedConversion) -> dict[str, torch.Tensor]:
+    """Rename every tensor of `state_dict` into the other layout; `fused` joins (or splits) fused modules."""
     source = dict(state_dict)
     converted: dict[str, torch.Tensor] = {}
-
-    def move(source_module: str, target_module: str, transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
-        _move_linear(source, converted, source_module, target_module, transform)
-
-    def split(source_module: str, sizes: list[int], target_modules: tuple[str, ...]) -> None:
-        for suffix in ("weight", "bias"):
-            key = f"{source_module}.{suffix}"
-            if key in source:
-                for target, part in zip(target_modules, torch.split(source.pop(key), sizes, dim=0), strict=True):
-                    converted[f"{target}.{suffix}"] = part.contiguous()
-
-    def move_norm(source_module: str, target_module: str) -> None:
-        key = f"{source_module}.scale"
-        if key in source:
-            converted[f"{target_module}.weight"] = source.pop(key)
-
-    double = sorted({int(key.split(".")[1]) for key in source if key.startswith("double_blocks.")})
-    single = sorted({int(key.split(".")[1]) for key in source if key.startswith("single_blocks.")})
-    for index in double:
-        here, there = f"double_blocks.{index}", f"transformer_blocks.{index}"
-        for name, target in DOUBLE_BLOCK_LINEARS.items():
-            move(f"{here}.{target}", f"{there}.{name}")
-        for target, names in DOUBLE_BLOCK_FUSED.items():
-            split(f"{here}.{target}", split_sizes[target], tuple(f"{there}.{name}" for name in names))
-        for name, target in DOUBLE_BLOCK_NORMS.items():
-            move_norm(f"{here}.{target}", f"{there}.{name}")
-    for index in single:
-        here, there = f"single_blocks.{index}", f"single_transformer_blocks.{index}"
-        for name, target in SINGLE_BLOCK_LINEARS.items():
-            move(f"{here}.{target}", f"{there}.{name}")
-        for target, names in SINGLE_BLOCK_FUSED.items():
-            split(f"{here}.{target}", split_sizes[target], tuple(f"{there}.{name}" for name in names))
-        for name, target in SINGLE_BLOCK_NORMS.items():
-            move_norm(f"{here}.{target}", f"{there}.{name}")
-    for name, target in TOP_LEVEL_LINEARS.items():
-        move(target, name)
-    for name, target in SWAPPED_LINEARS.items():
-        move(target, name, swap_halves)
+    for name, target, swapped in modules.linears:
+        renames = _weight_and_bias(name, target) if to_original else _weight_and_bias(target, name)
+        _move(source, converted, renames, swapped)
+    norms = [(f"{name}.weight", f"{target}.scale") for name, target in modules.norms]
+    _move(source, converted, norms if to_original else [(new, old) for old, new in norms])
+    for names, target, sizes_key in modules.fused:
+        converted.update(fused(source, names, target, sizes_key))
     if source:
-        raise ValueError(f"no diffusers FLUX name for {sorted(source)[:5]} ({len(source)} tensors)")
+        layout = "original" if to_original else "diffusers"
+        raise ValueError(f"no {layout} FLUX name for {sorted(source)[:5]} ({len(source)} tensors)")
     return converted
 
 
@@ -213,7 +207,7 @@ def diffusers_lora_to_comfyui(
         converted[f"{name}.lora_up.weight"] = up.contiguous()
         converted[f"{name}.alpha"] = torch.tensor(float(down.shape[0]), dtype=torch.float32)
 
-    def single(source_module: str, target_module: str, transform: object = None) -> None:
+    def single(source_module: str, target_module: str, transform: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
         if source_module in pairs:
             down, up = pairs[source_module]
             put(target_module, down, transform(up) if transform else up)
@@ -237,24 +231,11 @@ def diffusers_lora_to_comfyui(
             ups.append(up)
         put(target_module, torch.cat(downs, dim=0), torch.block_diag(*ups))
 
-    for index in sorted({int(m.group(2)) for key in pairs if (m := _BLOCK_KEY.match(key)) and m.group(1) == "transformer_blocks"}):
-        here, there = f"transformer_blocks.{index}", f"double_blocks.{index}"
-        for name, target in DOUBLE_BLOCK_LINEARS.items():
-            single(f"{here}.{name}", f"{there}.{target}")
-        for target, names in DOUBLE_BLOCK_FUSED.items():
-            fused(tuple(f"{here}.{name}" for name in names), f"{there}.{target}", fused_out_features[target])
-    for index in sorted(
-        {int(m.group(2)) for key in pairs if (m := _BLOCK_KEY.match(key)) and m.group(1) == "single_transformer_blocks"}
-    ):
-        here, there = f"single_transformer_blocks.{index}", f"single_blocks.{index}"
-        for name, target in SINGLE_BLOCK_LINEARS.items():
-            single(f"{here}.{name}", f"{there}.{target}")
-        for target, names in SINGLE_BLOCK_FUSED.items():
-            fused(tuple(f"{here}.{name}" for name in names), f"{there}.{target}", fused_out_features[target])
-    for name, target in TOP_LEVEL_LINEARS.items():
-        single(name, target)
-    for name, target in SWAPPED_LINEARS.items():
-        single(name, target, swap_halves)
+    modules = _diffusers_module_map(pairs)
+    for name, target, swapped in modules.linears:
+        single(name, target, swap_halves if swapped else None)
+    for names, target, sizes_key in modules.fused:
+        fused(names, target, fused_out_features[sizes_key])
     unconverted = set(pairs) - used
     if unconverted:
         raise ValueError(f"no ComfyUI name for LoRA modules {sorted(unconverted)[:5]}")

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.train.state import Session
 from fluxbooth.trainer_config import LoraSettings
 
 TRANSFORMER_SUBFOLDER = "transformer"
@@ -48,6 +49,41 @@ def resolve_model_folder(base_model: str) -> Path:
             f"base model {base_model!r} is neither a folder nor in the local Hugging Face cache; "
             "bake it into the image or put it on the network volume (nothing is downloaded at run time)",
         ) from error
+
+
+def load_transformer_config(base_model: str) -> dict[str, Any]:
+    """The base transformer's config.json (read, never its weights)."""
+    from diffusers import FluxTransformer2DModel
+
+    return dict(FluxTransformer2DModel.load_config(str(resolve_model_folder(base_model)), subfolder=TRANSFORMER_SUBFOLDER))
+
+
+def load_trainable_transformer(session: Session) -> tuple[Any, dict[str, Any]]:
+    """The transformer ready for the engine: partitioned under ZeRO-3, LoRA adapters added or every
+    weight trainable, gradient checkpointing as asked. Also how it was loaded (metrics.transformer_loading)."""
+    config = session.config
+    report: dict[str, Any] = {"method": "from_pretrained"}
+    if session.zero_stage == 3:
+        assert session.deepspeed_config is not None
+        transformer = load_transformer_zero3(config.base_model, session.precision.load_dtype, session.deepspeed_config, session.is_main)
+        report = {"method": "zero3_init", **partitioning_report(transformer)}
+        if report["materialised_elements"] or report["partitioned"] != report["parameters"]:
+            raise TrainerFailure("trainer_failed", f"ZeRO-3 loading left parameters whole: {report}")
+    else:
+        transformer = load_transformer(config.base_model, session.precision.load_dtype)
+    if config.training_type == "lora":
+        add_lora_adapter(transformer, config.lora)
+        if session.deepspeed_config is None:
+            # The trained adapter stays fp32 under autocast, as diffusers' LoRA scripts keep it.
+            for parameter in transformer.parameters():
+                if parameter.requires_grad:
+                    parameter.data = parameter.data.to(torch.float32)
+    else:
+        transformer.requires_grad_(True)
+    if config.gradient_checkpointing:
+        transformer.enable_gradient_checkpointing()
+    transformer.train()
+    return transformer, report
 
 
 def load_transformer(base_model: str, dtype: torch.dtype) -> Any:
@@ -194,13 +230,3 @@ def lora_adapter_metadata(settings: LoraSettings) -> dict[str, Any]:
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [parameter for parameter in model.parameters() if parameter.requires_grad]
-
-
-def parameter_count(model: torch.nn.Module, trainable_only: bool = False) -> int:
-    """Counts elements, also of ZeRO-3 partitioned parameters (whose local tensors are empty)."""
-    total = 0
-    for parameter in model.parameters():
-        if trainable_only and not parameter.requires_grad:
-            continue
-        total += int(getattr(parameter, "ds_numel", parameter.numel()))
-    return total

@@ -36,6 +36,16 @@ OPTIMIZER_HYPERPARAMETERS: dict[str, dict[str, object]] = {
 # Optimizers that exist only as DeepSpeed implementations (no torch class): they need the JSON block.
 DEEPSPEED_ONLY_OPTIMIZERS = ("lion",)
 
+# The layers LoRA adapts when a request names none (diffusers' FLUX LoRA script's set): every attention
+# projection and feed-forward layer of both block kinds. The one definition: the request, the planner and
+# the trainer read it from here (via TrainerConfig's LoraSettings).
+DEFAULT_LORA_TARGET_MODULES: tuple[str, ...] = (
+    "to_q", "to_k", "to_v", "to_out.0",
+    "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
+    "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2",
+    "proj_mlp", "proj_out",
+)
+
 # Learning-rate schedules (with optional linear warm-up in front).
 SUPPORTED_LR_SCHEDULERS = ("constant", "cosine")
 

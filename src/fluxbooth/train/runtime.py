@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import resource
 import sys
 import time
@@ -12,7 +11,16 @@ from typing import Any
 
 import torch
 
-from fluxbooth.events import format_event
+from fluxbooth.events import (
+    CheckpointEvent,
+    DoneEvent,
+    ErrorEvent,
+    StageEvent,
+    StepEvent,
+    TrainerEvent,
+    WarningEvent,
+    format_event,
+)
 
 
 class EventReporter:
@@ -21,21 +29,27 @@ class EventReporter:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
 
-    def emit(self, event: str, **fields: Any) -> None:
+    def emit(self, event: TrainerEvent) -> None:
         if self.enabled:
-            print(format_event(event, **fields), file=sys.stdout, flush=True)
+            print(format_event(event), file=sys.stdout, flush=True)
 
-    def stage(self, name: str, **fields: Any) -> None:
-        self.emit("stage", stage=name, **fields)
+    def stage(self, name: str, **details: Any) -> None:
+        self.emit(StageEvent(stage=name, details=details))
 
     def step(self, step: int, total: int, loss: float, lr: float, seconds_per_step: float) -> None:
-        self.emit("step", step=step, total=total, loss=loss, lr=lr, seconds_per_step=round(seconds_per_step, 6))
+        self.emit(StepEvent(step=step, total=total, loss=loss, lr=lr, seconds_per_step=round(seconds_per_step, 6)))
 
     def warning(self, message: str) -> None:
-        self.emit("warning", message=message)
+        self.emit(WarningEvent(message=message))
 
-    def error(self, code: str, message: str, **fields: Any) -> None:
-        self.emit("error", code=code, message=message, **fields)
+    def error(self, code: str, message: str, **details: Any) -> None:
+        self.emit(ErrorEvent(code=code, message=message, details=details))
+
+    def checkpoint(self, step: int, path: str) -> None:
+        self.emit(CheckpointEvent(step=step, path=path))
+
+    def done(self, metrics: dict[str, Any], artifacts: list[dict[str, Any]]) -> None:
+        self.emit(DoneEvent(metrics=metrics, artifacts=artifacts))
 
 
 class StageClock:
@@ -64,7 +78,3 @@ def peak_gpu_bytes() -> int | None:
     if not torch.cuda.is_available():
         return None
     return int(torch.cuda.max_memory_allocated())
-
-
-def finite(value: float) -> bool:
-    return math.isfinite(value)

@@ -1,0 +1,113 @@
+"""Stages "save" and "export": the trained weights (and their EMA) gathered from the engine and written
+in every requested format, each file checked by loading it back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fluxbooth.train.cache import free_accelerator_memory
+from fluxbooth.train.export import (
+    LORA_WEIGHTS_NAME,
+    Artifact,
+    export_single_file,
+    lora_state_dict,
+    sample_names,
+    save_lora_comfyui,
+    save_lora_diffusers,
+    save_transformer,
+    verify_saved_transformer,
+)
+from fluxbooth.train.model import lora_adapter_metadata
+from fluxbooth.train.state import Session, TrainerState
+
+TRANSFORMER_FOLDER = "transformer"
+LORA_FOLDER = "lora"
+COMFYUI_LORA_NAME = "lora_comfyui.safetensors"
+SINGLE_FILE_NAME = "flux_transformer.safetensors"
+
+
+def save_and_export(state: TrainerState) -> list[Artifact]:
+    """*Collective.* Gather and write the trained weights, export them, then release the engine."""
+    session, run = state.session, state.training()
+    config, accelerator = session.config, session.accelerator
+    output_dir = Path(config.output_dir)
+    model = accelerator.unwrap_model(run.engine)
+    artifacts: list[Artifact] = []
+    with session.clock.stage("save"):
+        if config.training_type == "full":
+            samples = _save_full(session, model, output_dir / TRANSFORMER_FOLDER)
+        else:
+            lora_state = lora_state_dict(model, is_main_process=session.is_main)
+    with session.clock.stage("export", formats=list(config.export_formats)):
+        if session.is_main:
+            if config.training_type == "full":
+                artifacts += _export_full(session, output_dir, samples)
+            else:
+                artifacts += export_lora(session, output_dir, lora_state, prefix="", folder_name=LORA_FOLDER)
+            if run.ema is not None:
+                artifacts += _export_ema(session, run.ema.export_state(), output_dir)
+        accelerator.wait_for_everyone()
+    # The engine's memory is released before the validation pipeline is loaded.
+    run.release()
+    del model
+    accelerator.free_memory()
+    free_accelerator_memory()
+    return artifacts
+
+
+def _save_full(session: Session, model: Any, folder: Path) -> dict[str, torch.Tensor]:
+    """*Collective under ZeRO-3.* The transformer folder; a few of its tensors for the load-back check."""
+    max_shard_size = session.config.max_shard_size
+    if session.zero_stage != 3:
+        # Not partitioned: diffusers' own writer, from the unwrapped model, on the main process.
+        if not session.is_main:
+            return {}
+        model.save_pretrained(str(folder), safe_serialization=True, max_shard_size=max_shard_size)
+        weights = model.state_dict()
+        return {name: weights[name].detach().cpu().clone() for name in sample_names(list(weights))}
+    return save_transformer(model, folder, is_main_process=session.is_main, max_shard_size=max_shard_size)
+
+
+def _export_full(session: Session, output_dir: Path, samples: dict[str, torch.Tensor]) -> list[Artifact]:
+    folder = output_dir / TRANSFORMER_FOLDER
+    verify_saved_transformer(folder, samples)
+    artifacts = []
+    if "diffusers" in session.config.export_formats:
+        artifacts.append(Artifact(name="transformer", path=TRANSFORMER_FOLDER, kind="diffusers_transformer"))
+    if "single_file" in session.config.export_formats:
+        export_single_file(folder, output_dir / SINGLE_FILE_NAME)
+        artifacts.append(Artifact(name="transformer_single_file", path=SINGLE_FILE_NAME, kind="single_file_transformer"))
+    return artifacts
+
+
+def export_lora(session: Session, output_dir: Path, lora_state: dict[str, torch.Tensor], prefix: str, folder_name: str) -> list[Artifact]:
+    """Each requested LoRA format; `prefix` ("" or "ema_") goes in front of artifact names and kinds."""
+    config = session.config
+    folder = output_dir / folder_name
+    folder.mkdir(parents=True, exist_ok=True)
+    artifacts = []
+    if "diffusers" in config.export_formats:
+        save_lora_diffusers(lora_state, folder, lora_adapter_metadata(config.lora))
+        artifacts.append(Artifact(name=f"{prefix}lora", path=f"{folder_name}/{LORA_WEIGHTS_NAME}", kind=f"{prefix}lora_diffusers"))
+    if "comfyui" in config.export_formats:
+        save_lora_comfyui(lora_state, folder / COMFYUI_LORA_NAME, config.lora, session.transformer_config)
+        artifacts.append(Artifact(name=f"{prefix}lora_comfyui", path=f"{folder_name}/{COMFYUI_LORA_NAME}", kind=f"{prefix}lora_comfyui"))
+    return artifacts
+
+
+def _export_ema(session: Session, ema_state: dict[str, torch.Tensor], output_dir: Path) -> list[Artifact]:
+    """The EMA weights (on the main process's CPU) in the same formats as the trained ones."""
+    if session.config.training_type == "lora":
+        return export_lora(session, output_dir, ema_state, prefix="ema_", folder_name="ema_lora")
+    from diffusers import FluxTransformer2DModel
+
+    folder = output_dir / "ema_transformer"
+    with torch.device("meta"):
+        skeleton = FluxTransformer2DModel.from_config(session.transformer_config)
+    skeleton.load_state_dict(ema_state, assign=True)
+    skeleton.save_pretrained(str(folder), safe_serialization=True, max_shard_size=session.config.max_shard_size)
+    verify_saved_transformer(folder, {name: ema_state[name] for name in list(ema_state)[:4]})
+    return [Artifact(name="ema_transformer", path="ema_transformer", kind="ema_diffusers_transformer")]

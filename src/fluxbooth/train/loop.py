@@ -1,0 +1,234 @@
+"""Stage "train": the DeepSpeed engine built only now, resumed if asked, then the optimizer steps,
+with checkpoints and validation renders between them as configured."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from fluxbooth.train.cache import EncodedImages, VaeNormalisation
+from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.train.state import CachedData, Session, TrainerState, TrainingRun, seed_for
+
+FIXED_NOISE_IMAGES = 4
+FIXED_NOISE_SIGMAS = (0.25, 0.5, 0.75)
+
+
+def start_training(session: Session, data: CachedData, transformer: Any) -> TrainingRun:
+    """*Collective.* The engine, optimizer and schedule around `transformer`, restored from a checkpoint
+    when asked, and the fixed-noise loss before the first step."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from fluxbooth.train.cache import vae_normalisation
+    from fluxbooth.train.checkpointing import resume
+    from fluxbooth.train.flow import SigmaSampler
+    from fluxbooth.train.model import trainable_parameters
+    from fluxbooth.train.optim import (
+        build_optimizer,
+        build_scheduler,
+        innermost_optimizer,
+        optimizer_class_name,
+        schedule_stepped_by_deepspeed,
+    )
+
+    config, accelerator = session.config, session.accelerator
+    optimizer = build_optimizer(session.optimizer_name, trainable_parameters(transformer), config, session.deepspeed_config)
+    stepped_by_engine = schedule_stepped_by_deepspeed(optimizer, session.deepspeed_config)
+    if stepped_by_engine:
+        scheduler = build_scheduler(optimizer, config, session.deepspeed_config, accelerator.num_processes)
+        engine, optimizer, scheduler = accelerator.prepare(transformer, optimizer, scheduler)
+    else:
+        # Stepped by hand once per optimizer step: accelerate's wrapper would step it once per process. Built on
+        # the optimizer that really steps (accelerate swaps an offloaded torch AdamW for DeepSpeedCPUAdam).
+        engine, optimizer = accelerator.prepare(transformer, optimizer)
+        scheduler = build_scheduler(innermost_optimizer(optimizer), config, session.deepspeed_config, accelerator.num_processes)
+    noise_scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(config.base_model, subfolder="scheduler")
+    run = TrainingRun(
+        engine=engine,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scheduler_stepped_by_engine=stepped_by_engine,
+        optimizer_class=optimizer_class_name(optimizer),
+        ema=None,
+        sampler=SigmaSampler.from_scheduler(noise_scheduler, config.weighting_scheme, config.logit_mean, config.logit_std, config.mode_scale),
+        normalisation=vae_normalisation(config.base_model),
+        guidance_scale=config.guidance_scale if accelerator.unwrap_model(engine).config.guidance_embeds else None,
+    )
+    ema_state = resume(session, run)
+    run.ema = _make_ema(session, engine)
+    if run.ema is not None and ema_state is not None and session.is_main:
+        run.ema.load_state_dict(torch.load(ema_state, map_location="cpu", weights_only=True))
+    run.fixed_noise_loss["start"] = fixed_noise_loss(session, run, data.instance_set)
+    return run
+
+
+def _make_ema(session: Session, engine: Any) -> Any:
+    if session.config.ema_decay is None:
+        return None
+    from fluxbooth.train.ema import CpuEma
+
+    model = session.accelerator.unwrap_model(engine)
+    return CpuEma.from_model(model, decay=session.config.ema_decay, is_main_process=session.is_main)
+
+
+def train(state: TrainerState) -> None:
+    """*Collective.* The optimizer steps from the run's start step to `steps`, then the fixed-noise loss."""
+    from fluxbooth.train.checkpointing import save_checkpoint
+    from fluxbooth.train.validation import render_during_training
+
+    session, run, data = state.session, state.training(), state.cached()
+    config = session.config
+    with session.clock.stage("train", steps=config.steps, start_step=run.start_step, optimizer=run.optimizer_class):
+        for step in range(run.start_step, config.steps):
+            step_started = time.perf_counter()
+            # The rate this step trains with (schedulers advance inside the optimizer step).
+            step_lr = float(run.optimizer.param_groups[0]["lr"])
+            run.final_loss = _optimizer_step(session, run, data, step)
+            if run.ema is not None:
+                run.ema.update(session.accelerator.unwrap_model(run.engine))
+            _measure_nvme_swap(session, run)
+            done = step + 1
+            session.reporter.step(
+                step=done, total=config.steps, loss=run.final_loss, lr=step_lr, seconds_per_step=time.perf_counter() - step_started
+            )
+            if config.checkpointing_steps and done % config.checkpointing_steps == 0 and done < config.steps:
+                save_checkpoint(session, run, done)
+            # The last step is left to the final validation, which renders the same weights once exported.
+            if config.validation_prompts and config.validation_steps and done % config.validation_steps == 0 and done < config.steps:
+                render_during_training(state, done)
+    run.fixed_noise_loss["end"] = fixed_noise_loss(session, run, data.instance_set)
+
+
+def _optimizer_step(session: Session, run: TrainingRun, data: CachedData, step: int) -> float:
+    """One optimizer step over its accumulated micro-batches; the loss averaged over them and the ranks."""
+    from fluxbooth.train.model import trainable_parameters
+
+    config, accelerator = session.config, session.accelerator
+    accumulation = config.gradient_accumulation_steps
+    world, rank = accelerator.num_processes, accelerator.process_index
+    losses = []
+    for micro in range(accumulation):
+        with accelerator.accumulate(run.engine):
+            position = ((step * accumulation + micro) * world + rank) * config.batch_size
+            batch = micro_batch(config.seed, config.batch_size, data, position, run.normalisation)
+            generator = torch.Generator("cpu").manual_seed(seed_for(config.seed, "noise", step, micro, rank))
+            per_sample = per_sample_losses(session, run, batch, generator)
+            if data.class_set is not None:
+                instance_loss, class_loss = per_sample.chunk(2)
+                loss = instance_loss.mean() + config.prior_loss_weight * class_loss.mean()
+            else:
+                loss = per_sample.mean()
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and session.deepspeed_config is None and config.max_grad_norm > 0:
+                accelerator.clip_grad_norm_(trainable_parameters(run.engine), config.max_grad_norm)
+            run.optimizer.step()
+            run.optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.detach().float())
+    if not run.scheduler_stepped_by_engine:
+        run.scheduler.step()
+    step_loss = float(accelerator.reduce(torch.stack(losses).mean(), reduction="mean"))
+    if not math.isfinite(step_loss):
+        raise TrainerFailure(
+            "nan_loss", f"the loss became {step_loss} at step {step + 1}; lower learning_rate or use bf16 instead of fp16", step=step + 1
+        )
+    return step_loss
+
+
+def per_sample_losses(session: Session, run: TrainingRun, batch: dict[str, Any], generator: torch.Generator, sigmas: Any = None) -> torch.Tensor:
+    """The rectified-flow loss of each sample in `batch` [B], float32."""
+    from fluxbooth.train.flow import build_flow_inputs, per_sample_loss, unpack_prediction
+
+    device, dtype = session.accelerator.device, session.precision.input_dtype
+    inputs = build_flow_inputs(
+        batch["latents"], sampler=run.sampler, generator=generator, guidance_scale=run.guidance_scale, device=device, dtype=dtype, sigmas=sigmas
+    )
+    text_ids = torch.zeros(batch["prompt_embeds"].shape[1], 3, device=device, dtype=dtype)
+    prediction = run.engine(
+        hidden_states=inputs.hidden_states,
+        timestep=inputs.timestep,
+        guidance=inputs.guidance,
+        pooled_projections=batch["pooled_prompt_embeds"].to(device=device, dtype=dtype),
+        encoder_hidden_states=batch["prompt_embeds"].to(device=device, dtype=dtype),
+        txt_ids=text_ids,
+        img_ids=inputs.img_ids,
+        return_dict=False,
+    )[0]
+    return per_sample_loss(unpack_prediction(prediction, inputs.latent_shape), inputs)
+
+
+def fixed_noise_loss(session: Session, run: TrainingRun, instance_set: EncodedImages) -> float:
+    """*Collective.* The unweighted loss on the instance images (posterior means) at fixed noise and
+    sigmas 0.25/0.5/0.75: a repeatable measure of learning, free of the sampling noise of step losses."""
+    losses = []
+    with torch.no_grad():
+        for index in range(min(len(instance_set), FIXED_NOISE_IMAGES)):
+            prompt = instance_set.prompt_index[index : index + 1]
+            batch = {
+                "latents": run.normalisation.apply(instance_set.latent_mean[index : index + 1]),
+                "prompt_embeds": instance_set.prompt_embeds[prompt],
+                "pooled_prompt_embeds": instance_set.pooled_prompt_embeds[prompt],
+            }
+            for sigma in FIXED_NOISE_SIGMAS:
+                generator = torch.Generator("cpu").manual_seed(seed_for(session.config.seed, "fixed_noise", index, sigma))
+                losses.append(float(per_sample_losses(session, run, batch, generator, torch.tensor([sigma])).mean()))
+    release_prefetched_partitions(run.engine)
+    return sum(losses) / len(losses)
+
+
+def release_prefetched_partitions(engine: Any) -> None:
+    """A forward without backward leaves ZeRO-3's prefetched parameters gathered ("in flight"), which the
+    next gather (a training step, the export) would trip over; hand them back to their partitions."""
+    if hasattr(engine, "empty_partition_cache"):
+        engine.empty_partition_cache()
+
+
+def micro_batch(seed: int, batch_size: int, data: CachedData, position: int, normalisation: VaeNormalisation) -> dict[str, Any]:
+    """Samples `batch_size` instance images (and as many class images) at a global sample position.
+
+    Each pass over a set is a fresh permutation seeded by (seed, set, epoch), so the batch at any
+    (step, micro-step, rank) is a pure function of the seed: a resumed run sees the same data.
+    """
+    latents, prompt_embeds, pooled = _pick(seed, batch_size, data.instance_set, "instance", position)
+    if data.class_set is not None:
+        class_latents, class_prompt_embeds, class_pooled = _pick(seed, batch_size, data.class_set, "class", position)
+        latents = torch.cat([latents, class_latents])
+        prompt_embeds = torch.cat([prompt_embeds, class_prompt_embeds])
+        pooled = torch.cat([pooled, class_pooled])
+    return {"latents": normalisation.apply(latents), "prompt_embeds": prompt_embeds, "pooled_prompt_embeds": pooled}
+
+
+def _pick(seed: int, batch_size: int, encoded: EncodedImages, stream: str, position: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sampled latents, prompt embeddings, pooled embeddings) of `batch_size` images of one set."""
+    count = len(encoded)
+    indices = []
+    for offset in range(batch_size):
+        epoch, within = divmod(position + offset, count)
+        order = torch.randperm(count, generator=torch.Generator().manual_seed(seed_for(seed, stream, epoch)))
+        indices.append(int(order[within]))
+    index = torch.tensor(indices)
+    generator = torch.Generator().manual_seed(seed_for(seed, stream, "latent", position))
+    mean, std = encoded.latent_mean[index], encoded.latent_std[index]
+    latents = mean + std * torch.randn(mean.shape, generator=generator)
+    prompt = encoded.prompt_index[index]
+    return latents, encoded.prompt_embeds[prompt], encoded.pooled_prompt_embeds[prompt]
+
+
+def _measure_nvme_swap(session: Session, run: TrainingRun) -> None:
+    """Record how many bytes DeepSpeed keeps in its swap files (this machine's ranks), per kind.
+
+    The proof that NVMe offload really swaps: DeepSpeed deletes the files when the engine goes away, and
+    keeps parameters below `stage3_param_persistence_threshold` elements in memory instead."""
+    if not session.nvme_paths or not session.accelerator.is_local_main_process:
+        return
+    for kind, pattern in (("optimizer", "zero_stage_3/optimizer"), ("params", "zero_stage_3/*params")):
+        swapped = sum(
+            file.stat().st_size
+            for path in session.nvme_paths
+            for folder in path.glob(pattern)
+            for file in folder.rglob("*.swp")
+            if file.is_file()
+        )
+        run.nvme_swap_peak_bytes[kind] = max(run.nvme_swap_peak_bytes.get(kind, 0), swapped)

@@ -1,0 +1,150 @@
+"""The one state the trainer's stages hand each other, and the small helpers every stage shares.
+
+`Session` is made once by the session stage and only read afterwards; `TrainerState` holds it and
+gains each later stage's product in turn (cached data, the training run, artifacts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fluxbooth.train.cache import EncodedImages, EncodedPrompts
+from fluxbooth.train.export import Artifact
+from fluxbooth.train.runtime import EventReporter, StageClock
+from fluxbooth.trainer_config import TrainerConfig
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How the transformer is held and fed. Under DeepSpeed the engine casts the module to bf16/fp16
+    itself and keeps fp32 master weights in the optimizer; without it, accelerate autocasts."""
+
+    load_dtype: torch.dtype
+    input_dtype: torch.dtype
+    text_dtype: torch.dtype
+    name: str
+
+
+@dataclass
+class Session:
+    """The accelerator and everything decided before any model is loaded."""
+
+    config: TrainerConfig
+    reporter: EventReporter
+    clock: StageClock
+    accelerator: Any
+    deepspeed_config: dict[str, Any] | None
+    zero_stage: int
+    precision: Precision
+    optimizer_name: str  # validated, canonical
+    nvme_paths: list[Path]
+    transformer_config: dict[str, Any]  # the base transformer's config.json
+
+    @property
+    def is_main(self) -> bool:
+        return bool(self.accelerator.is_main_process)
+
+    @property
+    def encoder_device(self) -> torch.device:
+        """Where the text encoders and the VAE run: the CPU when the planner keeps them off the GPU."""
+        return torch.device("cpu") if self.config.encoders_on_cpu else self.accelerator.device
+
+    def offload_device(self, section: str) -> str:
+        """Where DeepSpeed really keeps the optimizer state / parameters ("none" below ZeRO-3 for
+        parameters, where DeepSpeed ignores offload_param)."""
+        if section == "offload_param" and self.zero_stage != 3:
+            return "none"
+        zero = (self.deepspeed_config or {}).get("zero_optimization", {})
+        return str((zero.get(section) or {}).get("device", "none"))
+
+
+@dataclass
+class CachedData:
+    """What the cache stage leaves for training: encoded image sets and validation prompts."""
+
+    instance_set: EncodedImages
+    class_set: EncodedImages | None
+    validation_prompts: EncodedPrompts | None
+    # Loaded while caching (this process), all released before the transformer loads; empty when some were not.
+    released_before_training: list[str]
+
+
+@dataclass
+class TrainingRun:
+    """The engine and everything the loop steps, checkpoints and exports."""
+
+    engine: Any
+    optimizer: Any
+    scheduler: Any
+    scheduler_stepped_by_engine: bool
+    optimizer_class: str  # the optimizer that really steps (accelerate may swap it)
+    ema: Any
+    sampler: Any
+    normalisation: Any
+    guidance_scale: float | None
+    start_step: int = 0
+    final_loss: float = math.nan
+    fixed_noise_loss: dict[str, float] = field(default_factory=dict)
+    nvme_swap_peak_bytes: dict[str, int] = field(default_factory=dict)
+
+    def release(self) -> None:
+        """Drop the engine, optimizer and schedule, so their memory can go before export."""
+        self.engine = self.optimizer = self.scheduler = None
+
+
+@dataclass
+class ValidationLog:
+    """Validation images rendered so far (during training and at the end), for validation.json."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    artifacts: list[Artifact] = field(default_factory=list)
+
+
+@dataclass
+class TrainerState:
+    session: Session
+    data: CachedData | None = None
+    loading_report: dict[str, Any] = field(default_factory=dict)
+    run: TrainingRun | None = None
+    validation: ValidationLog = field(default_factory=ValidationLog)
+    artifacts: list[Artifact] = field(default_factory=list)
+
+    def cached(self) -> CachedData:
+        if self.data is None:
+            raise RuntimeError("the cache stage has not run")
+        return self.data
+
+    def training(self) -> TrainingRun:
+        if self.run is None:
+            raise RuntimeError("training has not started")
+        return self.run
+
+
+def seed_for(*parts: object) -> int:
+    """A 63-bit seed mixed from `parts`: the same parts always give the same stream, on any rank or resume."""
+    digest = hashlib.sha256(json.dumps([str(part) for part in parts]).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+@contextlib.contextmanager
+def without_transformers_zero3_init() -> Iterator[None]:
+    """transformers partitions every model it loads while accelerate's HfDeepSpeedConfig says ZeRO-3, which
+    would shard the text encoders we only run once. accelerate's `zero3_init_context_manager(enable=False)`
+    re-registers a config that still says stage 3, so the registration itself is hidden for the duration."""
+    import transformers.integrations.deepspeed as transformers_deepspeed
+
+    saved = transformers_deepspeed._hf_deepspeed_config_weak_ref
+    transformers_deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        transformers_deepspeed._hf_deepspeed_config_weak_ref = saved

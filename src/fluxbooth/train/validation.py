@@ -1,0 +1,172 @@
+"""Stage "validate": the validation prompts rendered from their cached embeddings (no text encoders),
+with the same seed per prompt every time, during training (through the weights being trained) and
+at the end (through the exported weights, loaded the way a user would load them). One render loop
+serves both; validation.json indexes every image."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fluxbooth.train.cache import EncodedPrompts, decoding_device, free_accelerator_memory, load_vae
+from fluxbooth.train.export import LORA_WEIGHTS_NAME, Artifact, write_json
+from fluxbooth.train.exporting import LORA_FOLDER, TRANSFORMER_FOLDER
+from fluxbooth.train.loop import release_prefetched_partitions
+from fluxbooth.train.state import Session, TrainerState, seed_for, without_transformers_zero3_init
+
+VALIDATION_FOLDER = "validation"
+INDEX_NAME = "validation.json"
+
+
+@dataclass(frozen=True)
+class RenderTarget:
+    """Where one round of validation images goes and how its files and artifacts are named."""
+
+    folder: Path  # under output_dir/validation/
+    training_step: int
+    artifact_stem: str  # "validation" or "validation_stepNNNNNN"
+
+
+def validation_seed(seed: int, index: int) -> int:
+    """The same per prompt at every step and at the end, so the images of a run compare."""
+    return seed_for(seed, "validation", index) % (2**32)
+
+
+def render_prompts(state: TrainerState, pipeline: Any, target: RenderTarget, *, dtype: torch.dtype, writes: bool) -> None:
+    """Render every validation prompt through `pipeline` from its cached embeddings; the process that
+    `writes` saves the images and records them (others only lend their ZeRO-3 slices to the forward)."""
+    session, embeddings = state.session, _embeddings(state)
+    config, device = session.config, session.accelerator.device
+    width, height = config.resolution
+    output_dir = Path(config.output_dir)
+    target.folder.mkdir(parents=True, exist_ok=True)
+    for index, prompt in enumerate(config.validation_prompts):
+        seed = validation_seed(config.seed, index)
+        rendered = pipeline(
+            prompt_embeds=embeddings.prompt_embeds[index : index + 1].to(device=device, dtype=dtype),
+            pooled_prompt_embeds=embeddings.pooled_prompt_embeds[index : index + 1].to(device=device, dtype=dtype),
+            width=width,
+            height=height,
+            num_inference_steps=config.validation_inference_steps,
+            guidance_scale=config.validation_guidance_scale,
+            generator=torch.Generator("cpu").manual_seed(seed),
+            output_type="pil" if writes else "latent",
+        ).images[0]
+        if not writes:
+            continue
+        name = f"validation_{index:02d}.png"
+        rendered.save(target.folder / name)
+        file = (target.folder / name).relative_to(output_dir / VALIDATION_FOLDER).as_posix()
+        state.validation.records.append(
+            {"file": file, "prompt": prompt, "seed": seed, "steps": config.validation_inference_steps, "training_step": target.training_step}
+        )
+        state.validation.artifacts.append(
+            Artifact(name=f"{target.artifact_stem}_{index:02d}", path=f"{VALIDATION_FOLDER}/{file}", kind="validation_image")
+        )
+    if writes:
+        write_json(
+            output_dir / VALIDATION_FOLDER / INDEX_NAME,
+            {"images": state.validation.records, "guidance_scale": config.validation_guidance_scale},
+        )
+
+
+def _embeddings(state: TrainerState) -> EncodedPrompts:
+    embeddings = state.cached().validation_prompts
+    if embeddings is None:
+        raise RuntimeError("validation prompts were not encoded in the cache stage")
+    return embeddings
+
+
+def render_during_training(state: TrainerState, step: int) -> None:
+    """*Collective under ZeRO-3*, where every rank holds a slice of each layer and the forward gathers
+    them together; below it only the main process renders. Written to validation/step-NNNNNN/."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
+
+    session, run = state.session, state.training()
+    config, accelerator = session.config, session.accelerator
+    device = accelerator.device
+
+    class PipelineOnDevice(FluxPipeline):
+        """The pipeline guesses where to compute from its modules' parameters; under ZeRO-3 those are empty
+        partitions that may sit on the CPU (offload) while the forward gathers them on the accelerator."""
+
+        @property
+        def _execution_device(self) -> torch.device:
+            return device
+
+    with session.clock.stage("validate", step=step, prompts=len(config.validation_prompts)):
+        if session.is_main or session.zero_stage == 3:
+            dtype = session.precision.input_dtype
+            # Loaded for each render, not kept: training steps never share memory with it.
+            vae = load_vae(config.base_model, without_transformers_zero3_init, dtype=dtype)
+            if session.is_main:
+                vae.to(decoding_device(session.encoder_device, vae, config.resolution))
+            pipeline = PipelineOnDevice(
+                scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(config.base_model, subfolder="scheduler"),
+                vae=vae,
+                text_encoder=None,
+                tokenizer=None,
+                text_encoder_2=None,
+                tokenizer_2=None,
+                transformer=accelerator.unwrap_model(run.engine),
+            )
+            pipeline.set_progress_bar_config(disable=True)
+            folder = Path(config.output_dir) / VALIDATION_FOLDER / f"step-{step:06d}"
+            run.engine.eval()
+            try:
+                render_prompts(state, pipeline, RenderTarget(folder, step, f"validation_step{step:06d}"), dtype=dtype, writes=session.is_main)
+            finally:
+                run.engine.train()
+                release_prefetched_partitions(run.engine)
+                del pipeline, vae
+                free_accelerator_memory()
+        accelerator.wait_for_everyone()
+
+
+def render_final(state: TrainerState) -> list[Artifact]:
+    """*Collective* (the others wait). The exported weights, loaded as a user would, render every prompt."""
+    session = state.session
+    config, accelerator = session.config, session.accelerator
+    if not config.validation_prompts:
+        return []
+    artifacts: list[Artifact] = []
+    with session.clock.stage("validate", prompts=len(config.validation_prompts)):
+        if session.is_main:
+            pipeline = _exported_pipeline(session)
+            render_prompts(
+                state,
+                pipeline,
+                RenderTarget(Path(config.output_dir) / VALIDATION_FOLDER, config.steps, "validation"),
+                dtype=session.precision.text_dtype,
+                writes=True,
+            )
+            artifacts = [*state.validation.artifacts]
+            artifacts.append(Artifact(name="validation_index", path=f"{VALIDATION_FOLDER}/{INDEX_NAME}", kind="validation_index"))
+            del pipeline
+            free_accelerator_memory()
+        accelerator.wait_for_everyone()
+    return artifacts
+
+
+def _exported_pipeline(session: Session) -> Any:
+    """The base pipeline (without text encoders: prompts come embedded) with the exported weights."""
+    from diffusers import FluxPipeline, FluxTransformer2DModel
+
+    config = session.config
+    output_dir = Path(config.output_dir)
+    dtype = session.precision.text_dtype
+    no_text_encoders: dict[str, Any] = {"text_encoder": None, "tokenizer": None, "text_encoder_2": None, "tokenizer_2": None}
+    with without_transformers_zero3_init():
+        if config.training_type == "full":
+            transformer = FluxTransformer2DModel.from_pretrained(str(output_dir / TRANSFORMER_FOLDER), torch_dtype=dtype)
+            pipeline = FluxPipeline.from_pretrained(config.base_model, transformer=transformer, torch_dtype=dtype, **no_text_encoders)
+        else:
+            pipeline = FluxPipeline.from_pretrained(config.base_model, torch_dtype=dtype, **no_text_encoders)
+            pipeline.load_lora_weights(str(output_dir / LORA_FOLDER), weight_name=LORA_WEIGHTS_NAME)
+    if session.accelerator.device.type == "cuda":
+        pipeline.enable_model_cpu_offload(device=session.accelerator.device)
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
