@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from fluxbooth import deepspeed_numbers as ds
 from fluxbooth.hardware import GIB, Hardware
 from fluxbooth.modelsize import ModelSize, block_of, is_quantised_layer
-from fluxbooth.plan.types import JobShape, MemoryEstimate, Strategy
+from fluxbooth.plan.types import PHASES, JobShape, MemoryEstimate, Strategy
 from fluxbooth.train.names import normalise_optimizer_name
 
 # ---- Safety margins: a plan fits when predicted * (1 + margin) <= available. -------------------
@@ -367,7 +367,7 @@ def estimate_memory(
         ) * model.transformer_params * width
         # Everything the GPU would hold lives in host RAM, next to the offloaded states.
         training_host = sum(host.values()) + sum(device.values())
-        phase_gpu = dict.fromkeys(("loading", "caching", "class_images", "training", "validation", "export"), 0)
+        phase_gpu = dict.fromkeys(PHASES, 0)
         render_host = training_host - activations + inference
         export_host = training_host - activations + export_transient
     else:
