@@ -11,10 +11,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from fluxbooth.errors import ErrorCode, FluxboothError, error_for_the_wire
 
 from tests.conftest import REPO_ROOT
 from tests.s3server import free_tcp_port
+from tests.test_hostile_jobs import fake_env, job_input, tiny_model  # noqa: F401 - fixtures
 
 SERVER_START_TIMEOUT_SECONDS = 120.0
 REQUEST_TIMEOUT_SECONDS = 120.0
@@ -65,14 +68,13 @@ def api_env() -> dict[str, str]:
     return {"RUNPOD_LOG_LEVEL": "INFO", "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)])}
 
 
-@pytest.fixture
-def api_server(worker_env: dict[str, str], api_env: dict[str, str], tmp_path: Path) -> Iterator[ApiServer]:
+def start_api_server(env: dict[str, str], tmp_path: Path) -> Iterator[ApiServer]:
     port = free_tcp_port()
     log_path = tmp_path / "api.log"
     with log_path.open("wb") as log:
         server = subprocess.Popen(
             [sys.executable, "handler.py", "--rp_serve_api", "--rp_api_host", "127.0.0.1", "--rp_api_port", str(port)],
-            cwd=REPO_ROOT, env={**worker_env, **api_env}, stdout=log, stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         try:
@@ -82,6 +84,11 @@ def api_server(worker_env: dict[str, str], api_env: dict[str, str], tmp_path: Pa
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+@pytest.fixture
+def api_server(worker_env: dict[str, str], api_env: dict[str, str], tmp_path: Path) -> Iterator[ApiServer]:
+    yield from start_api_server({**worker_env, **api_env}, tmp_path)
 
 
 def an_invalid_job() -> dict[str, Any]:
@@ -145,3 +152,48 @@ def test_refresh_worker_stays_beside_the_string_for_the_sdk() -> None:
 def test_a_successful_result_passes_unchanged() -> None:
     result = {"model_name": "sks", "artifacts": [], "warnings": []}
     assert error_for_the_wire(result) is result
+
+
+# --- a job that trains: /run, /status and the webhook ---------------------------------------------------
+
+
+@pytest.fixture
+def webhook_bodies() -> Iterator[tuple[str, list[Any]]]:
+    """A webhook receiver over HTTP: its URL, and every JSON body POSTed to it."""
+    received: list[Any] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            received.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the stdlib's name
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/done", received
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.slow
+def test_run_then_status_trains_and_posts_the_output_to_the_webhook(
+    fake_env: dict[str, str], api_env: dict[str, str], webhook_bodies: tuple[str, list[Any]], tmp_path: Path
+) -> None:
+    webhook_url, received = webhook_bodies
+    server = start_api_server({**fake_env, **api_env}, tmp_path)
+    api = next(server)
+    try:
+        _, queued = api.post("/run", {"input": job_input(), "webhook": webhook_url})
+        status, reply = api.post(f"/status/{queued['id']}")
+        deadline = time.monotonic() + 30
+        while not received and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        server.close()
+    assert (status, reply["status"]) == (200, "COMPLETED"), reply
+    assert "transformer/diffusion_pytorch_model.safetensors" in [artifact["name"] for artifact in reply["output"]["artifacts"]]
+    assert received == [{"output": reply["output"]}]
