@@ -182,3 +182,16 @@ def test_local_test_mode_logs_the_dataset_only_at_debug(
     assert worker.wait(START_TIMEOUT_SECONDS) == 1  # the job is refused: the SDK's local mode exits 1
     assert "invalid request: input.steps: Input should be a valid integer" in worker.log
     assert (dataset_fragment(job) in worker.log) is dataset_logged
+
+
+def test_local_test_mode_with_a_number_id_and_a_list_input_prints_the_error_not_a_traceback(
+    worker_env: dict[str, str], workers: list[Worker], tmp_path: Path
+) -> None:
+    env = {**worker_env, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)]), "RUNPOD_LOG_LEVEL": "INFO"}
+    worker = start_worker(workers, env, tmp_path, "--test_input", json.dumps({"id": 7, "input": [1, 2]}))
+    assert worker.wait(START_TIMEOUT_SECONDS) == 1
+    assert (
+        'Job 7 failed with error: {"code": "invalid_input", "message": "input: expected a JSON object with the '
+        'training fields, got list", "refresh_worker": false}'
+    ) in worker.log
+    assert "Traceback" not in worker.log
