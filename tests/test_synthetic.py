@@ -210,3 +210,12 @@ def test_full_size_shards_have_the_sizes_of_flux1_devs_published_files() -> None
         shards = plan_shards(model, unique_state_names(model), full.max_shard_bytes[component], torch.bfloat16)
         sizes[component] = [round(shard.nbytes / 1e9, 2) for shard in shards]
     assert sizes == {"transformer": [9.98, 9.95, 3.87], "text_encoder_2": [4.99, 4.53]}
+
+
+def test_tiny_preset_is_fluxbooth_tinys_pipeline(tmp_path: Path) -> None:
+    from fluxbooth.tiny import build_tiny_pipeline
+
+    completed = run_cli("--preset", "tiny", str(tmp_path / "via-synthetic"))
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    direct = build_tiny_pipeline(tmp_path / "via-tiny")
+    assert file_digests(tmp_path / "via-synthetic") == file_digests(direct)
