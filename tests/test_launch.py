@@ -15,7 +15,7 @@ import pytest
 
 from fluxbooth.configs import LaunchFiles
 from fluxbooth.errors import ErrorCode
-from fluxbooth.events import StepEvent, TrainerEvent
+from fluxbooth.events import StageEvent, StepEvent, TrainerEvent, format_event
 from fluxbooth.job import ensure_tiny_model
 from fluxbooth.launch import Redactor, TrainerOutcome, classify_outcome, run_trainer, trainer_command
 from fluxbooth.plan import Plan
@@ -180,6 +180,35 @@ def test_the_trainer_writes_its_temp_files_inside_its_working_directory_and_they
     temp_dir = tmp_path / "tmp"
     assert outcome.log_tail == [f"{temp_dir} {temp_dir}/torchinductor {temp_dir}/triton/cache"]
     assert not temp_dir.exists()
+
+
+def disk_full_trainer(stage: str) -> list[str]:
+    """A trainer that announces `stage`, then dies of a full disk as Python reports it."""
+    announce = format_event(StageEvent(stage=stage))
+    return [sys.executable, "-c", f"import sys; print({announce!r}); "
+            "print('OSError: [Errno 28] No space left on device'); sys.exit(1)"]
+
+
+def test_a_full_disk_in_the_trainer_is_does_not_fit_naming_its_stage(tmp_path: Path) -> None:
+    outcome, _ = run(disk_full_trainer("cache"), tmp_path)
+    error = classify_outcome(outcome, PLAN, 60)
+    assert error is not None and error.code == ErrorCode.DOES_NOT_FIT
+    assert error.message == (
+        "disk: the disk filled up while the trainer was in its cache stage: the plan predicted 0 B for its caches, "
+        "checkpoints and exported weights; free disk space or give the worker a bigger volume (FLUXBOOTH_WORK_DIR)"
+    )
+
+
+def test_a_log_file_on_a_full_disk_stops_and_the_run_goes_on(tmp_path: Path) -> None:
+    events: list[TrainerEvent] = []
+    outcome = asyncio.run(
+        run_trainer(
+            fake_trainer_command(tmp_path, "ok"), env={"PATH": os.environ["PATH"]}, cwd=tmp_path, deadline_seconds=60,
+            redact=Redactor(()), on_event=events.append, log_path=Path("/dev/full"),
+        )
+    )
+    assert [event.KIND for event in events] == ["stage", "step", "step", "done"]
+    assert classify_outcome(outcome, PLAN, 60) is None
 
 
 @dataclass(frozen=True)

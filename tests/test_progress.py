@@ -6,6 +6,8 @@ import io
 from collections.abc import Iterator
 from typing import Any
 
+from fluxbooth.events import StageEvent, StepEvent
+from fluxbooth.job import ProgressReporter
 from fluxbooth.progress import ProgressBar, bar, describe, format_duration
 
 # What `job.ProgressReporter` sends for a short job, with the second each payload arrives.
@@ -121,3 +123,27 @@ def test_a_job_ending_during_progress_ends_its_line_when_closed() -> None:
 
 def test_for_stream_redraws_only_on_a_terminal() -> None:
     assert ProgressBar.for_stream(io.StringIO()).interactive is False
+
+
+def test_the_reporter_forwards_a_trainer_stage_with_its_details() -> None:
+    sent: list[dict[str, Any]] = []
+    ProgressReporter(sent.append).trainer_event(StageEvent(stage="load", details={"what": "transformer"}))
+    assert sent == [{"stage": "load", "what": "transformer"}]
+
+
+def test_the_reporter_sends_steps_at_most_every_interval_and_always_the_last() -> None:
+    sent: list[dict[str, Any]] = []
+    reporter = ProgressReporter(sent.append, min_interval=3600)
+    reporter.stage("train")
+    for step in (1, 2, 3):
+        reporter.trainer_event(StepEvent(step=step, total=3, loss=0.5, lr=1e-4, seconds_per_step=2.0))
+    assert sent == [{"stage": "train"}, {"stage": "train", "step": 3, "total": 3, "loss": 0.5, "eta_seconds": 0.0}]
+
+
+def test_the_reporter_counts_items_at_most_every_interval_and_always_the_last() -> None:
+    sent: list[dict[str, Any]] = []
+    reporter = ProgressReporter(sent.append, min_interval=3600)
+    reporter.stage("dataset")
+    for done in (1, 2, 3):
+        reporter.count("dataset", done, 3)
+    assert sent == [{"stage": "dataset"}, {"stage": "dataset", "done": 3, "total": 3}]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import fcntl
 import hashlib
 import json
@@ -82,13 +83,22 @@ class ProgressReporter:
     _last_sent: float = field(default=0.0, init=False)
     _stage: str = field(default="", init=False)
 
-    def stage(self, name: str, **extra: Any) -> None:
+    def stage(self, name: str, /, **extra: Any) -> None:
         self._stage = name
         self._send({"stage": name, **extra}, force=True)
 
+    def count(self, name: str, done: int, total: int) -> None:
+        """Items done of a stage (images prepared, ...): at most every couple of seconds, and the last."""
+        self._send({"stage": name, "done": done, "total": total}, force=done >= total)
+
+    def count_from_thread(self, name: str) -> Callable[[int, int], None]:
+        """`count` for work running in a thread: the update is handed to the event loop, where the sink runs."""
+        loop = asyncio.get_running_loop()
+        return lambda done, total: loop.call_soon_threadsafe(self.count, name, done, total)
+
     def trainer_event(self, event: TrainerEvent) -> None:
         if isinstance(event, StageEvent):
-            self.stage(event.stage)
+            self.stage(event.stage, **event.details)
         elif isinstance(event, StepEvent):
             step, total = event.step, event.total
             self._send(
@@ -437,7 +447,10 @@ async def _run(
 
     reporter.stage("dataset")
     stage_started = time.monotonic()
-    dataset = await _in_thread(prepare_dataset, request, job_dir, settings.dataset_limits)
+    dataset = await _in_thread(
+        functools.partial(prepare_dataset, on_image=reporter.count_from_thread("dataset")),
+        request, job_dir, settings.dataset_limits,
+    )
     seconds["dataset"] = _elapsed(stage_started)
     base_model = await _complete_base_model(model, settings, reporter, started + deadline, seconds)
 
@@ -473,7 +486,8 @@ async def _run(
             "(or FLUXBOOTH_JOB_DEADLINE_SECONDS on the endpoint)",
         )
 
-    reporter.stage("train", total=request.steps)
+    # Until the trainer's first event: `accelerate launch` starting the trainer (imports, process group).
+    reporter.stage("launch", steps=request.steps)
     uploader = _checkpoint_uploader(trainer, settings, request.model_name, job_dir)
 
     def on_trainer_event(event: TrainerEvent) -> None:

@@ -31,7 +31,8 @@ import psutil
 
 from fluxbooth.configs import LaunchFiles, threads_per_process
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.events import DoneEvent, ErrorEvent, StepEvent, TrainerEvent, event_payload, parse_event
+from fluxbooth.events import DoneEvent, ErrorEvent, StageEvent, StepEvent, TrainerEvent, event_payload, parse_event
+from fluxbooth.hardware import format_bytes
 from fluxbooth.plan import Plan
 
 LOG_TAIL_LINES = 200
@@ -55,6 +56,11 @@ CUDA_OOM_PATTERNS = (
     re.compile(r"cudaErrorMemoryAllocation"),
     re.compile(r"CUDNN_STATUS_(NOT_INITIALIZED|ALLOC_FAILED)"),
     re.compile(r"NCCL.*(out of memory|Cuda failure 2)", re.IGNORECASE),
+)
+DISK_FULL_PATTERNS = (
+    re.compile(r"No space left on device"),
+    re.compile(r"\[Errno 28\]"),
+    re.compile(r"Disk quota exceeded"),
 )
 HOST_OOM_PATTERNS = (
     re.compile(r"DefaultCPUAllocator: (can't|not enough memory)", re.IGNORECASE),
@@ -99,6 +105,8 @@ class TrainerOutcome:
     last_step: StepEvent | None = None
     seconds: float = 0.0
     events: list[TrainerEvent] = field(default_factory=list)
+    # The stage the trainer announced last: where a failure happened.
+    last_stage: str | None = None
 
 
 def trainer_command(
@@ -227,6 +235,22 @@ async def _kill_everything(process: asyncio.subprocess.Process, processes: Train
         await asyncio.sleep(0.01)
 
 
+def _append_to_log(log_file: TextIO | None, line: str) -> TextIO | None:
+    """Append `line` to the job's log file; on a full disk stop writing it (the tail in memory stays):
+    the trainer's own failure is what the job must report, not the log's."""
+    if log_file is None:
+        return None
+    try:
+        log_file.write(line + "\n")
+        log_file.flush()
+        return log_file
+    except OSError as error:
+        logger.warning("the trainer log %s stopped: %s", log_file.name, error.strerror or error)
+        with contextlib.suppress(OSError):
+            log_file.close()
+        return None
+
+
 async def _read_output(
     process: asyncio.subprocess.Process,
     outcome: TrainerOutcome,
@@ -247,15 +271,15 @@ async def _read_output(
             break
         line = redact(raw.decode("utf-8", errors="replace").rstrip("\n"))
         event = parse_event(line)
-        if log_file:
-            log_file.write(line + "\n")
-            log_file.flush()
+        log_file = _append_to_log(log_file, line)
         if event is None:
             tail.append(line)
             logger.info("trainer | %s", line)
             continue
         outcome.events.append(event)
-        if isinstance(event, StepEvent):
+        if isinstance(event, StageEvent):
+            outcome.last_stage = event.stage
+        elif isinstance(event, StepEvent):
             outcome.last_step = event
         elif isinstance(event, DoneEvent):
             outcome.done = event
@@ -316,7 +340,8 @@ async def run_trainer(
     finally:
         watching.cancel()
         if log_file:
-            log_file.close()
+            with contextlib.suppress(OSError):  # a full disk: what was written stays
+                log_file.close()
     # The launcher has exited; its workers must not outlive it.
     await _kill_everything(process, processes)
     # Only now that every process of the run is dead: nothing can write there any more.
@@ -386,6 +411,15 @@ def classify_outcome(outcome: TrainerOutcome, plan: Plan, deadline_seconds: floa
             f"the GPU ran out of memory{progress} (plan: ZeRO-{plan.zero_stage}, "
             f"optimizer offload {plan.offload_optimizer}, parameter offload {plan.offload_param}, "
             f"{plan.training_type}); {cuda_oom_advice(plan)}",
+            details=details,
+        )
+    if _matches(DISK_FULL_PATTERNS, tail):
+        stage = f" in its {outcome.last_stage} stage" if outcome.last_stage else ""
+        return FluxboothError(
+            ErrorCode.DOES_NOT_FIT,
+            f"disk: the disk filled up while the trainer was{stage}{progress}: the plan predicted "
+            f"{format_bytes(plan.predicted_disk_bytes)} for its caches, checkpoints and exported weights; free disk "
+            "space or give the worker a bigger volume (FLUXBOOTH_WORK_DIR)",
             details=details,
         )
     has_traceback = any("Traceback (most recent call last)" in line for line in own_lines)
