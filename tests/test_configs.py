@@ -255,3 +255,18 @@ def test_every_optimizer_produces_a_config_deepspeed_accepts(name: str) -> None:
     raw = deepspeed_config(GUIDE_DEFAULT_PLAN, replace(GUIDE_TRAINER, optimizer=name))
     expected = raw["optimizer"]["type"].lower() if "optimizer" in raw else None
     assert DeepSpeedConfig(raw, mpu=None).optimizer_name == expected
+
+
+def test_the_plans_base_precision_reaches_the_trainer(tmp_path: Path) -> None:
+    from fluxbooth.configs import trainer_config_for
+    from fluxbooth.request import parse_request
+
+    request = parse_request(
+        {"model_name": "m", "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==", "instance_prompt": "a photo of sks dog"}
+    )
+    plan = replace(GUIDE_DEFAULT_PLAN, training_type="lora", offload_optimizer="none", base_precision="nf4")
+    trainer = trainer_config_for(
+        request, plan, base_model="/models/flux", instance_dir=tmp_path / "instance", class_dir=None, job_dir=tmp_path
+    )
+    assert (trainer.training_type, trainer.base_precision) == ("lora", "nf4")
+    assert TrainerConfig.read(write_launch_files(tmp_path, plan, trainer).trainer_config).base_precision == "nf4"
