@@ -433,7 +433,11 @@ async def _run(
         )
         warnings.extend(resume_warnings)
     hardware = await _in_thread(probe_hardware, job_dir, settings.environ)
-    plan = choose_plan(request, hardware, model_size(str(model.folder)), deadline_seconds=deadline)
+    # Planned before the dataset is fetched: sized for the most images this worker's dataset limits accept.
+    plan = choose_plan(
+        request, hardware, model_size(str(model.folder)), deadline_seconds=deadline,
+        instance_images=settings.dataset_limits.max_images,
+    )
     ensure_room_to_download(model, plan.predicted_disk_bytes, settings.work_root)
     warnings.extend(plan.warnings)
     if plan.nvme_path:
