@@ -323,6 +323,8 @@ def test_a_request_without_training_type_gets_a_lora_plan_on_every_runpod_tier(
     assert (plan["training_type"], plan["base_precision"], plan["offload_param"]) == ("lora", base, "none")
     assert (report["job"]["steps"], report["job"]["resolution"]) == (1000, [1024, 1024])
     assert report["warnings"] == []
+    assert list(plan["phases"]) == ["loading", "caching", "class_images", "training", "validation", "export"]
+    assert set(plan["phases"]["training"]) == {"gpu_bytes", "host_bytes", "seconds"}
 
 
 @pytest.mark.parametrize("tier", list(RUNPOD_TIERS))
@@ -358,3 +360,11 @@ def test_instance_images_sizes_the_cached_embeddings_for_a_known_count(cli_env: 
         assert code == EXIT_OK
         cached[count] = report["chosen"]["breakdown"]["host.cached_embeddings"]
     assert cached["8"] == 2 * cached["4"]
+
+
+def test_plan_table_shows_the_base_precision_and_every_phase(cli_env: dict[str, str]) -> None:
+    code, output = run_cli(["plan", *FLUX_DEV, *RUNPOD_TIERS["24 GiB RTX 4090"]], cli_env)
+    assert code == EXIT_OK
+    assert "chosen: lora over an fp8 base with ZeRO-2, offload optimizer none, parameters none" in output
+    assert "phase         GPU peak  host peak  time" in output
+    assert all(f"\n{phase} " in output for phase in ("loading", "caching", "class_images", "training", "validation", "export"))
