@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -259,7 +260,13 @@ def run_one(spec: RunSpec, mode: Mode, models: dict[str, Path], work: Path, log_
     env = run_environment(os.environ.copy(), work, spec, nvml.total_bytes())
     (folder / "env.json").write_text(json.dumps({k: v for k, v in env.items() if k.startswith("FLUXBOOTH_")}, indent=2))
     record.plan = predict(request_path, env, folder)
-    read_result(train(request_path, env, folder, record, nvml, timeout, mode.sample_seconds), record)
+    result = train(request_path, env, folder, record, nvml, timeout, mode.sample_seconds)
+    read_result(result, record)
+    exported = sum(int(artifact.get("bytes", 0)) for artifact in result.get("artifacts", []))
+    if exported:
+        record.notes.append(f"exported {exported / GIB:.2f} GiB")
+    # The weights are not the measurement; a full fine-tune's would fill the disk over a call.
+    shutil.rmtree(work / "outputs" / spec.name, ignore_errors=True)
     if spec.model == "reduced" and record.transformer_params:
         parameters = record.transformer_params
         record.notes.append(
