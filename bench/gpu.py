@@ -305,7 +305,8 @@ def plan_cell(plan: dict[str, Any]) -> str:
     if not plan:
         return "-"
     strategy = f"ZeRO-{plan.get('zero_stage')}" if plan.get("use_deepspeed") else "no DeepSpeed"
-    return f"{plan.get('training_type')} {strategy} offload {plan.get('offload_optimizer')}/{plan.get('offload_param')}"
+    base = f", base {plan['base_precision']}" if plan.get("base_precision") else ""
+    return f"{plan.get('training_type')} {strategy} offload {plan.get('offload_optimizer')}/{plan.get('offload_param')}{base}"
 
 
 def row(record: RunRecord, where: str) -> str:
