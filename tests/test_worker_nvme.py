@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +50,14 @@ def test_the_job_offloads_the_optimizer_to_nvme_under_zero3(nvme_job: dict[str, 
 
 
 def test_the_job_swaps_in_a_folder_of_its_own(nvme_job: dict[str, Any]) -> None:
-    assert nvme_job["result"]["plan"]["nvme_path"] == str(nvme_job["nvme_root"] / "fluxbooth-swap-nvme-1")
+    swap = Path(nvme_job["result"]["plan"]["nvme_path"])
+    # Named after the run's own work folder (job-<id>-<attempt>), so two runs of one job id never share it.
+    assert swap.parent == nvme_job["nvme_root"]
+    assert re.fullmatch(r"fluxbooth-swap-job-nvme-1-[0-9a-f]{12}", swap.name)
 
 
 def test_the_jobs_swap_folder_is_removed_afterwards(nvme_job: dict[str, Any]) -> None:
-    assert not (nvme_job["nvme_root"] / "fluxbooth-swap-nvme-1").exists()
+    assert not Path(nvme_job["result"]["plan"]["nvme_path"]).exists()
 
 
 def test_a_swap_folder_left_by_a_killed_job_is_removed_and_other_folders_are_kept(nvme_job: dict[str, Any]) -> None:
