@@ -182,15 +182,19 @@ def test_the_trainer_writes_its_temp_files_inside_its_working_directory_and_they
     assert not temp_dir.exists()
 
 
-def disk_full_trainer(stage: str) -> list[str]:
-    """A trainer that announces `stage`, then dies of a full disk as Python reports it."""
+OSERROR_DISK_FULL = "OSError: [Errno 28] No space left on device"
+TORCH_SAVE_DISK_FULL = "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 1216 vs 1110"
+
+
+def disk_full_trainer(stage: str, report: str) -> list[str]:
+    """A trainer that announces `stage`, then dies of a full disk, reporting it as `report`."""
     announce = format_event(StageEvent(stage=stage))
-    return [sys.executable, "-c", f"import sys; print({announce!r}); "
-            "print('OSError: [Errno 28] No space left on device'); sys.exit(1)"]
+    return [sys.executable, "-c", f"import sys; print({announce!r}); print({report!r}); sys.exit(1)"]
 
 
-def test_a_full_disk_in_the_trainer_is_does_not_fit_naming_its_stage(tmp_path: Path) -> None:
-    outcome, _ = run(disk_full_trainer("cache"), tmp_path)
+@pytest.mark.parametrize("report", [OSERROR_DISK_FULL, TORCH_SAVE_DISK_FULL])
+def test_a_full_disk_in_the_trainer_is_does_not_fit_naming_its_stage(tmp_path: Path, report: str) -> None:
+    outcome, _ = run(disk_full_trainer("cache", report), tmp_path)
     error = classify_outcome(outcome, PLAN, 60)
     assert error is not None and error.code == ErrorCode.DOES_NOT_FIT
     assert error.message == (

@@ -61,6 +61,10 @@ DISK_FULL_PATTERNS = (
     re.compile(r"No space left on device"),
     re.compile(r"\[Errno 28\]"),
     re.compile(r"Disk quota exceeded"),
+    # torch.save on a full disk names no errno: its zip writer reports the short write (seen on a full tmpfs:
+    # "[enforce fail at inline_container.cc:672] . unexpected pos 1216 vs 1110") or the failed one.
+    re.compile(r"inline_container\.cc.*unexpected pos \d+ vs \d+"),
+    re.compile(r"PytorchStreamWriter failed writing file"),
 )
 HOST_OOM_PATTERNS = (
     re.compile(r"DefaultCPUAllocator: (can't|not enough memory)", re.IGNORECASE),
