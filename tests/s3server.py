@@ -187,6 +187,8 @@ class RecordedRequest:
 class InjectedFault:
     status: int = 503
     code: str = "ServiceUnavailable"
+    # Close the connection without answering, as a crashed endpoint or a broken network path does.
+    drop_connection: bool = False
 
 
 FaultRule = Callable[[RecordedRequest], InjectedFault | None]
@@ -306,6 +308,10 @@ def _handler_class_for(proxy: S3FaultProxy) -> type[BaseHTTPRequestHandler]:
             return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
         def _answer_fault(self, fault: InjectedFault) -> None:
+            if fault.drop_connection:
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
             body = (
                 '<?xml version="1.0" encoding="UTF-8"?>\n'
                 f"<Error><Code>{fault.code}</Code><Message>injected by the test proxy</Message>"
