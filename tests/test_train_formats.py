@@ -3,6 +3,8 @@ real FLUX.1 shapes (3072 hidden, 12288 MLP), with only a few blocks so they stay
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -145,3 +147,43 @@ def test_final_layer_modulation_is_stored_shift_first() -> None:
     scale, shift = torch.ones(4, 2), torch.zeros(4, 2)
     original = diffusers_to_original_transformer({"norm_out.linear.weight": torch.cat([scale, shift])})
     assert torch.equal(original["final_layer.adaLN_modulation.1.weight"], torch.cat([shift, scale]))
+
+
+# --- the diffusers-format LoRA file, read by diffusers and by ComfyUI ------------------------------
+
+
+def comfyui_change_from_diffusers_format(file_state: dict[str, torch.Tensor], module: str) -> torch.Tensor:
+    """The weight change ComfyUI applies for a diffusers-format key (comfy/weight_adapter/lora.py, the
+    `lora_B`/`lora_A` branch): up @ down scaled by `<key>.alpha` / rank when that tensor exists, else by 1."""
+    key = f"transformer.{module}"
+    up, down = file_state[f"{key}.lora_B.weight"].float(), file_state[f"{key}.lora_A.weight"].float()
+    alpha = file_state.get(f"{key}.alpha")
+    scale = float(alpha) / down.shape[0] if alpha is not None else 1.0
+    return scale * (up @ down)
+
+
+def test_diffusers_format_lora_changes_each_layer_equally_in_diffusers_and_comfyui_when_alpha_is_not_rank(
+    tiny_base: Path, tmp_path: Path
+) -> None:
+    from diffusers import FluxPipeline
+    from safetensors.torch import load_file
+
+    from fluxbooth.train.export import LORA_WEIGHTS_NAME, save_lora_diffusers
+
+    pipeline = FluxPipeline.from_pretrained(tiny_base, torch_dtype=torch.float32)
+    transformer = pipeline.transformer
+    modules = ["transformer_blocks.0.attn.to_q", "transformer_blocks.0.ff.net.2", "single_transformer_blocks.0.proj_mlp"]
+    layers = {module: transformer.get_submodule(module) for module in modules}
+    shapes = {module: (layer.in_features, layer.out_features) for module, layer in layers.items()}
+    rank, alpha = 4, 16.0
+    save_lora_diffusers(fake_lora(shapes, rank), tmp_path, alpha)
+    base_weights = {module: layer.weight.detach().clone() for module, layer in layers.items()}
+
+    pipeline.load_lora_weights(str(tmp_path), weight_name=LORA_WEIGHTS_NAME)
+    pipeline.fuse_lora()
+    file_state = load_file(str(tmp_path / LORA_WEIGHTS_NAME))
+    for module in modules:
+        diffusers_change = transformer.get_submodule(module).weight.detach() - base_weights[module]
+        comfyui_change = comfyui_change_from_diffusers_format(file_state, module)
+        assert torch.allclose(diffusers_change, comfyui_change, atol=1e-5), module
+        assert float(comfyui_change.abs().max()) > 0

@@ -200,3 +200,7 @@ def test_empty_instance_folder_is_reported_as_invalid_dataset(tiny_base: Path, t
     (error,) = run.of_kind("error")
     assert error["code"] == "invalid_dataset"
     assert "instance" in error["message"]
+
+
+def test_full_zero2_frees_the_engine_and_its_offloaded_optimizer_before_export_begins(full_zero2: TrainerRun) -> None:
+    assert full_zero2.metrics["alive_at_export"] == []

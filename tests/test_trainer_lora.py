@@ -69,7 +69,12 @@ def test_lora_export_keys_have_no_deepspeed_or_peft_leftovers(run_name: str, req
     keys = list(load_file(run.artifact("lora_diffusers")))
     assert keys and all(key.startswith("transformer.") for key in keys)
     assert not [key for key in keys if "module." in key or ".default" in key]
-    assert {key.rsplit(".", 2)[-2] for key in keys} == {"lora_A", "lora_B"}
+    weights = [key for key in keys if not key.endswith(".alpha")]
+    assert {key.rsplit(".", 2)[-2] for key in weights} == {"lora_A", "lora_B"}
+    # One alpha per adapted module, beside its weights (what ComfyUI and diffusers both read).
+    assert sorted(key.removesuffix(".alpha") for key in keys if key.endswith(".alpha")) == sorted(
+        {key.rsplit(".", 2)[0] for key in weights}
+    )
 
 
 def test_lora_export_restores_alpha_when_loaded(lora_zero2: TrainerRun, tiny_base: Path) -> None:

@@ -5,18 +5,21 @@ each module-scoped fixture is one training run, the tests read what it produced.
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from tests.trainer_jobs import (
     LORA_FORMATS,
     TrainerRun,
     assert_succeeded,
     lora_pipeline,
+    make_images,
     make_plan,
     new_job,
     read_json,
@@ -212,3 +215,56 @@ def test_two_processes_lora_under_zero3_render_validation_images_during_training
     assert [record["training_step"] for record in read_json(run.artifact("validation_index"))["images"]] == [2, 2, 3, 3]
     early, final = validation_pixels(run, "step-000002/validation_00.png"), validation_pixels(run, "validation_00.png")
     assert (early != final).mean() > 0.1
+
+
+# --------------------------------------------------------------------------------------------------
+# A schnell-like base (no guidance embedding), LoRA exported for ComfyUI only, prior preservation with
+# supplied class images and validation prompts: one run, read by the tests below.
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def schnell_like_base(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny pipeline as FLUX.1-schnell is built: `guidance_embeds` false, no guidance embedder weights."""
+    base = tmp_path_factory.mktemp("schnell") / "tiny-schnell"
+    shutil.copytree(tiny_base, base)
+    config_path = base / "transformer" / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "guidance_embeds": False}))
+    weights_path = base / "transformer" / "diffusion_pytorch_model.safetensors"
+    save_file({name: tensor for name, tensor in load_file(weights_path).items() if "guidance_embedder" not in name}, weights_path)
+    return base
+
+
+@pytest.fixture(scope="module")
+def schnell_comfyui_lora(schnell_like_base: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainerRun:
+    root = tmp_path_factory.mktemp("schnell-comfyui")
+    make_images(root / "class", 2, seed=5)
+    job = new_job(
+        root / "job", schnell_like_base, plan=make_plan(training_type="lora"), steps=2, export_formats=("comfyui",),
+        with_prior_preservation=True, class_dir=str(root / "class"), validation_prompts=("a sks dog in the snow",),
+        # Left to the model, as the worker leaves them.
+        max_sequence_length=None, validation_inference_steps=None, validation_guidance_scale=None,
+    )
+    run = job.launch()
+    assert_succeeded(run)
+    return run
+
+
+def test_lora_exported_only_for_comfyui_renders_its_validation_images_from_the_comfyui_file(schnell_comfyui_lora: TrainerRun) -> None:
+    kinds = [artifact["kind"] for artifact in schnell_comfyui_lora.done["artifacts"]]
+    assert "lora_diffusers" not in kinds
+    assert schnell_comfyui_lora.artifact("lora_comfyui").is_file()
+    assert schnell_comfyui_lora.artifact("validation_image").is_file()
+
+
+def test_text_encoders_load_once_for_the_instance_class_and_validation_prompts(schnell_comfyui_lora: TrainerRun) -> None:
+    assert sorted(schnell_comfyui_lora.metrics["released_before_training"]) == ["text_encoder", "text_encoder_2", "vae"]
+    cache = Path(schnell_comfyui_lora.config.cache_dir)
+    assert [len(list(cache.glob(f"{name}-*.pt"))) for name in ("instance", "class", "validation")] == [1, 1, 1]
+
+
+def test_a_model_without_guidance_embedding_is_sampled_with_schnell_defaults(schnell_comfyui_lora: TrainerRun) -> None:
+    index = read_json(schnell_comfyui_lora.output_dir / "validation" / "validation.json")
+    assert (index["guidance_scale"], [record["steps"] for record in index["images"]]) == (0.0, [4])
+    (instance_cache,) = Path(schnell_comfyui_lora.config.cache_dir).glob("instance-*.pt")
+    assert torch.load(instance_cache, weights_only=True)["prompt_embeds"].shape[1] == 256

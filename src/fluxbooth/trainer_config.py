@@ -6,11 +6,11 @@ Plain data, no torch, so the worker can build it and tests can golden-file it.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fluxbooth.train.names import DEFAULT_LORA_TARGET_MODULES
+from fluxbooth.train.names import DEFAULT_LORA_TARGET_MODULES, SamplingDefaults
 
 
 @dataclass(frozen=True)
@@ -63,12 +63,13 @@ class TrainerConfig:
     resume_from: str | None = None
     validation_prompts: tuple[str, ...] = ()
     export_formats: tuple[str, ...] = ("diffusers",)
-    max_sequence_length: int = 512
+    # None: the base model's own (names.sampling_defaults: 512 for FLUX.1-dev, 256 for schnell).
+    max_sequence_length: int | None = None
     # Added by the trainer (defaults keep older train.json files valid):
     ema_decay: float | None = None  # keep an EMA of the trained weights on the CPU and export it too
-    validation_inference_steps: int = 28
-    validation_guidance_scale: float = 3.5
-    class_image_inference_steps: int = 28  # prior preservation: steps per generated class image
+    validation_inference_steps: int | None = None  # None: the model's (28 dev, 4 schnell)
+    validation_guidance_scale: float | None = None  # None: the model's (3.5 dev, 0 schnell)
+    class_image_inference_steps: int | None = None  # prior preservation: steps per generated class image; None: the model's
     max_shard_size: str = "5GB"  # safetensors shard size of the exported transformer
     checkpoints_keep: int = 2  # local checkpoint-N folders kept (older ones are deleted once uploaded)
     class_image_cache_dir: str | None = None  # keep generated class images here across jobs (one folder per recipe)
@@ -99,3 +100,13 @@ class TrainerConfig:
     @classmethod
     def read(cls, path: Path) -> TrainerConfig:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def with_sampling_defaults(self, defaults: SamplingDefaults) -> TrainerConfig:
+        """Every sampling field left to the model (None) filled from `defaults`."""
+        filled = {
+            "max_sequence_length": defaults.max_sequence_length,
+            "validation_inference_steps": defaults.inference_steps,
+            "validation_guidance_scale": defaults.guidance_scale,
+            "class_image_inference_steps": defaults.inference_steps,
+        }
+        return replace(self, **{name: value for name, value in filled.items() if getattr(self, name) is None})

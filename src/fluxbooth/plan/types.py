@@ -10,7 +10,8 @@ from typing import Any, Literal
 
 from fluxbooth.request import DEFAULT_TRAINING_TYPE
 from fluxbooth.settings import DatasetLimits
-from fluxbooth.trainer_config import LoraSettings, TrainerConfig
+from fluxbooth.train.names import GUIDANCE_DISTILLED_SAMPLING
+from fluxbooth.trainer_config import LoraSettings
 
 Offload = Literal["none", "cpu", "nvme"]
 
@@ -94,8 +95,9 @@ class JobShape:
     timeout_seconds: int | None = None
     validation_prompts: int = 0
     validation_steps: int | None = None
-    validation_inference_steps: int = TrainerConfig.validation_inference_steps
-    class_image_inference_steps: int = TrainerConfig.class_image_inference_steps
+    # The trainer follows the model (schnell: 4); the planner budgets for dev's longer sampling.
+    validation_inference_steps: int = GUIDANCE_DISTILLED_SAMPLING.inference_steps
+    class_image_inference_steps: int = GUIDANCE_DISTILLED_SAMPLING.inference_steps
 
     @classmethod
     def from_request(cls, request: Any, *, instance_images: int) -> JobShape:

@@ -7,9 +7,12 @@ with collectives); only the main process writes files.
 from __future__ import annotations
 
 import json
+import math
 import re
-from contextlib import nullcontext
+from collections.abc import Callable
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +21,13 @@ from safetensors.torch import load_file, save_file
 
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.formats import (
+    OriginalTensor,
     comfyui_lora_effects,
     diffusers_effects_as_comfyui,
     diffusers_lora_effects,
     diffusers_lora_to_comfyui,
-    diffusers_to_original_transformer,
     fused_split_sizes,
-    original_to_diffusers_transformer,
+    single_file_layout,
 )
 from fluxbooth.trainer_config import LoraSettings
 
@@ -143,24 +146,81 @@ def verify_saved_transformer(folder: Path, samples: dict[str, torch.Tensor]) -> 
             raise TrainerFailure("export_failed", f"the saved transformer's {name} differs from the trained weights")
 
 
-def load_diffusers_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    files = sorted(folder.glob("diffusion_pytorch_model*.safetensors"))
-    state: dict[str, torch.Tensor] = {}
-    for path in files:
-        state.update(load_file(str(path)))
-    return state
+# safetensors' names for torch dtypes (the file header's "dtype").
+_SAFETENSORS_DTYPES = {
+    torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+}
+
+_TORCH_DTYPES = {name: dtype for dtype, name in _SAFETENSORS_DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """A tensor of a file written by `write_safetensors_streaming`: known by dtype and shape before it exists."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    build: Callable[[], torch.Tensor]
+
+    @property
+    def bytes(self) -> int:
+        return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+
+
+def write_safetensors_streaming(path: Path, tensors: list[PlannedTensor], metadata: dict[str, str]) -> None:
+    """A safetensors file written one tensor at a time: the header (every name, dtype, shape and offset)
+    first, then each tensor's bytes as it is built, so at most one tensor is in memory."""
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for tensor in tensors:
+        header[tensor.name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + tensor.bytes]}
+        offset += tensor.bytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    with path.open("wb") as file:
+        file.write(len(encoded).to_bytes(8, "little"))
+        file.write(encoded)
+        for planned in tensors:
+            built = planned.build().contiguous()
+            if built.dtype != planned.dtype or tuple(built.shape) != planned.shape:
+                raise TrainerFailure("export_failed", f"{planned.name} came out {built.dtype} {tuple(built.shape)}, planned {planned.dtype} {planned.shape}")
+            file.write(built.view(torch.uint8).numpy().data)
 
 
 def export_single_file(transformer_folder: Path, out_file: Path) -> None:
     """The saved diffusers transformer → one safetensors file in the original FLUX layout (ComfyUI's
-    diffusion_models folder, `FluxTransformer2DModel.from_single_file`); checked by converting it back."""
-    state = load_diffusers_state_dict(transformer_folder)
-    original = diffusers_to_original_transformer(state)
-    save_file({key: value.contiguous() for key, value in original.items()}, str(out_file), metadata={"format": "pt"})
-    config = json.loads((transformer_folder / "config.json").read_text())
-    round_trip = original_to_diffusers_transformer(load_file(str(out_file)), fused_split_sizes(config))
-    if set(round_trip) != set(state) or any(not torch.equal(round_trip[key], state[key]) for key in state):
-        raise TrainerFailure("export_failed", f"{out_file.name} does not convert back to the trained weights")
+    diffusion_models folder, `FluxTransformer2DModel.from_single_file`). Streamed: each original tensor
+    is read from the shards (memory-mapped), built, written and dropped, then checked the same way
+    against the written file, so no state dict, fused copy or reload of the whole model is ever held."""
+    from safetensors import safe_open
+
+    files = sorted(transformer_folder.glob("diffusion_pytorch_model*.safetensors"))
+    with ExitStack() as stack:
+        shards = [stack.enter_context(safe_open(str(path), framework="pt", device="cpu")) for path in files]
+        shard_of = {key: shard for shard in shards for key in shard.keys()}
+
+        def read(key: str) -> torch.Tensor:
+            return shard_of[key].get_tensor(key)
+
+        planned = []
+        for entry in single_file_layout(shard_of):
+            slices = [shard_of[source].get_slice(source) for source in entry.sources]
+            shape = (sum(piece.get_shape()[0] for piece in slices), *slices[0].get_shape()[1:])
+            dtype = _TORCH_DTYPES[slices[0].get_dtype()]
+            planned.append(PlannedTensor(entry.name, dtype, shape, partial(_build_original, entry, read)))
+        write_safetensors_streaming(out_file, planned, {"format": "pt"})
+        written = stack.enter_context(safe_open(str(out_file), framework="pt", device="cpu"))
+        if set(written.keys()) != {tensor.name for tensor in planned}:
+            raise TrainerFailure("export_failed", f"{out_file.name} does not hold every tensor of the trained transformer")
+        for tensor in planned:
+            if not torch.equal(written.get_tensor(tensor.name), tensor.build()):
+                raise TrainerFailure("export_failed", f"{out_file.name} does not hold the trained weights in {tensor.name}")
+
+
+def _build_original(entry: OriginalTensor, read: Callable[[str], torch.Tensor]) -> torch.Tensor:
+    return entry.build([read(source) for source in entry.sources])
 
 
 def lora_state_dict(model: Any, *, is_main_process: bool) -> dict[str, torch.Tensor]:
@@ -181,23 +241,27 @@ def lora_state_dict(model: Any, *, is_main_process: bool) -> dict[str, torch.Ten
     return state
 
 
-def save_lora_diffusers(state: dict[str, torch.Tensor], out_dir: Path, metadata: dict[str, Any]) -> Path:
-    """diffusers/peft format: `FluxPipeline.load_lora_weights(out_dir)` loads it; checked by parsing it
-    back with diffusers' own `FluxPipeline.lora_state_dict` and comparing every tensor."""
+def save_lora_diffusers(state: dict[str, torch.Tensor], out_dir: Path, alpha: float) -> Path:
+    """diffusers/peft format (`transformer.<module>.lora_A.weight`, ...) with each module's alpha stored
+    as a `transformer.<module>.alpha` tensor beside it. Both loaders read alpha from there: diffusers'
+    `load_lora_weights` (as network alphas, giving the adapter lora_alpha) and ComfyUI (which scales by
+    alpha/rank only when that key exists, else by 1). Adapter metadata is not written: diffusers refuses
+    a file with both. Checked by parsing it back with diffusers' own `FluxPipeline.lora_state_dict`."""
     from diffusers import FluxPipeline
 
-    FluxPipeline.save_lora_weights(
-        str(out_dir), transformer_lora_layers=state, transformer_lora_adapter_metadata=metadata, safe_serialization=True
-    )
+    modules = sorted({key.rsplit(".lora_", 1)[0] for key in state})
+    alphas = {f"{module}.alpha": torch.tensor(float(alpha)) for module in modules}
+    FluxPipeline.save_lora_weights(str(out_dir), transformer_lora_layers={**state, **alphas}, safe_serialization=True)
     path = out_dir / LORA_WEIGHTS_NAME
     try:
-        parsed = FluxPipeline.lora_state_dict(str(out_dir), weight_name=LORA_WEIGHTS_NAME)
+        parsed_state, parsed_alphas = FluxPipeline.lora_state_dict(str(out_dir), weight_name=LORA_WEIGHTS_NAME, return_alphas=True)
     except Exception as error:  # whatever diffusers raises, the export is unusable
         raise TrainerFailure("export_failed", f"{path.name} does not parse in diffusers: {error}") from error
-    parsed_state = parsed[0] if isinstance(parsed, tuple) else parsed
     expected = {f"transformer.{key}": value for key, value in state.items()}
     if set(parsed_state) != set(expected) or any(not torch.equal(parsed_state[key], expected[key]) for key in expected):
         raise TrainerFailure("export_failed", f"{path.name} does not read back as the trained LoRA weights")
+    if {key: float(value) for key, value in (parsed_alphas or {}).items()} != {f"transformer.{key}": float(alpha) for key in alphas}:
+        raise TrainerFailure("export_failed", f"{path.name} does not read back with alpha {alpha} for every module")
     return path
 
 

@@ -20,13 +20,13 @@ from fluxbooth.train.export import (
     save_transformer,
     verify_saved_transformer,
 )
-from fluxbooth.train.model import lora_adapter_metadata
-from fluxbooth.train.state import Session, TrainerState
+from fluxbooth.train.state import Session, TrainerState, TrainingRun
 
 TRANSFORMER_FOLDER = "transformer"
 LORA_FOLDER = "lora"
 COMFYUI_LORA_NAME = "lora_comfyui.safetensors"
 SINGLE_FILE_NAME = "flux_transformer.safetensors"
+VALIDATION_LORA_FOLDER = "validation_lora"  # under the cache dir
 
 
 def save_and_export(state: TrainerState) -> list[Artifact]:
@@ -41,21 +41,42 @@ def save_and_export(state: TrainerState) -> list[Artifact]:
             samples = _save_full(session, model, output_dir / TRANSFORMER_FOLDER)
         else:
             lora_state = lora_state_dict(model, is_main_process=session.is_main)
+    # Nothing below needs the engine or the optimizer (and its offloaded state): they go before export.
+    del model
+    release_engine(session, run)
     with session.clock.stage("export", formats=list(config.export_formats)):
         if session.is_main:
             if config.training_type == "full":
                 artifacts += _export_full(session, output_dir, samples)
             else:
                 artifacts += export_lora(session, output_dir, lora_state, prefix="", folder_name=LORA_FOLDER)
+                if config.validation_prompts and "diffusers" not in config.export_formats:
+                    rendering_folder = lora_for_rendering(session)
+                    rendering_folder.mkdir(parents=True, exist_ok=True)
+                    save_lora_diffusers(lora_state, rendering_folder, config.lora.alpha)
             if run.ema is not None:
                 artifacts += _export_ema(session, run.ema.export_state(), output_dir)
         accelerator.wait_for_everyone()
-    # The engine's memory is released before the validation pipeline is loaded.
-    run.release()
-    del model
-    accelerator.free_memory()
-    free_accelerator_memory()
     return artifacts
+
+
+def release_engine(session: Session, run: TrainingRun) -> None:
+    """Drop the engine, optimizer and schedule everywhere they are held (accelerate destroys DeepSpeed's
+    engine), and record which of them still lives (metrics.alive_at_export; empty when all were freed)."""
+    run.release()
+    session.accelerator.free_memory()
+    free_accelerator_memory()
+    run.alive_at_export = run.engine_references.alive()
+
+
+def lora_for_rendering(session: Session) -> Path:
+    """The diffusers-format LoRA folder the final validation loads: the exported one, or, when only ComfyUI's
+    format was asked for, a copy kept in the job's cache (diffusers' reader of kohya files assumes FLUX.1's
+    full widths, so it cannot serve every model)."""
+    config = session.config
+    if "diffusers" in config.export_formats:
+        return Path(config.output_dir) / LORA_FOLDER
+    return Path(config.cache_dir) / VALIDATION_LORA_FOLDER
 
 
 def _save_full(session: Session, model: Any, folder: Path) -> dict[str, torch.Tensor]:
@@ -90,7 +111,7 @@ def export_lora(session: Session, output_dir: Path, lora_state: dict[str, torch.
     folder.mkdir(parents=True, exist_ok=True)
     artifacts = []
     if "diffusers" in config.export_formats:
-        save_lora_diffusers(lora_state, folder, lora_adapter_metadata(config.lora))
+        save_lora_diffusers(lora_state, folder, config.lora.alpha)
         artifacts.append(Artifact(name=f"{prefix}lora", path=f"{folder_name}/{LORA_WEIGHTS_NAME}", kind=f"{prefix}lora_diffusers"))
     if "comfyui" in config.export_formats:
         save_lora_comfyui(lora_state, folder / COMFYUI_LORA_NAME, config.lora, session.transformer_config)

@@ -104,30 +104,47 @@ def _original_module_map(keys: Iterable[str]) -> ModuleMap:
     return module_map(indices["double_blocks"], indices["single_blocks"])
 
 
-def _move(source: dict[str, torch.Tensor], converted: dict[str, torch.Tensor], renames: list[tuple[str, str]], swapped: bool = False) -> None:
-    """Move each (old key, new key) present in `source` to `converted`; `swapped` exchanges row halves."""
-    for old, new in renames:
-        if old in source:
-            tensor = source.pop(old)
-            converted[new] = swap_halves(tensor) if swapped else tensor
-
-
 def _weight_and_bias(source_module: str, target_module: str) -> list[tuple[str, str]]:
     return [(f"{source_module}.{suffix}", f"{target_module}.{suffix}") for suffix in ("weight", "bias")]
 
 
+@dataclass(frozen=True)
+class OriginalTensor:
+    """One tensor of the original layout: the diffusers tensors it is made of (stacked along rows when
+    several), with its row halves exchanged when `swapped`."""
+
+    name: str
+    sources: tuple[str, ...]
+    swapped: bool = False
+
+    def build(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        joined = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+        return swap_halves(joined) if self.swapped else joined
+
+
+def single_file_layout(diffusers_keys: Iterable[str]) -> list[OriginalTensor]:
+    """How every tensor of a diffusers FluxTransformer2DModel state dict maps to the original single-file
+    layout, one entry per original tensor; refuses a key it has no original name for."""
+    keys = set(diffusers_keys)
+    modules = _diffusers_module_map(keys)
+    layout = []
+    for name, target, swapped in modules.linears:
+        layout += [OriginalTensor(new, (old,), swapped) for old, new in _weight_and_bias(name, target) if old in keys]
+    for names, target, _ in modules.fused:
+        for suffix in ("weight", "bias"):
+            pieces = tuple(f"{name}.{suffix}" for name in names)
+            if all(piece in keys for piece in pieces):
+                layout.append(OriginalTensor(f"{target}.{suffix}", pieces))
+    layout += [OriginalTensor(f"{target}.scale", (f"{name}.weight",)) for name, target in modules.norms if f"{name}.weight" in keys]
+    unmapped = keys - {source for entry in layout for source in entry.sources}
+    if unmapped:
+        raise ValueError(f"no original FLUX name for {sorted(unmapped)[:5]} ({len(unmapped)} tensors)")
+    return layout
+
+
 def diffusers_to_original_transformer(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A full diffusers FluxTransformer2DModel state dict → the original single-file layout."""
-
-    def fuse(source: dict[str, torch.Tensor], names: tuple[str, ...], target: str, _: str) -> dict[str, torch.Tensor]:
-        joined = {}
-        for suffix in ("weight", "bias"):
-            keys = [f"{name}.{suffix}" for name in names]
-            if all(key in source for key in keys):
-                joined[f"{target}.{suffix}"] = torch.cat([source.pop(key) for key in keys], dim=0)
-        return joined
-
-    return _convert(state_dict, _diffusers_module_map(state_dict), to_original=True, fused=fuse)
+    return {entry.name: entry.build([state_dict[source] for source in entry.sources]) for entry in single_file_layout(state_dict)}
 
 
 def original_to_diffusers_transformer(
@@ -135,35 +152,23 @@ def original_to_diffusers_transformer(
 ) -> dict[str, torch.Tensor]:
     """The inverse of `diffusers_to_original_transformer`; `split_sizes` gives, per fused original module
     name without the block index ("img_attn.qkv", "txt_attn.qkv", "linear1"), the row counts to split."""
-
-    def split(source: dict[str, torch.Tensor], names: tuple[str, ...], target: str, sizes_key: str) -> dict[str, torch.Tensor]:
-        parts = {}
+    source = dict(state_dict)
+    converted: dict[str, torch.Tensor] = {}
+    modules = _original_module_map(state_dict)
+    for name, target, swapped in modules.linears:
+        for old, new in _weight_and_bias(target, name):
+            if old in source:
+                converted[new] = swap_halves(source.pop(old)) if swapped else source.pop(old)
+    for names, target, sizes_key in modules.fused:
         for suffix in ("weight", "bias"):
             if f"{target}.{suffix}" in source:
                 pieces = torch.split(source.pop(f"{target}.{suffix}"), split_sizes[sizes_key], dim=0)
-                parts.update({f"{name}.{suffix}": piece.contiguous() for name, piece in zip(names, pieces, strict=True)})
-        return parts
-
-    return _convert(state_dict, _original_module_map(state_dict), to_original=False, fused=split)
-
-
-FusedConversion = Callable[[dict[str, torch.Tensor], tuple[str, ...], str, str], dict[str, torch.Tensor]]
-
-
-def _convert(state_dict: dict[str, torch.Tensor], modules: ModuleMap, *, to_original: bool, fused: FusedConversion) -> dict[str, torch.Tensor]:
-    """Rename every tensor of `state_dict` into the other layout; `fused` joins (or splits) fused modules."""
-    source = dict(state_dict)
-    converted: dict[str, torch.Tensor] = {}
-    for name, target, swapped in modules.linears:
-        renames = _weight_and_bias(name, target) if to_original else _weight_and_bias(target, name)
-        _move(source, converted, renames, swapped)
-    norms = [(f"{name}.weight", f"{target}.scale") for name, target in modules.norms]
-    _move(source, converted, norms if to_original else [(new, old) for old, new in norms])
-    for names, target, sizes_key in modules.fused:
-        converted.update(fused(source, names, target, sizes_key))
+                converted.update({f"{name}.{suffix}": piece.contiguous() for name, piece in zip(names, pieces, strict=True)})
+    for name, target in modules.norms:
+        if f"{target}.scale" in source:
+            converted[f"{name}.weight"] = source.pop(f"{target}.scale")
     if source:
-        layout = "original" if to_original else "diffusers"
-        raise ValueError(f"no {layout} FLUX name for {sorted(source)[:5]} ({len(source)} tensors)")
+        raise ValueError(f"no diffusers FLUX name for {sorted(source)[:5]} ({len(source)} tensors)")
     return converted
 
 

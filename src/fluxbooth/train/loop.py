@@ -57,6 +57,8 @@ def start_training(session: Session, data: CachedData, transformer: Any) -> Trai
         normalisation=vae_normalisation(config.base_model),
         guidance_scale=config.guidance_scale if accelerator.unwrap_model(engine).config.guidance_embeds else None,
     )
+    run.engine_references.track("engine", engine)
+    run.engine_references.track("optimizer", innermost_optimizer(optimizer))
     ema_state = resume(session, run)
     run.ema = _make_ema(session, engine)
     if run.ema is not None and ema_state is not None and session.is_main:
@@ -99,7 +101,9 @@ def train(state: TrainerState) -> None:
             # The last step is left to the final validation, which renders the same weights once exported.
             if config.validation_prompts and config.validation_steps and done % config.validation_steps == 0 and done < config.steps:
                 render_during_training(state, done)
-    run.fixed_noise_loss["end"] = fixed_noise_loss(session, run, data.instance_set)
+        # A dozen forward passes after the last step: announced, so the worker does not see silence.
+        session.reporter.stage("train", status="measuring_fixed_noise_loss")
+        run.fixed_noise_loss["end"] = fixed_noise_loss(session, run, data.instance_set)
 
 
 def _optimizer_step(session: Session, run: TrainingRun, data: CachedData, step: int) -> float:

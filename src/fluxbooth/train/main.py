@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from fluxbooth.events import ErrorEvent, format_event
+from fluxbooth.events import ErrorEvent, StageEvent, format_event
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.names import EXIT_INVALID_CONFIG
 from fluxbooth.trainer_config import TrainerConfig
@@ -37,11 +37,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot read trainer config {arguments.config}: {error}", file=sys.stderr, flush=True)
         print(format_event(ErrorEvent(code="invalid_config", message=f"cannot read {arguments.config.name}: {error}")), flush=True)
         return EXIT_INVALID_CONFIG
-    # Imported only now: everything below needs torch.
+    # Before the Accelerator exists; accelerate launch sets RANK for every process.
+    is_main = os.environ.get("RANK", "0") == "0"
+    if is_main:
+        # Importing torch, diffusers and DeepSpeed takes seconds: say so before it starts.
+        print(format_event(StageEvent(stage="load", details={"what": "libraries"})), flush=True)
     from fluxbooth.train.runtime import EventReporter
 
-    # Before the Accelerator exists; accelerate launch sets RANK for every process.
-    reporter = EventReporter(enabled=os.environ.get("RANK", "0") == "0")
+    reporter = EventReporter(enabled=is_main)
     try:
         run(config, reporter)
     except TrainerFailure as failure:
@@ -82,7 +85,8 @@ def run(config: TrainerConfig, reporter: Any) -> None:
     state.data = build_caches(session)
     with session.clock.stage("load", what="transformer"):
         transformer, state.loading_report = load_trainable_transformer(session)
-    state.run = start_training(session, state.data, transformer)
+    with session.clock.stage("load", what="engine"):
+        state.run = start_training(session, state.data, transformer)
     # The engine owns the model from here; dropping this name lets export free it.
     del transformer
     train(state)
@@ -115,6 +119,8 @@ def report_done(state: Any, seconds_total: float) -> None:
         "transformer_loading": state.loading_report,
         "fixed_noise_loss": run.fixed_noise_loss,
         "released_before_training": data.released_before_training,
+        # The engine and optimizer still in memory when export began (empty: freed before it).
+        "alive_at_export": run.alive_at_export,
     }
     gpu_peak = peak_gpu_bytes()
     if gpu_peak is not None:

@@ -215,18 +215,5 @@ def add_lora_adapter(transformer: Any, settings: LoraSettings) -> None:
         )
 
 
-def lora_adapter_metadata(settings: LoraSettings) -> dict[str, Any]:
-    """What diffusers stores beside the weights so `load_lora_weights` restores alpha and targets."""
-    return {
-        "r": settings.rank,
-        "lora_alpha": settings.alpha,
-        "target_modules": sorted(settings.target_modules),
-        "lora_dropout": settings.dropout,
-        "init_lora_weights": "gaussian",
-        "use_dora": False,
-        "bias": "none",
-    }
-
-
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [parameter for parameter in model.parameters() if parameter.requires_grad]

@@ -3,6 +3,8 @@ validate requests and classify exits before anything is launched."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 # Optimizers the trainer can build, by canonical (lower-case) name: the DeepSpeed optimizer types SimpleTuner's
 # DeepSpeed guide lists that run here, plus two torch ones. Under DeepSpeed, the names in
 # DEEPSPEED_OPTIMIZER_TYPES come from the DeepSpeed JSON's `optimizer` block (offloaded to the CPU they
@@ -45,6 +47,28 @@ DEFAULT_LORA_TARGET_MODULES: tuple[str, ...] = (
     "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2",
     "proj_mlp", "proj_out",
 )
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """How a FLUX.1 variant is prompted and sampled when train.json leaves it to the model."""
+
+    max_sequence_length: int  # T5 tokens
+    inference_steps: int  # validation images and generated class images
+    guidance_scale: float  # validation images and generated class images
+
+
+# FLUX.1-dev is guidance-distilled (its transformer embeds the guidance scale: `guidance_embeds` true);
+# FLUX.1-schnell is timestep-distilled (no guidance embedding) and is sampled in 4 steps without
+# guidance from 256 T5 tokens, as diffusers' FluxPipeline documents for each.
+GUIDANCE_DISTILLED_SAMPLING = SamplingDefaults(max_sequence_length=512, inference_steps=28, guidance_scale=3.5)
+TIMESTEP_DISTILLED_SAMPLING = SamplingDefaults(max_sequence_length=256, inference_steps=4, guidance_scale=0.0)
+
+
+def sampling_defaults(transformer_config: dict[str, object]) -> SamplingDefaults:
+    """The variant's defaults, told apart by the transformer's config.json (`guidance_embeds`)."""
+    return GUIDANCE_DISTILLED_SAMPLING if transformer_config.get("guidance_embeds", True) else TIMESTEP_DISTILLED_SAMPLING
+
 
 # Learning-rate schedules (with optional linear warm-up in front).
 SUPPORTED_LR_SCHEDULERS = ("constant", "cosine")

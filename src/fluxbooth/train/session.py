@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.names import FULL_EXPORT_FORMATS, LORA_EXPORT_FORMATS, SUPPORTED_WEIGHTING_SCHEMES
+from fluxbooth.train.names import FULL_EXPORT_FORMATS, LORA_EXPORT_FORMATS, SUPPORTED_WEIGHTING_SCHEMES, sampling_defaults
 from fluxbooth.train.runtime import EventReporter, StageClock
 from fluxbooth.train.state import Precision, Session
 from fluxbooth.trainer_config import TrainerConfig
@@ -38,6 +38,8 @@ def open_session(config: TrainerConfig, reporter: EventReporter) -> Session:
         _check_process_group(accelerator)
         reporter.enabled = accelerator.is_main_process
         transformer_config = load_transformer_config(config.base_model)
+        # schnell is sampled differently from dev: the fields train.json leaves open follow the model.
+        config = config.with_sampling_defaults(sampling_defaults(transformer_config))
         deepspeed_config = _completed_deepspeed_config(accelerator, config, transformer_config)
         zero_stage = int((deepspeed_config or {}).get("zero_optimization", {}).get("stage", 0))
         _check_batch_sizes(config, deepspeed_config)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from fluxbooth.train.cache import EncodedImages, EncodedPrompts
+from fluxbooth.train.cache import EncodedImages, EncodedPrompts, ReleaseTracker
 from fluxbooth.train.export import Artifact
 from fluxbooth.train.runtime import EventReporter, StageClock
 from fluxbooth.trainer_config import TrainerConfig
@@ -95,6 +95,9 @@ class TrainingRun:
     final_loss: float = math.nan
     fixed_noise_loss: dict[str, float] = field(default_factory=dict)
     nvme_swap_peak_bytes: dict[str, int] = field(default_factory=dict)
+    # Weak references to the engine and optimizer: proof they are gone before export.
+    engine_references: ReleaseTracker = field(default_factory=ReleaseTracker)
+    alive_at_export: list[str] = field(default_factory=list)
 
     def release(self) -> None:
         """Drop the engine, optimizer and schedule, so their memory can go before export."""

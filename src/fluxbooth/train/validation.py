@@ -13,7 +13,7 @@ import torch
 
 from fluxbooth.train.cache import EncodedPrompts, decoding_device, free_accelerator_memory, load_vae
 from fluxbooth.train.export import LORA_WEIGHTS_NAME, Artifact, write_json
-from fluxbooth.train.exporting import LORA_FOLDER, TRANSFORMER_FOLDER
+from fluxbooth.train.exporting import TRANSFORMER_FOLDER, lora_for_rendering
 from fluxbooth.train.loop import release_prefetched_partitions
 from fluxbooth.train.state import Session, TrainerState, seed_for, without_transformers_zero3_init
 
@@ -165,7 +165,7 @@ def _exported_pipeline(session: Session) -> Any:
             pipeline = FluxPipeline.from_pretrained(config.base_model, transformer=transformer, torch_dtype=dtype, **no_text_encoders)
         else:
             pipeline = FluxPipeline.from_pretrained(config.base_model, torch_dtype=dtype, **no_text_encoders)
-            pipeline.load_lora_weights(str(output_dir / LORA_FOLDER), weight_name=LORA_WEIGHTS_NAME)
+            pipeline.load_lora_weights(str(lora_for_rendering(session)), weight_name=LORA_WEIGHTS_NAME)
     if session.accelerator.device.type == "cuda":
         pipeline.enable_model_cpu_offload(device=session.accelerator.device)
     pipeline.set_progress_bar_config(disable=True)
