@@ -50,12 +50,9 @@ def main(argv: list[str]) -> int:
     import deepspeed
     from peft import LoraConfig
 
-    from fluxbooth.train.quantize import load_quantised_transformer, residency, transformer_weight_files
+    from fluxbooth.train.quantize import load_quantised_base, residency
 
-    transformer_folder = folder / "transformer"
-    model = load_quantised_transformer(
-        transformer_folder, transformer_weight_files(transformer_folder), precision, torch.device("cpu"), torch.bfloat16
-    )
+    model = load_quantised_base(str(folder), precision, torch.device("cpu"), torch.bfloat16)
     model.add_adapter(LoraConfig(r=4, lora_alpha=4, init_lora_weights="gaussian", target_modules=["to_q", "to_v", "proj_mlp"]))
     before = stored_quantised_state(model)
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]

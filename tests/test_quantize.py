@@ -21,10 +21,9 @@ from fluxbooth.train.quantize import (
     Nf4Linear,
     QuantisedLinear,
     check_base_precision,
-    load_quantised_transformer,
+    load_quantised_base,
     quantised_linear,
     residency,
-    transformer_weight_files,
 )
 
 PRECISIONS = ["fp8", "nf4"]
@@ -50,8 +49,7 @@ def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def load(base: Path, precision: str) -> torch.nn.Module:
-    folder = base / "transformer"
-    return load_quantised_transformer(folder, transformer_weight_files(folder), precision, torch.device("cpu"), torch.bfloat16)
+    return load_quantised_base(str(base), precision, torch.device("cpu"), torch.bfloat16)
 
 
 def load_bf16(base: Path) -> torch.nn.Module:
@@ -170,10 +168,11 @@ def test_quantised_transformer_output_is_close_to_the_bf16_one(tiny_base: Path, 
 def test_loader_names_a_missing_tensor(tiny_base: Path, tmp_path: Path) -> None:
     weights = load_file(tiny_base / "transformer" / "diffusion_pytorch_model.safetensors")
     del weights["single_transformer_blocks.1.proj_mlp.weight"]
-    save_file(weights, tmp_path / "diffusion_pytorch_model.safetensors")
-    (tmp_path / "config.json").write_text((tiny_base / "transformer" / "config.json").read_text())
+    (tmp_path / "transformer").mkdir()
+    save_file(weights, tmp_path / "transformer" / "diffusion_pytorch_model.safetensors")
+    (tmp_path / "transformer" / "config.json").write_text((tiny_base / "transformer" / "config.json").read_text())
     with pytest.raises(TrainerFailure) as failure:
-        load_quantised_transformer(tmp_path, transformer_weight_files(tmp_path), "nf4", torch.device("cpu"), torch.bfloat16)
+        load_quantised_base(str(tmp_path), "nf4", torch.device("cpu"), torch.bfloat16)
     assert failure.value.code == "invalid_config"
     assert str(failure.value.message) == "the base transformer's weights lack 'single_transformer_blocks.1.proj_mlp.weight'"
 
