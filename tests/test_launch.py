@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -250,7 +251,21 @@ def local_run(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, t
     return LocalRun(completed, temp_dir, temp_before, work_root)
 
 
+# A progress line as fluxbooth.progress writes it: `[m:ss] stage ...`.
+PROGRESS_LINE = re.compile(r"^\[\d+:\d\d\] \S")
+
+
 @pytest.mark.slow
 def test_a_real_launch_leaves_nothing_in_the_system_temp_dir_and_removes_its_job_dir(local_run: LocalRun) -> None:
     assert sorted(os.listdir(local_run.temp_dir)) == local_run.temp_before
     assert os.listdir(local_run.work_root) == []
+
+
+@pytest.mark.slow
+def test_a_real_launch_shows_every_stage_and_the_step_bar_on_stderr(local_run: LocalRun) -> None:
+    lines = [line.split("] ", 1)[1] for line in local_run.completed.stderr.splitlines() if PROGRESS_LINE.match(line)]
+    stages = [line.split()[0] for line in lines]
+    order = ["plan", "dataset", "launch", "load", "cache", "train", "save", "export", "upload"]
+    assert [stage for index, stage in enumerate(stages) if stage in order and stage not in stages[:index]] == order
+    bars = [line for line in lines if re.fullmatch(r"train  \[[#-]{24}\]  \d/8  loss \d+\.\d{4}  ETA \d+:\d\d", line)]
+    assert re.fullmatch(r"train  \[#{24}\]  8/8  loss \d+\.\d{4}  ETA 0:00", bars[-1])
