@@ -40,6 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from fluxbooth.hardware import format_bytes  # noqa: E402
 from gpu_runner import GIB, Nvml, RunRecord, RunSpec, dataset_zip, predict, read_result, train  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -264,7 +265,7 @@ def run_one(spec: RunSpec, mode: Mode, models: dict[str, Path], work: Path, log_
     read_result(result, record)
     exported = sum(int(artifact.get("bytes", 0)) for artifact in result.get("artifacts", []))
     if exported:
-        record.notes.append(f"exported {exported / GIB:.2f} GiB")
+        record.notes.append(f"exported {format_bytes(exported)}")
     # The weights are not the measurement; a full fine-tune's would fill the disk over a call.
     shutil.rmtree(work / "outputs" / spec.name, ignore_errors=True)
     if spec.model == "reduced" and record.transformer_params:

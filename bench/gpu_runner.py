@@ -272,6 +272,7 @@ def train(
             assert process.stderr is not None
             for line in process.stderr:
                 log.write(line)
+                log.flush()
                 event = parse_trainer_event(line)
                 if event is not None and events.take(event):
                     sampler.phase = events.phase
