@@ -40,8 +40,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fluxbooth.hardware import format_bytes  # noqa: E402
-from gpu_runner import GIB, Nvml, RunRecord, RunSpec, dataset_zip, predict, read_result, train  # noqa: E402
+from fluxbooth.hardware import GIB, format_bytes  # noqa: E402
+from gpu_runner import Nvml, RunRecord, RunSpec, dataset_zip, predict, read_result, train  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CARDS_GIB = (80, 48, 24, 16)

@@ -27,7 +27,6 @@ from fluxbooth.events import EVENT_MARKER
 
 # launch.py logs each trainer event as "trainer event | {json}"; the raw marker is accepted too.
 EVENT_PREFIXES = ("trainer event | ", EVENT_MARKER)
-GIB = 1024**3
 
 
 @dataclass(frozen=True)
