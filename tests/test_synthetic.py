@@ -219,3 +219,22 @@ def test_tiny_preset_is_fluxbooth_tinys_pipeline(tmp_path: Path) -> None:
     assert completed.returncode == 0, completed.stderr[-3000:]
     direct = build_tiny_pipeline(tmp_path / "via-tiny")
     assert file_digests(tmp_path / "via-synthetic") == file_digests(direct)
+
+
+def test_reduced_depth_variant_writes_only_its_transformer_and_links_the_rest(tmp_path: Path) -> None:
+    from diffusers import FluxPipeline
+
+    base = build_pipeline(preset("tiny").with_layers(1, 1), tmp_path / "base")
+    completed = run_cli("--preset", "tiny", "--layers", "2,2", "--share-encoders-with", str(base), str(tmp_path / "deeper"))
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    deeper = tmp_path / "deeper"
+    assert all((deeper / name).is_symlink() for name in ("vae", "text_encoder", "text_encoder_2", "tokenizer", "scheduler"))
+    assert not (deeper / "transformer").is_symlink()
+    pipeline = FluxPipeline.from_pretrained(deeper)
+    assert (pipeline.transformer.config.num_layers, pipeline.transformer.config.num_single_layers) == (2, 2)
+
+
+def test_sharing_with_a_folder_that_is_not_a_pipeline_is_refused(tmp_path: Path) -> None:
+    completed = run_cli("--preset", "tiny", "--layers", "1,1", "--share-encoders-with", str(tmp_path), str(tmp_path / "x"))
+    assert completed.returncode == 2
+    assert f"--share-encoders-with {tmp_path}: not a complete pipeline folder (missing ['vae'," in completed.stderr
