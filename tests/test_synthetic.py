@@ -238,3 +238,17 @@ def test_sharing_with_a_folder_that_is_not_a_pipeline_is_refused(tmp_path: Path)
     completed = run_cli("--preset", "tiny", "--layers", "1,1", "--share-encoders-with", str(tmp_path), str(tmp_path / "x"))
     assert completed.returncode == 2
     assert f"--share-encoders-with {tmp_path}: not a complete pipeline folder (missing ['vae'," in completed.stderr
+
+
+def test_a_killed_builders_staging_folder_is_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
+    import os
+
+    from fluxbooth.synthetic.build import remove_abandoned_staging
+
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f".model.building-{finished.stdout.strip()}-0123abcd"
+    live = tmp_path / f".model.building-{os.getpid()}-4567ef01"
+    for folder in (dead, live):
+        (folder / "transformer").mkdir(parents=True)
+    assert remove_abandoned_staging(tmp_path / "model") == [dead]
+    assert not dead.exists() and live.is_dir()

@@ -295,6 +295,28 @@ def _write_transformer_beside(preset: Preset, staging: Path, seed: int, device: 
         (staging / entry).symlink_to(shared.absolute() / entry)
 
 
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_abandoned_staging(out_dir: Path) -> list[Path]:
+    """Staging folders of builders that were killed (a full-size one holds up to 33 GB): removed when the
+    process named in the folder's name is gone; a live builder's folder is left alone."""
+    removed = []
+    for folder in out_dir.parent.glob(f".{out_dir.name}.building-*"):
+        pid_text = folder.name.rsplit(".building-", 1)[1].split("-", 1)[0]
+        if pid_text.isdigit() and not _process_alive(int(pid_text)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
 def build_pipeline(
     preset: Preset, out_dir: Path, *, seed: int = 0, device: str = "cpu", share_encoders_with: Path | None = None
 ) -> Path:
@@ -310,6 +332,7 @@ def build_pipeline(
     if is_complete(out_dir, description):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned_staging(out_dir)
     staging = out_dir.parent / f".{out_dir.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         if share_encoders_with is None:
