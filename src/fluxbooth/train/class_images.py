@@ -58,6 +58,8 @@ def generate_class_images(session: Session, folder: Path, count: int) -> None:
     a temporary name and renamed), so an interrupted job resumes generation where it stopped."""
     from diffusers import FluxPipeline
 
+    from fluxbooth.train.quantize import quantised_transformer_for, residency
+
     config, accelerator = session.config, session.accelerator
     folder.mkdir(parents=True, exist_ok=True)
     local_rank = accelerator.local_process_index
@@ -68,10 +70,12 @@ def generate_class_images(session: Session, folder: Path, count: int) -> None:
         session.reporter.stage("cache", status="generating_class_images", count=count)
     if mine:
         with without_transformers_zero3_init():
-            pipeline = FluxPipeline.from_pretrained(config.base_model, torch_dtype=session.precision.text_dtype)
+            quantised = quantised_transformer_for(config, accelerator.device, session.precision.text_dtype)
+            pipeline = FluxPipeline.from_pretrained(config.base_model, torch_dtype=session.precision.text_dtype, **quantised)
         if accelerator.device.type == "cuda":
             pipeline.enable_model_cpu_offload(device=accelerator.device)
         pipeline.set_progress_bar_config(disable=True)
+        session.reporter.stage("cache", status="rendering", what="class_images", transformer=residency(pipeline.transformer))
         width, height = config.resolution
         for index in mine:
             target = folder / class_image_name(index)

@@ -110,6 +110,7 @@ def report_done(state: Any, seconds_total: float) -> None:
         "offload_optimizer": session.offload_device("offload_optimizer"),
         "offload_param": session.offload_device("offload_param"),
         "training_type": config.training_type,
+        "base_precision": config.base_precision,
         "export_formats": list(config.export_formats),
         "mixed_precision": session.precision.name,
         "num_processes": accelerator.num_processes,

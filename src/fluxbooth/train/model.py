@@ -61,9 +61,16 @@ def load_transformer_config(base_model: str) -> dict[str, Any]:
 def load_trainable_transformer(session: Session) -> tuple[Any, dict[str, Any]]:
     """The transformer ready for the engine: partitioned under ZeRO-3, LoRA adapters added or every
     weight trainable, gradient checkpointing as asked. Also how it was loaded (metrics.transformer_loading)."""
+    from fluxbooth.train.quantize import QUANTISED_PRECISIONS, check_base_precision, load_quantised_base, residency
+
     config = session.config
+    check_base_precision(config.base_precision, config.training_type, session.zero_stage)
     report: dict[str, Any] = {"method": "from_pretrained"}
-    if session.zero_stage == 3:
+    if config.base_precision in QUANTISED_PRECISIONS:
+        # Quantised layer by layer straight onto the accelerator: the bf16 base is never whole anywhere.
+        transformer = load_quantised_base(config.base_model, config.base_precision, session.accelerator.device, session.precision.load_dtype)
+        report = {"method": "quantised_layer_by_layer", **residency(transformer)}
+    elif session.zero_stage == 3:
         assert session.deepspeed_config is not None
         transformer = load_transformer_zero3(config.base_model, session.precision.load_dtype, session.deepspeed_config, session.is_main)
         report = {"method": "zero3_init", **partitioning_report(transformer)}

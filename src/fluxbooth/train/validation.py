@@ -15,6 +15,7 @@ from fluxbooth.train.cache import EncodedPrompts, decoding_device, free_accelera
 from fluxbooth.train.export import LORA_WEIGHTS_NAME, Artifact, write_json
 from fluxbooth.train.exporting import TRANSFORMER_FOLDER, lora_for_rendering
 from fluxbooth.train.loop import release_prefetched_partitions
+from fluxbooth.train.quantize import QuantisedLinear, quantised_transformer_for, residency
 from fluxbooth.train.state import Session, TrainerState, seed_for, without_transformers_zero3_init
 
 VALIDATION_FOLDER = "validation"
@@ -115,6 +116,7 @@ def render_during_training(state: TrainerState, step: int) -> None:
             )
             pipeline.set_progress_bar_config(disable=True)
             folder = Path(config.output_dir) / VALIDATION_FOLDER / f"step-{step:06d}"
+            session.reporter.stage("validate", status="rendering", step=step, transformer=residency(pipeline.transformer))
             run.engine.eval()
             try:
                 render_prompts(state, pipeline, RenderTarget(folder, step, f"validation_step{step:06d}"), dtype=dtype, writes=session.is_main)
@@ -136,6 +138,7 @@ def render_final(state: TrainerState) -> list[Artifact]:
     with session.clock.stage("validate", prompts=len(config.validation_prompts)):
         if session.is_main:
             pipeline = _exported_pipeline(session)
+            session.reporter.stage("validate", status="rendering", transformer=residency(pipeline.transformer))
             render_prompts(
                 state,
                 pipeline,
@@ -164,9 +167,20 @@ def _exported_pipeline(session: Session) -> Any:
             transformer = FluxTransformer2DModel.from_pretrained(str(output_dir / TRANSFORMER_FOLDER), torch_dtype=dtype)
             pipeline = FluxPipeline.from_pretrained(config.base_model, transformer=transformer, torch_dtype=dtype, **no_text_encoders)
         else:
-            pipeline = FluxPipeline.from_pretrained(config.base_model, torch_dtype=dtype, **no_text_encoders)
-            pipeline.load_lora_weights(str(lora_for_rendering(session)), weight_name=LORA_WEIGHTS_NAME)
+            quantised = quantised_transformer_for(config, session.accelerator.device, dtype)
+            pipeline = FluxPipeline.from_pretrained(config.base_model, torch_dtype=dtype, **no_text_encoders, **quantised)
+            _load_exported_lora(pipeline, str(lora_for_rendering(session)))
     if session.accelerator.device.type == "cuda":
         pipeline.enable_model_cpu_offload(device=session.accelerator.device)
     pipeline.set_progress_bar_config(disable=True)
     return pipeline
+
+
+def _load_exported_lora(pipeline: Any, folder: str) -> None:
+    """The exported LoRA file, loaded as diffusers loads it. Over a quantised base, through the transformer's
+    own loader (the same peft injection): the pipeline's loader first compares each Linear's weight shape
+    with the LoRA's to widen layers for Control LoRAs, and a packed 4-bit weight has another shape."""
+    if any(isinstance(module, QuantisedLinear) for module in pipeline.transformer.modules()):
+        pipeline.transformer.load_lora_adapter(folder, weight_name=LORA_WEIGHTS_NAME, prefix="transformer")
+    else:
+        pipeline.load_lora_weights(folder, weight_name=LORA_WEIGHTS_NAME)
