@@ -36,15 +36,12 @@ from typing import Any
 import torch
 import torch.nn.functional as functional
 
+from fluxbooth.modelsize import is_quantised_layer
+from fluxbooth.plan.types import BASE_PRECISIONS, QUANTISED_PRECISIONS
 from fluxbooth.train.failures import TrainerFailure
 
-BF16 = "bf16"
-FP8 = "fp8"
-NF4 = "nf4"
-BASE_PRECISIONS = (BF16, FP8, NF4)
-QUANTISED_PRECISIONS = (FP8, NF4)
-
-QUANTISED_BLOCK_PREFIXES = ("transformer_blocks.", "single_transformer_blocks.")
+BF16 = BASE_PRECISIONS[0]
+FP8, NF4 = QUANTISED_PRECISIONS
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
@@ -218,10 +215,6 @@ def quantised_linear(precision: str, weight: torch.Tensor, bias: torch.Tensor | 
     return LAYER_CLASSES[precision](weight, bias)
 
 
-def is_quantised_layer_name(name: str) -> bool:
-    return name.startswith(QUANTISED_BLOCK_PREFIXES)
-
-
 def check_base_precision(base_precision: str, training_type: str, zero_stage: int) -> None:
     """The trainer's own check of what the planner already refused (a hand-written train.json too)."""
     if base_precision not in BASE_PRECISIONS:
@@ -292,7 +285,7 @@ def _fill_module(
     model: torch.nn.Module, name: str, module: torch.nn.Module, read: Any, precision: str, device: torch.device, dtype: torch.dtype
 ) -> None:
     prefix = f"{name}." if name else ""
-    if type(module) is torch.nn.Linear and is_quantised_layer_name(name):
+    if type(module) is torch.nn.Linear and is_quantised_layer(name):
         weight = read(prefix + "weight", module.weight.shape).to(device)
         bias = None if module.bias is None else read(prefix + "bias", module.bias.shape).to(device, dtype)
         parent_name, _, child_name = name.rpartition(".")
@@ -398,4 +391,4 @@ def residency(model: torch.nn.Module) -> dict[str, Any]:
 
 def _block_linear_name(name: str) -> bool:
     """A block Linear's name, also once peft has wrapped it (`...to_q.base_layer`); the LoRA A/B layers are not."""
-    return is_quantised_layer_name(name) and ".lora_" not in name
+    return is_quantised_layer(name) and ".lora_" not in name
