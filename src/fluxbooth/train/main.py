@@ -98,7 +98,7 @@ def run(config: TrainerConfig, reporter: Any) -> None:
 def report_done(state: Any, seconds_total: float) -> None:
     """metrics.json and the `done` event (main process), then the end of the accelerate session."""
     from fluxbooth.train.export import write_json
-    from fluxbooth.train.runtime import peak_gpu_bytes, peak_host_rss_bytes
+    from fluxbooth.train.runtime import peak_gpu_metrics, peak_host_rss_bytes
 
     session, run, data = state.session, state.training(), state.cached()
     config, accelerator = session.config, session.accelerator
@@ -123,9 +123,9 @@ def report_done(state: Any, seconds_total: float) -> None:
         # The engine and optimizer still in memory when export began (empty: freed before it).
         "alive_at_export": run.alive_at_export,
     }
-    gpu_peak = peak_gpu_bytes()
-    if gpu_peak is not None:
-        metrics["peak_gpu_bytes"] = gpu_peak
+    metrics.update(peak_gpu_metrics())
+    if session.cuda_memory_fraction is not None:
+        metrics["cuda_memory_fraction"] = session.cuda_memory_fraction
     if run.start_step:
         metrics["resumed_from_step"] = run.start_step
     if run.nvme_swap_peak_bytes:

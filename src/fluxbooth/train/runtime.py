@@ -74,7 +74,12 @@ def peak_host_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def peak_gpu_bytes() -> int | None:
+def peak_gpu_metrics() -> dict[str, int]:
+    """PyTorch's allocator peaks on this process's GPU: what tensors held, and what the caching allocator
+    reserved (NVML sees the reserved bytes plus the CUDA context). Empty without CUDA."""
     if not torch.cuda.is_available():
-        return None
-    return int(torch.cuda.max_memory_allocated())
+        return {}
+    return {
+        "peak_gpu_bytes": int(torch.cuda.max_memory_allocated()),
+        "peak_gpu_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+    }

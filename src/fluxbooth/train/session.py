@@ -33,7 +33,7 @@ def open_session(config: TrainerConfig, reporter: EventReporter) -> Session:
     validate_config(config)
     clock = StageClock(reporter)
     with clock.stage("load"):
-        limit_cuda_memory(os.environ)
+        cuda_memory_fraction = limit_cuda_memory(os.environ)
         accelerator = _make_accelerator(config)
         _check_process_group(accelerator)
         reporter.enabled = accelerator.is_main_process
@@ -61,6 +61,7 @@ def open_session(config: TrainerConfig, reporter: EventReporter) -> Session:
         optimizer_name=optimizer_name,
         nvme_paths=nvme_paths,
         transformer_config=transformer_config,
+        cuda_memory_fraction=cuda_memory_fraction,
     )
 
 

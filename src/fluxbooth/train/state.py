@@ -48,6 +48,7 @@ class Session:
     optimizer_name: str  # validated, canonical
     nvme_paths: list[Path]
     transformer_config: dict[str, Any]  # the base transformer's config.json
+    cuda_memory_fraction: float | None = None  # FLUXBOOTH_CUDA_MEMORY_FRACTION as applied (card emulation)
 
     @property
     def is_main(self) -> bool:
