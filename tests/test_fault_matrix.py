@@ -172,8 +172,9 @@ def on_stage(stage: str, action: Callable[[], None]) -> ProgressHook:
 
 
 def kill_the_trainer() -> None:
-    """SIGKILL the trainer's rank process: the one with a run marker that is not `accelerate launch` itself."""
-    for process in psutil.process_iter():
+    """SIGKILL this test's trainer rank process: a descendant of this process with a run marker that is not
+    `accelerate launch` itself (never another test's or another worker's trainer on the same machine)."""
+    for process in psutil.Process().children(recursive=True):
         try:
             marked = RUN_MARKER_ENV in process.environ()
             command = " ".join(process.cmdline())
