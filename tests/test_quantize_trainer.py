@@ -1,9 +1,9 @@
 """LoRA over an fp8 or nf4 base through the real trainer: `accelerate launch`, DeepSpeed ZeRO-2 on the CPU
 accelerator, the tiny FLUX model. Each module-scoped fixture is one run; the tests read what it produced.
 
-The nf4 run is the residency run: a plan for a 16 GiB card puts a quantised base under the LoRA, and its
-class images (prior preservation, generated) and validation renders (during training and at the end) must
-never put the whole bf16 transformer on the accelerator. Each render announces the transformer it renders
+The residency run trains with the base precision the planner chooses for a FLUX.1-dev LoRA on a 16 GiB
+A4000 (nf4, ZeRO-2, nothing offloaded), and its class images (prior preservation, generated) and validation
+renders (during training and at the end) must never put the whole bf16 transformer on the accelerator. Each render announces the transformer it renders
 with (`stage` events with status `rendering`), as the trainer holds it at that moment."""
 
 from __future__ import annotations
@@ -40,14 +40,36 @@ def lora_fp8(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> Train
     return run
 
 
+def plan_for_a_16_gib_card() -> Any:
+    """The planner's choice for a FLUX.1-dev LoRA with generated class images and validation on an A4000."""
+    from fluxbooth.hardware import GIB, hypothetical_hardware
+    from fluxbooth.modelsize import FLUX_DEV_NAME, model_size
+    from fluxbooth.plan import JobShape, choose_plan
+
+    job = JobShape(
+        training_type="lora", num_instance_images=4, with_prior_preservation=True, num_class_images=2,
+        validation_prompts=1, validation_steps=2,
+    )  # fmt: skip
+    card = hypothetical_hardware(
+        gpus=1, gpu_memory_bytes=16 * GIB, host_memory_bytes=62 * GIB, disk_bytes=200 * GIB, gpu_name="NVIDIA RTX A4000"
+    )
+    return choose_plan(job, card, model_size(FLUX_DEV_NAME))
+
+
+def test_the_plan_for_a_16_gib_card_quantises_the_base_to_nf4_without_offloading_parameters() -> None:
+    plan = plan_for_a_16_gib_card()
+    assert (plan.base_precision, plan.zero_stage, plan.offload_param) == ("nf4", 2, "none")
+
+
 @pytest.fixture(scope="module")
 def lora_nf4(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainerRun:
+    planned = plan_for_a_16_gib_card()
     job = new_job(
         tmp_path_factory.mktemp("lora-nf4"),
         tiny_base,
-        plan=make_plan(training_type="lora"),
+        plan=make_plan(training_type="lora", zero_stage=planned.zero_stage, offload_param=planned.offload_param),
         steps=4,
-        base_precision="nf4",
+        base_precision=planned.base_precision,
         with_prior_preservation=True,
         num_class_images=2,
         validation_prompts=("a photo of sks dog",),

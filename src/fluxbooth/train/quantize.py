@@ -140,13 +140,14 @@ class Float8Linear(QuantisedLinear):
         return super().forward(inputs)
 
     def _scaled_mm_forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        # Row-wise scales on both sides (what _scaled_mm's row-wise mode takes): (M, 1) and (1, N), fp32.
         rows = inputs.reshape(-1, self.in_features)
-        input_scale = rows.abs().amax().float().clamp_min(torch.finfo(torch.float32).tiny) / FP8_MAX
+        input_scale = rows.abs().amax(dim=1, keepdim=True).float().clamp_min(torch.finfo(torch.float32).tiny) / FP8_MAX
         input_codes = (rows.float() / input_scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
         output = torch._scaled_mm(
             input_codes,
             self.weight.view(FP8_DTYPE).t(),
-            scale_a=input_scale.reshape(1, 1),
+            scale_a=input_scale,
             scale_b=_float32_from(self.weight_scale).reshape(1, -1),
             bias=None if self.bias is None else self.bias.to(inputs.dtype),
             out_dtype=inputs.dtype,
