@@ -8,6 +8,8 @@ from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import GIB, Hardware, hypothetical_hardware
 from fluxbooth.modelsize import FLUX_DEV_NAME, ModelSize, is_quantised_layer, model_size
 from fluxbooth.plan import JobShape, Strategy, choose_plan, frozen_base_bytes
+from fluxbooth.plan.candidates import evaluate_candidates, strategies_for
+from fluxbooth.plan.memory import layer_being_quantised
 from fluxbooth.plan.gpus import gpu_spec
 
 RTX_4090 = "NVIDIA GeForce RTX 4090"
@@ -79,10 +81,27 @@ def test_48_and_80_gib_cards_need_no_quantisation(flux_dev: ModelSize, gib: int,
     assert (plan.base_precision, plan.offload_param) == ("bf16", "none")
 
 
-def test_an_8_gib_card_gets_a_plan_at_512(flux_dev: ModelSize) -> None:
+def test_an_8_gib_card_gets_a_plan_at_512_with_the_bf16_base_offloaded_under_zero3(flux_dev: ModelSize) -> None:
+    # No quantised base fits 8 GiB whole (nf4 needs ≈8.4 GiB at 512²); the trainer offloads only a bf16 base.
     plan = choose_plan(lora(resolution=(512, 512)), card(8, "NVIDIA RTX A4000"), flux_dev)
-    assert (plan.training_type, plan.base_precision) == ("lora", "nf4")
+    assert (plan.training_type, plan.base_precision, plan.zero_stage, plan.offload_optimizer, plan.offload_param) == (
+        "lora", "bf16", 3, "cpu", "cpu"
+    )
     assert plan.predicted_gpu_bytes * 1.1 <= 8 * GIB
+
+
+def test_an_8_gib_card_at_1024_beyond_the_deadline_is_refused_naming_only_changes_the_trainer_runs(
+    flux_dev: ModelSize,
+) -> None:
+    with pytest.raises(FluxboothError) as caught:
+        choose_plan(lora(), card(8, "NVIDIA RTX A4000"), flux_dev, deadline_seconds=3300)
+    assert caught.value.code is ErrorCode.DOES_NOT_FIT
+    assert caught.value.message == (
+        "steps: 1000 steps at ≈17.1 s/step with LoRA rank 16 with ZeRO-3, offload optimizer to cpu and parameters "
+        "to cpu, with every phase (training ≈285 min), take ≈4.8 h, beyond the job deadline of "
+        "0.9 h; use about 190 steps, or timeout_seconds 21420 (and an endpoint execution timeout above it), "
+        "or a faster GPU"
+    )
 
 
 def test_a_requested_base_precision_is_honoured(flux_dev: ModelSize) -> None:
@@ -180,6 +199,49 @@ def test_validation_every_step_beyond_the_deadline_is_refused_naming_the_validat
     assert "fewer validation_prompts (8 now) or a larger validation_steps (1000 rounds of renders now)" in caught.value.message
 
 
-def test_the_quantised_swap_strategy_is_described_as_block_swapping() -> None:
-    strategy = Strategy("lora", True, 2, "none", "cpu", "nf4")
-    assert strategy.describe() == "LoRA over an nf4 base with ZeRO-2, offload frozen base swapped block by block from the cpu"
+# ---- only what the trainer runs -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("base", ["fp8", "nf4"])
+def test_a_quantised_base_is_a_candidate_only_whole_on_the_gpu_under_zero2(base: str) -> None:
+    assert strategies_for("lora", True, True, base) == [
+        Strategy("lora", True, 2, "none", "none", base), Strategy("lora", True, 2, "cpu", "none", base)
+    ]
+
+
+@pytest.mark.parametrize("base", ["fp8", "nf4"])
+def test_a_quantised_base_without_deepspeed_is_one_candidate_whole_on_the_gpu(base: str) -> None:
+    assert strategies_for("lora", False, False, base) == [Strategy("lora", False, 0, "none", "none", base)]
+
+
+def test_a_quantised_base_under_zero3_is_invalid_input(flux_dev: ModelSize) -> None:
+    with pytest.raises(FluxboothError) as caught:
+        choose_plan(lora(base_precision="fp8", zero_stage=3), card(24, RTX_4090), flux_dev)
+    assert caught.value.code is ErrorCode.INVALID_INPUT
+    assert caught.value.message == (
+        "zero_stage: a fp8 base stays whole on each GPU, and ZeRO-3 would partition it; "
+        "use zero_stage 2 or 'auto', or base_precision 'bf16'"
+    )
+
+
+# ---- loading a quantised base --------------------------------------------------------------------------
+
+LARGEST_FLUX_LAYER = 3072 * 18432  # a double block's norm1.linear (six modulations), the largest quantised Linear
+
+
+@pytest.mark.parametrize(("base", "working"), [("fp8", 8), ("nf4", 16)])
+def test_quantising_a_layer_holds_its_bf16_weight_and_the_quantisers_working_copies(
+    flux_dev: ModelSize, base: str, working: int
+) -> None:
+    assert layer_being_quantised(flux_dev, base, 2) == LARGEST_FLUX_LAYER * (2 + working)
+
+
+@pytest.mark.parametrize("base", ["fp8", "nf4"])
+def test_the_loading_peak_is_the_stored_base_and_one_layer_being_quantised(flux_dev: ModelSize, base: str) -> None:
+    candidate = next(
+        c for c in evaluate_candidates(lora(base_precision=base), card(24, RTX_4090), flux_dev, include_alternatives=False)
+        if c.strategy == Strategy("lora", True, 2, "none", "none", base)
+    )
+    gpu = {name[4:]: value for name, value in candidate.estimate.breakdown.items() if name.startswith("gpu.")}
+    loaded = gpu["weights_16bit"] + gpu["frozen_weights_quantised"] + gpu["frozen_weights_unquantised"] + gpu["cuda_context"]
+    assert candidate.estimate.phase_gpu_bytes["loading"] == loaded + layer_being_quantised(flux_dev, base, 2)

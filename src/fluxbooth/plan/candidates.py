@@ -53,12 +53,11 @@ def strategies_for(
 ) -> list[Strategy]:
     """Every strategy worth considering, in the order ties are broken (simplest first)."""
     if base_precision in QUANTISED_PRECISIONS:
-        # A quantised base stays out of ZeRO-3 (its partitioning would gather and cast the quantised
-        # weights): on the GPU whole, or swapped block by block from pinned host RAM (offload_param cpu).
-        layouts_q: list[tuple[int, Offload, Offload]] = [(2, "none", "none"), (2, "cpu", "none"), (2, "none", "cpu")]
+        # A quantised base stays whole on each GPU, as the trainer runs it (train/quantize.py refuses it
+        # under ZeRO-3, and DeepSpeed ignores offload_param below ZeRO-3): only the optimizer may move.
         if not use_deepspeed:
-            layouts_q = [(0, "none", "none"), (0, "none", "cpu")]
-        return [Strategy("lora", use_deepspeed, stage, opt, param, base_precision) for stage, opt, param in layouts_q]
+            return [Strategy("lora", False, 0, "none", "none", base_precision)]
+        return [Strategy("lora", True, 2, optimizer, "none", base_precision) for optimizer in ("none", "cpu")]
     if not use_deepspeed:
         return [Strategy(training_type, False, 0, "none", "none")]
     layouts: list[tuple[int, Offload, Offload]] = [
@@ -90,7 +89,7 @@ def requested_stage(job: JobShape) -> int | None:
 
 def honours_request(strategy: Strategy, job: JobShape) -> bool:
     """The request's training type, base precision, `zero_stage` and `offload` (the optimizer's
-    offload target; `none` also rules out swapping the base) are honoured."""
+    offload target; `none` also rules out offloading the parameters) are honoured."""
     if strategy.training_type != job.training_type:
         return False
     if job.training_type == "lora" and job.base_precision not in ("auto", strategy.base_precision):

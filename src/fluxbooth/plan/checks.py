@@ -27,6 +27,12 @@ def check_job(job: JobShape, model: ModelSize) -> None:
             f"base_precision: {job.base_precision!r} stores a frozen base, and a full fine-tune trains every "
             "weight; use training_type 'lora' with it, or base_precision 'auto' or 'bf16'",
         )
+    if job.training_type == "lora" and job.base_precision in QUANTISED_PRECISIONS and job.zero_stage in (3, "3"):
+        raise FluxboothError(
+            ErrorCode.INVALID_INPUT,
+            f"zero_stage: a {job.base_precision} base stays whole on each GPU, and ZeRO-3 would partition it; "
+            "use zero_stage 2 or 'auto', or base_precision 'bf16'",
+        )
     if job.training_type == "lora" and job.lora_target_modules:
         unmatched = unmatched_lora_targets(model, job.lora_target_modules)
         if unmatched:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from fluxbooth import deepspeed_numbers as ds
 from fluxbooth.hardware import GIB, Hardware
-from fluxbooth.modelsize import ModelSize, block_of, is_quantised_layer
+from fluxbooth.modelsize import ModelSize, is_quantised_layer
 from fluxbooth.plan.types import PHASES, JobShape, MemoryEstimate, Strategy
 from fluxbooth.train.names import normalise_optimizer_name
 
@@ -56,6 +56,12 @@ FP8_SCALE_BYTES_PER_OUTPUT = 4
 # NF4 with double quantisation (bitsandbytes): 4 bits per weight, an 8-bit absmax per 64-weight block and
 # one fp32 constant per 256 absmax values: 8/64 + 32/(64*256) = 0.127 bit per weight on top of the 4.
 NF4_BITS_PER_PARAM = 4 + 8 / 64 + 32 / (64 * 256)
+# The quantiser's working copies of the layer it is quantising, per weight of that layer, beyond its bf16
+# weight and its stored result (fluxbooth.train.quantize, docs/memory.md "Quantised bases"): fp8 holds an
+# fp32 copy and the fp32 copy divided by the row scales (4 + 4) when the e4m3 codes are cast; nf4 holds the
+# padded fp32 copy, the copy divided by the block absmax (4 + 4) and torch.bucketize's int64 indices (8).
+# Measured on the 3072x12288 layer (RSS peak of one quantised_linear call): 8.0 and 15.5 B above the stored.
+QUANTISER_WORKING_BYTES_PER_PARAM = {"fp8": 8, "nf4": 16}
 
 # fp32 optimizer state per trainable parameter, besides the master weights: Adam's m and v; one buffer for
 # Adagrad's sum, Lion's and SGD's momentum; Adafactor keeps a full second moment on ZeRO's flat partitions.
@@ -153,16 +159,6 @@ def frozen_base_bytes(model: ModelSize, precision: str, width: int) -> dict[str,
     }
 
 
-def largest_quantised_block_bytes(model: ModelSize, precision: str) -> int:
-    """The biggest transformer block as a quantised base stores it (what block swapping moves at once)."""
-    blocks: dict[str, float] = {}
-    for layer in model.linear_layers:
-        if is_quantised_layer(layer.name):
-            name = block_of(layer.name)
-            blocks[name] = blocks.get(name, 0.0) + quantised_layer_bytes(layer.in_features, layer.out_features, precision)
-    return int(max(blocks.values(), default=0.0))
-
-
 def largest_quantised_layer_params(model: ModelSize) -> int:
     return max(
         (layer.in_features * layer.out_features for layer in model.linear_layers if is_quantised_layer(layer.name)),
@@ -209,14 +205,9 @@ def _frozen_placement(
     strategy: Strategy, model: ModelSize, trainable: int, width: int
 ) -> tuple[dict[str, int], dict[str, int]]:
     """(device, host) bytes of the weights outside ZeRO-3: the trainable ones in 16 bits, the frozen
-    base as stored; a swapped quantised base lives in pinned host RAM, two blocks at a time on the GPU."""
+    base as stored — a quantised base always whole on each GPU (the trainer offloads no quantised weight)."""
     frozen = frozen_base_bytes(model, strategy.base_precision, width) if strategy.training_type == "lora" else {}
     device = {"weights_16bit": trainable * width if strategy.training_type == "lora" else model.transformer_params * width}
-    if strategy.quantised and strategy.offload_param == "cpu":
-        host = {"frozen_weights_quantised_swapped": frozen["frozen_weights_quantised"]}
-        device["frozen_weights_unquantised"] = frozen["frozen_weights_unquantised"]
-        device["swapped_blocks"] = 2 * largest_quantised_block_bytes(model, strategy.base_precision)
-        return device, host
     device.update(frozen)
     return device, {}
 
@@ -303,13 +294,17 @@ def _fixed_host(strategy: Strategy, processes: int, on_cpu: bool) -> dict[str, i
     return fixed
 
 
-def _loading_host(strategy: Strategy, model: ModelSize, processes: int, width: int) -> int:
+def _loading_host(strategy: Strategy, model: ModelSize, processes: int, width: int, on_cpu: bool) -> int:
     """Host bytes while the transformer loads. Under ZeRO-3 it is built partitioned (zero.Init) and streamed
     in module by module; a quantised base is quantised layer by layer as it loads, so one layer in the
-    compute dtype is the most the host holds of it; otherwise every process reads it whole into host RAM
-    before it moves to the GPU (on the CPU accelerator it stays)."""
+    compute dtype is the most the host holds of it (on the CPU accelerator the quantiser's working copies
+    too, and the base as stored); otherwise every process reads it whole into host RAM before it moves to
+    the GPU (on the CPU accelerator it stays)."""
     if strategy.zero_stage == 3 and strategy.use_deepspeed:
         return 0
+    if strategy.quantised and on_cpu:
+        stored = sum(frozen_base_bytes(model, strategy.base_precision, width).values())
+        return processes * (stored + layer_being_quantised(model, strategy.base_precision, width))
     if strategy.quantised:
         return processes * model.largest_layer_params * width
     return processes * model.transformer_params * width
@@ -357,7 +352,7 @@ def estimate_memory(
     activations = device["activations_saved"] + device["activations_working"]
     inference = inference_activation_bytes(model, job, mixed_precision)
     renders = _inference_gpu(device, activations, inference)
-    loading_host = _loading_host(strategy, model, processes, width)
+    loading_host = _loading_host(strategy, model, processes, width, on_cpu)
     if on_cpu:
         # glibc raises its mmap threshold after large frees, so the buffers freed between steps
         # (activations, ZeRO-3's gathered parameters) stay in the heap: measured by bench/memory.py
@@ -374,7 +369,7 @@ def estimate_memory(
         training_host = sum(host.values())
         weights_on_gpu = renders - inference
         phase_gpu = {
-            "loading": weights_on_gpu - training_only_bytes(device) + largest_layer_in_flight(model, width),
+            "loading": weights_on_gpu - training_only_bytes(device) + layer_being_loaded(model, strategy, width),
             "caching": 0 if cache_on_cpu else encoders + CUDA_CONTEXT_GPU_BYTES,
             "class_images": renders if job.num_class_images else 0,
             "training": sum(device.values()),
@@ -423,9 +418,19 @@ def training_only_bytes(device: dict[str, int]) -> int:
     return sum(device.get(name, 0) for name in transient)
 
 
-def largest_layer_in_flight(model: ModelSize, width: int) -> int:
-    """While loading, one layer in the compute dtype is on its way to the GPU (and being quantised)."""
+def layer_being_loaded(model: ModelSize, strategy: Strategy, width: int) -> int:
+    """GPU bytes beyond the loaded weights while loading: one layer in the compute dtype on its way to the
+    GPU, and for a quantised base the quantiser's working copies of it (it quantises on the GPU)."""
+    if strategy.quantised:
+        return layer_being_quantised(model, strategy.base_precision, width)
     return model.largest_layer_params * width
+
+
+def layer_being_quantised(model: ModelSize, precision: str, width: int) -> int:
+    """The largest layer's weight in the compute dtype plus the quantiser's working copies of it
+    (QUANTISER_WORKING_BYTES_PER_PARAM), beyond the base as stored so far."""
+    largest = largest_quantised_layer_params(model)
+    return max(model.largest_layer_params * width, largest * (width + QUANTISER_WORKING_BYTES_PER_PARAM[precision]))
 
 
 def _work_disk(exported: int, cached: int, trainable: int, width: int, state: int, job: JobShape) -> int:

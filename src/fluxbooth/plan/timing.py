@@ -95,9 +95,7 @@ def base_pass_seconds(strategy: Strategy, model: ModelSize, hardware: Hardware, 
     if strategy.quantised:
         bandwidth = gpu_spec_for(hardware)[0].memory_bytes_per_second if hardware.gpus else HOST_MEMORY_BYTES_PER_SECOND
         seconds += quantised_elements(model) * DEQUANTISE_TRAFFIC_BYTES[strategy.base_precision] / bandwidth
-    if strategy.quantised and strategy.offload_param == "cpu":
-        seconds += frozen_base_bytes(model, strategy.base_precision, width)["frozen_weights_quantised"] / link
-    elif strategy.offload_param == "cpu":
+    if strategy.offload_param == "cpu":
         frozen = model.transformer_params if strategy.training_type == "lora" else 0
         seconds += (trainable + frozen) * width / link
     elif strategy.offload_param == "nvme":

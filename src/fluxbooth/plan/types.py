@@ -182,15 +182,12 @@ class Strategy:
         if self.quantised:
             kind += f" over an {self.base_precision} base"
         if not self.use_deepspeed:
-            where = ", frozen base swapped block by block from the CPU" if self.offload_param == "cpu" else ""
-            return f"{kind} without DeepSpeed{where}"
+            return f"{kind} without DeepSpeed"
         offloads = []
         if self.offload_optimizer != "none":
             offloads.append(f"optimizer to {self.offload_optimizer}")
         if self.offload_param != "none":
-            offloads.append(
-                "frozen base swapped block by block from the cpu" if self.quantised else f"parameters to {self.offload_param}"
-            )
+            offloads.append(f"parameters to {self.offload_param}")
         where = f", offload {' and '.join(offloads)}" if offloads else ", no offload"
         return f"{kind} with ZeRO-{self.zero_stage}{where}"
 
