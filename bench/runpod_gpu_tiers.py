@@ -1,9 +1,12 @@
-"""The README's GPU-tier table, from the planner: `python bench/runpod_gpu_tiers.py > tiers.md`.
+"""The README's GPU-tier tables, from the planner: `python bench/runpod_gpu_tiers.py [--guide] > tiers.md`.
 
-For each RunPod single-GPU tier (GPU memory and the host RAM such workers have) and each request (the
-guide's two examples as written, and a request without training_type), runs
-`python -m fluxbooth plan --json` and prints one Markdown row: what the job would run, or why it is
-refused and what to change. Predictions from docs/memory.md, not measurements.
+Default: the README's "default request" table. For each card (GPU memory, the host RAM such workers have,
+its NVML name for the time model) the request without training_type (FLUX.1-dev, rank-16 LoRA, 1000 steps)
+at the card's resolution goes through `python -m fluxbooth plan --request … --json`; one Markdown row says
+what the job would run (base, ZeRO stage, offload, GPU and host peaks, s/step, whole job) or why it is
+refused and what to change. `--guide`: the guide's two example requests and the default one on the
+24/48/80 GiB tiers, against the default 55-minute deadline. Predictions from docs/memory.md, not
+measurements.
 """
 
 from __future__ import annotations
@@ -39,6 +42,21 @@ REQUESTS = (
     ("the guide's basic request", GUIDE_BASIC),
     ("the guide's advanced request", GUIDE_ADVANCED),
     ("no training_type, 1000 steps at 1024²", NO_TRAINING_TYPE),
+)
+
+
+# (row label, GPU memory, host RAM, NVML name for the time model, resolution) for the default request.
+CARDS = (
+    ("any 8 GiB card (timed as an A4000)", "8GiB", "32GiB", "NVIDIA RTX A4000", 512),
+    ("any 8 GiB card (timed as an A4000)", "8GiB", "62GiB", "NVIDIA RTX A4000", 512),
+    ("any 8 GiB card (timed as an A4000)", "8GiB", "62GiB", "NVIDIA RTX A4000", 1024),
+    ("RTX A4000", "16GiB", "62GiB", "NVIDIA RTX A4000", 1024),
+    ("L4", "24GiB", "62GiB", "NVIDIA L4", 1024),
+    ("RTX 4090", "24GiB", "62GiB", "NVIDIA GeForce RTX 4090", 1024),
+    ("RTX A6000", "48GiB", "94GiB", "NVIDIA RTX A6000", 1024),
+    ("L40S", "48GiB", "94GiB", "NVIDIA L40S", 1024),
+    ("A100 SXM 80GB", "80GiB", "188GiB", "NVIDIA A100-SXM4-80GB", 1024),
+    ("H100 80GB HBM3", "80GiB", "188GiB", "NVIDIA H100 80GB HBM3", 1024),
 )
 
 
@@ -87,7 +105,39 @@ def deadline_note(result: dict[str, Any]) -> str:
     return f"no: set the deadline and the execution timeout to ≈{needed_minutes:.0f} min, or fewer steps"
 
 
-def main() -> None:
+def where(chosen: dict[str, Any]) -> str:
+    base = f"{chosen['base_precision']} base"
+    if chosen["offload_param"] != "none":
+        placed = f"{base} offloaded to the {chosen['offload_param'].upper()}"
+    else:
+        placed = f"{base} on the GPU"
+    optimizer = f", optimizer on the {chosen['offload_optimizer'].upper()}" if chosen["offload_optimizer"] != "none" else ""
+    return f"{placed}, ZeRO-{chosen['zero_stage']}{optimizer}"
+
+
+def card_row(card: tuple[str, str, str, str, int], folder: Path) -> str:
+    label, gpu_memory, host_memory, gpu_name, resolution = card
+    result = plan((label, gpu_memory, host_memory, gpu_name), {**NO_TRAINING_TYPE, "resolution": resolution}, folder)
+    memory = f"{gpu_memory.replace('GiB', ' GiB')} / {host_memory.replace('GiB', ' GiB')}"
+    chosen = result.get("chosen")
+    if not chosen:
+        refusal = outcome(result).replace("|", "\\|")
+        return f"| {label} | {memory} | {resolution}² | {refusal} | – | – | – | – |"
+    return (
+        f"| {label} | {memory} | {resolution}² | {where(chosen)} | {chosen['gpu_bytes'] / GIB:.1f} GiB | "
+        f"{chosen['host_bytes'] / GIB:.1f} GiB | {chosen['seconds_per_step']:.1f} | {chosen['total_seconds'] / 60:.0f} min |"
+    )
+
+
+def default_request_table() -> None:
+    print("| GPU | GPU / host RAM | resolution | chosen | GPU peak | host peak | s/step | whole job |")
+    print("|---|---|---|---|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as temporary:
+        for card in CARDS:
+            print(card_row(card, Path(temporary)))
+
+
+def guide_table() -> None:
     print("| GPU (host RAM) | request | the planner's answer | within the default 55-min deadline |")
     print("|---|---|---|---|")
     with tempfile.TemporaryDirectory() as temporary:
@@ -99,4 +149,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guide_table() if "--guide" in sys.argv[1:] else default_request_table()
