@@ -368,3 +368,57 @@ def test_plan_table_shows_the_base_precision_and_every_phase(cli_env: dict[str, 
     assert "chosen: lora over an fp8 base with ZeRO-2, offload optimizer none, parameters none" in output
     assert "phase         GPU peak  host peak  time" in output
     assert all(f"\n{phase} " in output for phase in ("loading", "caching", "class_images", "training", "validation", "export"))
+
+
+# ---- plan on an 8 GiB card: only strategies the trainer runs (issue 11) ---------------------------------
+
+EIGHT_GIB_A4000 = ["--gpu-name", "NVIDIA RTX A4000", "--gpu-memory", "8GiB", "--host-memory", "62GiB"]
+
+
+def test_an_8_gib_card_plans_the_default_lora_at_512_with_the_bf16_base_offloaded_under_zero3(
+    cli_env: dict[str, str],
+) -> None:
+    code, report = plan_json([*FLUX_DEV, *EIGHT_GIB_A4000, "--training-type", "lora", "--resolution", "512"], cli_env)
+    assert code == EXIT_OK
+    chosen = report["chosen"]
+    assert (chosen["base_precision"], chosen["zero_stage"], chosen["offload_optimizer"], chosen["offload_param"]) == (
+        "bf16", 3, "cpu", "cpu"
+    )
+
+
+def test_no_candidate_offloads_a_quantised_base(cli_env: dict[str, str]) -> None:
+    _, report = plan_json([*FLUX_DEV, *EIGHT_GIB_A4000, "--training-type", "lora", "--resolution", "512"], cli_env)
+    quantised = {
+        (c["base_precision"], c["zero_stage"], c["offload_optimizer"], c["offload_param"])
+        for c in report["candidates"] if c["base_precision"] != "bf16"
+    }
+    assert quantised == {(base, 2, optimizer, "none") for base in ("fp8", "nf4") for optimizer in ("none", "cpu")}
+
+
+def test_an_8_gib_card_with_too_little_host_ram_is_refused_naming_more_host_ram_or_a_larger_gpu(
+    cli_env: dict[str, str],
+) -> None:
+    small_host = [*EIGHT_GIB_A4000[:-1], "32GiB"]
+    code, report = plan_json([*FLUX_DEV, *small_host, "--training-type", "lora", "--resolution", "512"], cli_env)
+    assert code == EXIT_FAILED
+    assert report["error"]["message"] == (
+        "LoRA rank 16 of black-forest-labs/FLUX.1-dev at 512x512, batch 1, does not fit: this worker has 1x 8.0 GiB "
+        "GPU and 32.0 GiB host RAM available. Closest: LoRA rank 16 with ZeRO-3, offload optimizer to cpu and "
+        "parameters to cpu — needs ≈31.0 GiB host RAM, has 32.0 GiB available. No strategy fits; use a larger GPU "
+        "or more host RAM"
+    )
+
+
+def test_an_8_gib_card_at_1024_and_the_default_deadline_is_refused_naming_steps_timeout_or_a_faster_gpu(
+    cli_env: dict[str, str],
+) -> None:
+    code, report = plan_json(
+        [*FLUX_DEV, *EIGHT_GIB_A4000, "--training-type", "lora", "--resolution", "1024", "--deadline", "3300"], cli_env
+    )
+    assert code == EXIT_FAILED
+    assert report["error"]["message"] == (
+        "steps: 1000 steps at ≈17.1 s/step with LoRA rank 16 with ZeRO-3, offload optimizer to cpu and parameters "
+        "to cpu, with every phase (caching ≈5 min, training ≈285 min), take ≈4.8 h, beyond the job deadline of "
+        "0.9 h; use about 173 steps, or timeout_seconds 21840 (and an endpoint execution timeout above it), or a "
+        "faster GPU"
+    )
