@@ -9,7 +9,7 @@ from __future__ import annotations
 from fluxbooth.hardware import Hardware
 from fluxbooth.modelsize import ModelSize, is_quantised_layer
 from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec
-from fluxbooth.plan.memory import compute_dtype_bytes, frozen_base_bytes, image_tokens
+from fluxbooth.plan.memory import compute_dtype_bytes, image_tokens
 from fluxbooth.plan.types import JobShape, Strategy
 
 # Sustained share of the datasheet's dense bf16 peak a FLUX step reaches (large matmuls, flash attention).
