@@ -35,20 +35,8 @@ from fluxbooth.storage import (
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_PREFIX = "checkpoint-"
 COMPLETE_MARKER = "COMPLETE"
 LATEST = "latest"
-_CHECKPOINT_NAME = re.compile(r"checkpoint-(\d{1,9})")
-
-
-def checkpoint_folder_name(step: int) -> str:
-    return f"{CHECKPOINT_PREFIX}{step}"
-
-
-def step_of_folder(name: str) -> int | None:
-    """The step of a `checkpoint-N` folder name, None for anything else."""
-    match = _CHECKPOINT_NAME.fullmatch(name)
-    return int(match.group(1)) if match else None
 
 
 # ------------------------------------------------------------------------------------ upload
