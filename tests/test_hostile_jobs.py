@@ -184,7 +184,10 @@ def test_too_little_disk_for_the_plan_is_does_not_fit_before_the_dataset_is_read
     real_disk_usage = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage", lambda path: real_disk_usage(path)._replace(free=1000))
     result = run(fake_env, job_input())
-    assert_error(result, ErrorCode.DOES_NOT_FIT, f"disk at {tmp_path / 'work' / 'job-job-1'}, has 1000 B", refresh_worker=False)
+    assert_error(result, ErrorCode.DOES_NOT_FIT, f"disk at {tmp_path / 'work' / 'job-job-1'}-", refresh_worker=False)
+    message = result["error"]["message"]
+    assert ", has 1000 B. No strategy fits; free disk space at " in message
+    assert message.endswith(" or point FLUXBOOTH_WORK_DIR at a larger volume")
     assert files_left_under(tmp_path / "work") == []
 
 
@@ -192,8 +195,9 @@ def test_too_little_disk_for_the_dataset_is_does_not_fit_before_extraction(
     fake_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_disk_usage = shutil.disk_usage
-    # Enough for the tiny model's plan (a few hundred KiB), not for the dataset plus its reserve.
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: real_disk_usage(path)._replace(free=10 * 1024**2))
+    # Enough for the tiny model's plan (about 40 MiB: cached embeddings for the dataset cap), not for the
+    # dataset plus its 64 MiB reserve.
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real_disk_usage(path)._replace(free=50 * 1024**2))
     result = run(fake_env, job_input())
     assert_error(result, ErrorCode.DOES_NOT_FIT, "disk: storing the dataset needs about", refresh_worker=False)
     assert f"are free under {tmp_path / 'work'}" in result["error"]["message"]

@@ -149,10 +149,19 @@ def fit_reason(estimate: MemoryEstimate, hardware: Hardware) -> str:
 def shortfall(estimate: MemoryEstimate, hardware: Hardware) -> tuple[int, float]:
     """How far a candidate is from fitting: how many resources are short, then the worst
     need/available ratio — so a strategy short only of host RAM is closer than one short of both."""
-    ratios = [estimate.host_bytes * (1 + HOST_MARGIN) / max(1, hardware.host_available_bytes)]
-    if hardware.accelerator == "cuda":
-        ratios.append(estimate.gpu_bytes * (1 + GPU_MARGIN) / max(1, hardware.gpu_memory_bytes))
+    ratios = list(resource_ratios(estimate, hardware).values())
     return sum(ratio > 1 for ratio in ratios), max(ratios)
+
+
+def resource_ratios(estimate: MemoryEstimate, hardware: Hardware) -> dict[str, float]:
+    """Need (with its margin) over what the worker has, per resource: above 1 is short."""
+    ratios = {
+        "host": estimate.host_bytes * (1 + HOST_MARGIN) / max(1, hardware.host_available_bytes),
+        "disk": (estimate.disk_bytes - estimate.nvme_bytes) * (1 + DISK_MARGIN) / max(1, hardware.disk_free_bytes),
+    }
+    if hardware.accelerator == "cuda":
+        ratios["gpu"] = estimate.gpu_bytes * (1 + GPU_MARGIN) / max(1, hardware.gpu_memory_bytes)
+    return ratios
 
 
 def evaluate_candidate(

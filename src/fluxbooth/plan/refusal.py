@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from fluxbooth.hardware import Hardware, format_bytes
 from fluxbooth.modelsize import ModelSize
-from fluxbooth.plan.candidates import shortfall, describe_candidate, evaluate_candidates, pick
+from fluxbooth.plan.candidates import describe_candidate, evaluate_candidates, pick, resource_ratios, shortfall
 from fluxbooth.plan.types import Candidate, JobShape
 
 
@@ -48,13 +48,21 @@ def _machine(hardware: Hardware) -> str:
     )
 
 
-def _last_resort(job: JobShape) -> str:
-    """What is left to try when no strategy and no smaller job fits: only what the job does not do yet."""
-    options = ["use a larger GPU or more host RAM"]
-    if max(job.resolution) > 512:
+def _last_resort(job: JobShape, closest: Candidate, hardware: Hardware) -> str:
+    """What is left to try when no strategy and no smaller job fits: only what the job does not do yet,
+    and more of only the resources the closest strategy is short of."""
+    short = {name for name, ratio in resource_ratios(closest.estimate, hardware).items() if ratio > 1}
+    options = []
+    if short & {"gpu", "host"}:
+        options.append("use a larger GPU or more host RAM")
+    if "disk" in short:
+        options.append(f"free disk space at {hardware.work_dir} or point FLUXBOOTH_WORK_DIR at a larger volume")
+    if short & {"gpu", "host"} and max(job.resolution) > 512:
         options.append("lower the resolution")
-    if job.training_type == "full":
+    if short & {"gpu", "host"} and job.training_type == "full":
         options.append("use LoRA")
+    if not options:
+        options.append("use a larger GPU or more host RAM")
     if len(options) == 1:
         return options[0]
     return ", ".join(options[:-1]) + " or " + options[-1]
@@ -82,5 +90,5 @@ def refusal_message(candidates: Sequence[Candidate], hardware: Hardware, model: 
         )
         message += " — set training_type/base_precision/zero_stage/offload accordingly"
     elif not variants:
-        message += f". No strategy fits; {_last_resort(job)}"
+        message += f". No strategy fits; {_last_resort(job, closest, hardware)}"
     return message
