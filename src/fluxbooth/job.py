@@ -31,7 +31,7 @@ from fluxbooth.configs import child_environment, trainer_config_for, write_launc
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.events import StageEvent, StepEvent, TrainerEvent, WarningEvent
 from fluxbooth.export import LocalArtifact, collect_artifacts
-from fluxbooth.hardware import format_bytes, free_disk_bytes, nvme_root, probe_hardware
+from fluxbooth.hardware import Hardware, format_bytes, free_disk_bytes, nvme_root, probe_hardware
 from fluxbooth.launch import Redactor, classify_outcome, run_trainer, trainer_command
 from fluxbooth.model_source import ResolvedModel, download_base_model, ensure_room_to_download, resolve_hub_model
 from fluxbooth.plan import Plan, choose_plan, model_size
@@ -41,6 +41,8 @@ from fluxbooth.trainer_config import TrainerConfig
 
 if TYPE_CHECKING:
     from fluxbooth.checkpoints import CheckpointUploader, StoredCheckpoint
+    from fluxbooth.dataset import PreparedDataset
+    from fluxbooth.request import TrainingRequest
 
 ProgressSink = Callable[[dict[str, Any]], None]
 Result = TypeVar("Result")
@@ -404,21 +406,34 @@ def _with_resume_hint(failure: FluxboothError, uploader: CheckpointUploader | No
     )
 
 
-async def _run(
+@dataclass
+class PlannedJob:
+    """What the plan stage decided, before any dataset byte is fetched; the later stages read it."""
+
+    request: TrainingRequest
+    model: ResolvedModel
+    hardware: Hardware
+    plan: Plan
+    deadline: float
+    started: float
+    resume_checkpoint: StoredCheckpoint | None
+    warnings: list[str]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+async def _plan_job(
     job_input: Any, job_id: str, settings: WorkerSettings, reporter: ProgressReporter, job_dir: Path
-) -> dict[str, Any]:
-    from fluxbooth.dataset import prepare_dataset
+) -> PlannedJob:
+    """Request, base model, resume point, hardware and plan: every check that needs no dataset."""
     from fluxbooth.request import parse_request
+    from fluxbooth.storage import require_usable_storage
 
     started = time.monotonic()
-    seconds: dict[str, float] = {}
     request = parse_request(job_input)
     warnings = list(request.warnings())
     for warning in warnings:
         logger.warning("job %s: %s", job_id, warning)
     deadline = float(request.timeout_seconds or settings.job_deadline_seconds)
-    from fluxbooth.storage import local_output_warning, require_usable_storage
-
     require_usable_storage(settings)
 
     reporter.stage("plan")
@@ -447,52 +462,59 @@ async def _run(
         for stale in await _in_thread(remove_stale_swap_dirs, Path(plan.nvme_path), is_live):
             logger.warning("job %s: removed a stale DeepSpeed swap folder %s", job_id, stale)
         plan = dataclasses.replace(plan, nvme_path=str(job_swap_dir(Path(plan.nvme_path), job_dir.name)))
-    seconds["plan"] = _elapsed(started)
+    planned = PlannedJob(request, model, hardware, plan, deadline, started, resume_checkpoint, warnings)
+    planned.seconds["plan"] = _elapsed(started)
+    return planned
 
-    reporter.stage("dataset")
-    stage_started = time.monotonic()
-    dataset = await _in_thread(
-        functools.partial(prepare_dataset, on_image=reporter.count_from_thread("dataset")),
-        request, job_dir, settings.dataset_limits,
-    )
-    seconds["dataset"] = _elapsed(stage_started)
-    base_model = await _complete_base_model(model, settings, reporter, started + deadline, seconds)
 
+async def _trainer_config(
+    job: PlannedJob, settings: WorkerSettings, reporter: ProgressReporter, job_dir: Path, dataset: PreparedDataset,
+    base_model: str,
+) -> TrainerConfig:
+    """The trainer's config, with the checkpoint to resume from downloaded to a local folder."""
     trainer = trainer_config_for(
-        request, plan, base_model=base_model, instance_dir=dataset.instance_dir,
+        job.request, job.plan, base_model=base_model, instance_dir=dataset.instance_dir,
         class_dir=dataset.class_dir, job_dir=job_dir, class_image_cache_dir=settings.cache_dir / "class-images",
     )
     resume_folder = None
-    if resume_checkpoint is not None:
+    if job.resume_checkpoint is not None:
         from fluxbooth.checkpoints import download_checkpoint
 
-        reporter.stage("resume", checkpoint=resume_checkpoint.uri)
-        resume_folder = str(await _in_thread(download_checkpoint, resume_checkpoint, _checkpoint_root(trainer)))
+        reporter.stage("resume", checkpoint=job.resume_checkpoint.uri)
+        resume_folder = str(await _in_thread(download_checkpoint, job.resume_checkpoint, _checkpoint_root(trainer)))
     # The trainer only ever sees a local folder: the request's URI or `latest` is resolved above.
-    trainer = dataclasses.replace(trainer, resume_from=resume_folder)
-    # After the dataset and the checkpoint to resume from have taken their share of the disk.
-    ensure_disk_for_training(plan, settings.work_root)
-    files = write_launch_files(job_dir, plan, trainer)
-    env = child_environment(
-        plan,
-        settings.environ,
-        cpu_count=hardware.cpu_count,
-        torch_extensions_dir=Path(settings.environ.get("TORCH_EXTENSIONS_DIR") or settings.cache_dir / "torch_extensions"),
-        debug=request.debug,
-    )
-    # Leave time to verify and upload after training; the rest of the deadline goes to the trainer.
-    upload_reserve = min(300.0, 0.1 * deadline)
-    trainer_deadline = deadline - (time.monotonic() - started) - upload_reserve
+    return dataclasses.replace(trainer, resume_from=resume_folder)
+
+
+def _trainer_deadline(job: PlannedJob) -> float:
+    """What is left of the deadline for the trainer, keeping time to verify and upload afterwards."""
+    upload_reserve = min(300.0, 0.1 * job.deadline)
+    trainer_deadline = job.deadline - (time.monotonic() - job.started) - upload_reserve
     if trainer_deadline <= 0:
         raise FluxboothError(
             ErrorCode.TIMEOUT,
-            f"the job deadline of {deadline:.0f} s was used up before training began; raise timeout_seconds "
+            f"the job deadline of {job.deadline:.0f} s was used up before training began; raise timeout_seconds "
             "(or FLUXBOOTH_JOB_DEADLINE_SECONDS on the endpoint)",
         )
+    return trainer_deadline
 
+
+async def _train(
+    job: PlannedJob, trainer: TrainerConfig, settings: WorkerSettings, reporter: ProgressReporter, job_dir: Path
+) -> tuple[Any, CheckpointUploader | None]:
+    """Launch files, `accelerate launch`, checkpoints uploaded as they are made; the successful outcome."""
+    # After the dataset and the checkpoint to resume from have taken their share of the disk.
+    ensure_disk_for_training(job.plan, settings.work_root)
+    files = write_launch_files(job_dir, job.plan, trainer)
+    extensions = settings.environ.get("TORCH_EXTENSIONS_DIR") or settings.cache_dir / "torch_extensions"
+    env = child_environment(
+        job.plan, settings.environ, cpu_count=job.hardware.cpu_count, torch_extensions_dir=Path(extensions),
+        debug=job.request.debug,
+    )
+    trainer_deadline = _trainer_deadline(job)
     # Until the trainer's first event: `accelerate launch` starting the trainer (imports, process group).
-    reporter.stage("launch", steps=request.steps)
-    uploader = _checkpoint_uploader(trainer, settings, request.model_name, job_dir)
+    reporter.stage("launch", steps=job.request.steps)
+    uploader = _checkpoint_uploader(trainer, settings, job.request.model_name, job_dir)
 
     def on_trainer_event(event: TrainerEvent) -> None:
         reporter.trainer_event(event)
@@ -501,7 +523,7 @@ async def _run(
 
     try:
         outcome = await run_trainer(
-            trainer_command(files, plan, hardware.cpu_count, settings.trainer_module),
+            trainer_command(files, job.plan, job.hardware.cpu_count, settings.trainer_module),
             env=env,
             cwd=job_dir,
             deadline_seconds=trainer_deadline,
@@ -516,33 +538,54 @@ async def _run(
     # Also after a failed or timed-out run: its checkpoints are what a resubmitted job resumes from.
     if uploader is not None:
         await uploader.finish()
-        warnings.extend(uploader.warnings)
-    seconds["train"] = round(outcome.seconds, 3)
-    failure = classify_outcome(outcome, plan, deadline)
+        job.warnings.extend(uploader.warnings)
+    job.seconds["train"] = round(outcome.seconds, 3)
+    failure = classify_outcome(outcome, job.plan, job.deadline)
     if failure is not None:
         raise _with_resume_hint(failure, uploader)
     assert outcome.done is not None
+    return outcome, uploader
+
+
+async def _run(
+    job_input: Any, job_id: str, settings: WorkerSettings, reporter: ProgressReporter, job_dir: Path
+) -> dict[str, Any]:
+    from fluxbooth.dataset import prepare_dataset
+    from fluxbooth.storage import local_output_warning
+
+    job = await _plan_job(job_input, job_id, settings, reporter, job_dir)
+
+    reporter.stage("dataset")
+    stage_started = time.monotonic()
+    dataset = await _in_thread(
+        functools.partial(prepare_dataset, on_image=reporter.count_from_thread("dataset")),
+        job.request, job_dir, settings.dataset_limits,
+    )
+    job.seconds["dataset"] = _elapsed(stage_started)
+    base_model = await _complete_base_model(job.model, settings, reporter, job.started + job.deadline, job.seconds)
+    trainer = await _trainer_config(job, settings, reporter, job_dir, dataset, base_model)
+    outcome, uploader = await _train(job, trainer, settings, reporter, job_dir)
 
     reporter.stage("upload")
     stage_started = time.monotonic()
     artifacts = await _in_thread(collect_artifacts, Path(trainer.output_dir), outcome.done.artifacts)
-    stored = await _in_thread(_upload_all, artifacts, settings, request.model_name, job_id)
-    seconds["upload"] = _elapsed(stage_started)
-    seconds["total"] = _elapsed(started)
+    stored = await _in_thread(_upload_all, artifacts, settings, job.request.model_name, job_id)
+    job.seconds["upload"] = _elapsed(stage_started)
+    job.seconds["total"] = _elapsed(job.started)
     if (disk_warning := local_output_warning(settings)) is not None:
         logger.warning("job %s: %s", job_id, disk_warning)
-        warnings.append(disk_warning)
+        job.warnings.append(disk_warning)
 
     trainer_metrics = dict(outcome.done.metrics)
     trainer_warnings = [event.message for event in outcome.events if isinstance(event, WarningEvent)]
     return {
-        "model_name": request.model_name,
+        "model_name": job.request.model_name,
         "artifacts": stored,
-        "plan": {**plan.to_dict(), "export_formats": list(trainer.export_formats)},
-        "metrics": {**trainer_metrics, "seconds": {**trainer_metrics.get("seconds", {}), **seconds}},
+        "plan": {**job.plan.to_dict(), "export_formats": list(trainer.export_formats)},
+        "metrics": {**trainer_metrics, "seconds": {**trainer_metrics.get("seconds", {}), **job.seconds}},
         "dataset": dataset.summary(),
         "checkpoints": uploader.uploaded if uploader is not None else [],
-        "warnings": warnings + trainer_warnings,
+        "warnings": job.warnings + trainer_warnings,
     }
 
 
