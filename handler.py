@@ -12,6 +12,7 @@ SDK would send the traceback to the caller).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -31,14 +32,23 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def progress_sink_for(job: dict[str, Any]) -> ProgressSink:
     """RunPod's progress_update only has somewhere to go on RunPod itself; locally (`--test_input`,
     `--rp_serve_api`) progress is drawn on stderr."""
-    if not os.environ.get("RUNPOD_WEBHOOK_POST_OUTPUT"):
+    if runs_locally():
         return ProgressBar.for_stream(sys.stderr)
     return lambda payload: runpod.serverless.progress_update(job, payload)
 
 
+def runs_locally() -> bool:
+    """True outside RunPod's job queue (`--test_input`, `--rp_serve_api`): no one receives progress_update."""
+    return not os.environ.get("RUNPOD_WEBHOOK_POST_OUTPUT")
+
+
 async def handler(job: Any) -> dict[str, Any]:
     """One job in, its result out in RunPod's wire shape (`error` a JSON string, see `error_for_the_wire`)."""
-    return error_for_the_wire(await _result_for(job))
+    result = error_for_the_wire(await _result_for(job))
+    if runs_locally():
+        # The SDK's local test mode logs the result cut to 4,096 characters; a result with its plan is longer.
+        logging.getLogger("fluxbooth.result").info("result %s", json.dumps(result, sort_keys=True))
+    return result
 
 
 async def _result_for(job: Any) -> dict[str, Any]:
