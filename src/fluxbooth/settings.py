@@ -233,6 +233,7 @@ class WorkerSettings:
         bucket = bucket_from_environ(env)
         volume = env.get("FLUXBOOTH_VOLUME_DIR", "/runpod-volume")
         limits = DatasetLimits(
+            max_images=_int(env, "FLUXBOOTH_MAX_IMAGES", DatasetLimits.max_images),
             max_base64_chars=_int(env, "FLUXBOOTH_MAX_BASE64_CHARS", DatasetLimits.max_base64_chars),
             max_download_bytes=_int(env, "FLUXBOOTH_MAX_DOWNLOAD_BYTES", DatasetLimits.max_download_bytes),
             max_expanded_bytes=_int(env, "FLUXBOOTH_MAX_EXPANDED_BYTES", DatasetLimits.max_expanded_bytes),
