@@ -19,50 +19,34 @@ from pathlib import Path
 from typing import Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.synthetic.presets import CLIP_L_TEXT, FLUX1_TRANSFORMER, FLUX1_VAE, T5_XXL_ENCODER
 
 FLUX_DEV_NAME = "black-forest-labs/FLUX.1-dev"
 FLUX_SCHNELL_NAME = "black-forest-labs/FLUX.1-schnell"
 
-_FLUX_TRANSFORMER_CONFIG: dict[str, Any] = {
-    "patch_size": 1,
-    "in_channels": 64,
-    "out_channels": None,
-    "num_layers": 19,
-    "num_single_layers": 38,
-    "attention_head_dim": 128,
-    "num_attention_heads": 24,
-    "joint_attention_dim": 4096,
-    "pooled_projection_dim": 768,
-    "guidance_embeds": True,
-    "axes_dims_rope": [16, 56, 56],
-}
+# The published FLUX.1 configs have one owner, the synthetic presets (pure data, no torch); sizing reads
+# only these fields of each.
+_FLUX_TRANSFORMER_CONFIG: dict[str, Any] = dict(FLUX1_TRANSFORMER)
 _CLIP_L_CONFIG: dict[str, Any] = {
-    "vocab_size": 49408,
-    "hidden_size": 768,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "max_position_embeddings": 77,
+    key: CLIP_L_TEXT[key]
+    for key in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "max_position_embeddings",
+    )
 }
 _T5_XXL_CONFIG: dict[str, Any] = {
-    "vocab_size": 32128,
-    "d_model": 4096,
-    "d_kv": 64,
-    "d_ff": 10240,
-    "num_layers": 24,
-    "num_heads": 64,
-    "feed_forward_proj": "gated-gelu",
-    "relative_attention_num_buckets": 32,
+    key: T5_XXL_ENCODER[key]
+    for key in (
+        "vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads", "feed_forward_proj",
+        "relative_attention_num_buckets",
+    )
 }
 _FLUX_VAE_CONFIG: dict[str, Any] = {
-    "in_channels": 3,
-    "out_channels": 3,
-    "block_out_channels": [128, 256, 512, 512],
-    "layers_per_block": 2,
-    "latent_channels": 16,
-    "use_quant_conv": False,
-    "use_post_quant_conv": False,
-    "mid_block_add_attention": True,
+    key: FLUX1_VAE[key]
+    for key in (
+        "in_channels", "out_channels", "block_out_channels", "layers_per_block", "latent_channels",
+        "use_quant_conv", "use_post_quant_conv", "mid_block_add_attention",
+    )
 }
 
 
