@@ -22,7 +22,7 @@ import runpod
 
 from fluxbooth.errors import ErrorCode, FluxboothError, error_for_the_wire
 from fluxbooth.job import ProgressSink, run_job
-from fluxbooth.launch import Redactor
+from fluxbooth.redaction import RedactingFilter, Redactor
 from fluxbooth.progress import ProgressBar
 from fluxbooth.settings import SECRET_ENV_NAMES, WorkerSettings
 
@@ -71,24 +71,6 @@ def one_job_at_a_time(current_concurrency: int) -> int:
 def worker_config() -> dict[str, Any]:
     """What `runpod.serverless.start` gets."""
     return {"handler": handler, "concurrency_modifier": one_job_at_a_time}
-
-
-class RedactingFilter(logging.Filter):
-    """Masks secret values in every record a handler writes, third-party libraries' included:
-    botocore's DEBUG log prints the SigV4 Authorization header, which names the access key ID."""
-
-    def __init__(self, redact: Redactor) -> None:
-        super().__init__()
-        self._redact = redact
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = self._redact(record.getMessage())
-        record.args = None
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
-            record.exc_text = self._redact(record.exc_text)
-        return True
 
 
 def configure_logging(settings: WorkerSettings, stream: IO[str] | None = None, level: int = logging.INFO) -> None:

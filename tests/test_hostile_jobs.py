@@ -30,7 +30,8 @@ from fluxbooth import job as job_module
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import format_bytes
 from fluxbooth.job import ensure_tiny_model, run_job
-from fluxbooth.launch import Redactor, run_trainer
+from fluxbooth.launch import run_trainer
+from fluxbooth.redaction import Redactor
 from fluxbooth.settings import SECRET_ENV_NAMES, TINY_MODEL_NAME, WorkerSettings
 from fluxbooth.storage import UNUPLOADED_DIR_NAME
 from tests.conftest import REPO_ROOT

@@ -851,7 +851,7 @@ def test_s3_delete_folder_with_keys_refused_in_the_response_fails_without_echoin
     folder_uri = f"s3://{s3_bucket_env['BUCKET_NAME']}/{key_of(s3_bucket_env, 'checkpoint-2/')}"
     assert caught.value.message == (
         f"deleting {folder_uri} failed: the service refused 1 of its 2 objects (AccessDenied on "
-        f"{key_of(s3_bucket_env, 'checkpoint-2/b')}: Access Denied for [redacted]); give the key in "
+        f"{key_of(s3_bucket_env, 'checkpoint-2/b')}: Access Denied for [REDACTED]); give the key in "
         "BUCKET_ACCESS_KEY_ID permission to delete objects, or remove them by hand"
     )
 

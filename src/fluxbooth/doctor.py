@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import GIB, Hardware, format_bytes, probe_hardware
+from fluxbooth.redaction import Redactor
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
 
 OK = "ok"
@@ -442,19 +443,14 @@ def check_bucket(settings: WorkerSettings) -> CheckResult:
             "403": "the key cannot access this bucket; check BUCKET_ACCESS_KEY_ID/BUCKET_SECRET_ACCESS_KEY",
             "404": "no such bucket; check the bucket named in BUCKET_ENDPOINT_URL (or BUCKET_NAME)",
         }.get(str(status), "check BUCKET_ENDPOINT_URL and the bucket settings")
-        return CheckResult("object storage", FAIL, _redact(f"HEAD {where} failed: {status} {code}; {hint}", settings))
+        return CheckResult("object storage", FAIL, Redactor(settings.secret_values)(f"HEAD {where} failed: {status} {code}; {hint}", settings))
     except (BotoCoreError, FluxboothError, ValueError) as error:
         return CheckResult(
-            "object storage", FAIL, _redact(f"HEAD {where} failed: {type(error).__name__}; check BUCKET_ENDPOINT_URL", settings)
+            "object storage", FAIL, Redactor(settings.secret_values)(f"HEAD {where} failed: {type(error).__name__}; check BUCKET_ENDPOINT_URL", settings)
         )
     return CheckResult("object storage", OK, f"HEAD {where}: reachable")
 
 
-def _redact(text: str, settings: WorkerSettings) -> str:
-    for secret in settings.secret_values:
-        if secret:
-            text = text.replace(secret, "[redacted]")
-    return text
 
 
 # =================================================================================================

@@ -32,9 +32,10 @@ from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.events import StageEvent, StepEvent, TrainerEvent, WarningEvent
 from fluxbooth.export import LocalArtifact, collect_artifacts
 from fluxbooth.hardware import Hardware, format_bytes, free_disk_bytes, nvme_root, probe_hardware
-from fluxbooth.launch import Redactor, classify_outcome, run_trainer, trainer_command
+from fluxbooth.launch import classify_outcome, run_trainer, trainer_command
 from fluxbooth.model_source import ResolvedModel, download_base_model, ensure_room_to_download, resolve_hub_model
 from fluxbooth.plan import Plan, choose_plan, model_size
+from fluxbooth.redaction import Redactor
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
 from fluxbooth.train.layout import checkpoint_root
 from fluxbooth.trainer_config import TrainerConfig
@@ -607,10 +608,10 @@ async def run_job(
             logger.warning("job %s: removed the folder of a run that is gone: %s", safe_id, stale)
         attempt = claim_attempt_dir(settings.work_root, safe_id)
         result = await _run(job_input, safe_id, settings, ProgressReporter(progress), attempt.path)
-        return _redact_tree(result, redact)
+        return redact.tree(result)
     except FluxboothError as error:
         logger.error("job %s failed: %s", safe_id, redact(f"{error.code.value}: {error.message}"))
-        return _redact_tree(error.to_result(), redact)
+        return redact.tree(error.to_result())
     except asyncio.CancelledError:
         logger.warning("job %s cancelled", safe_id)
         raise
@@ -627,15 +628,3 @@ async def run_job(
             attempt.remove()
 
 
-# A SigV4 presigned URL must carry the access key ID (never the secret): masking it would break the URL.
-UNREDACTED_KEYS = frozenset({"url"})
-
-
-def _redact_tree(value: Any, redact: Redactor) -> Any:
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, list):
-        return [_redact_tree(item, redact) for item in value]
-    if isinstance(value, dict):
-        return {key: item if key in UNREDACTED_KEYS else _redact_tree(item, redact) for key, item in value.items()}
-    return value

@@ -34,6 +34,7 @@ from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.events import DoneEvent, ErrorEvent, StageEvent, StepEvent, TrainerEvent, event_payload, parse_event
 from fluxbooth.hardware import format_bytes
 from fluxbooth.plan import Plan
+from fluxbooth.redaction import Redactor
 
 LOG_TAIL_LINES = 200
 ERROR_TAIL_LINES = 25
@@ -83,20 +84,6 @@ STOPPED_FROM_OUTSIDE_STATUSES = frozenset(
 KILLED_STATUSES = frozenset({-signal.SIGKILL, 128 + signal.SIGKILL})
 
 logger = logging.getLogger(__name__)
-
-
-class Redactor:
-    """Replaces every secret value with a fixed mask; applied to every line before it goes anywhere."""
-
-    def __init__(self, secrets: Iterable[str]) -> None:
-        # Longest first so a secret that contains another is masked whole; very short values
-        # would mask ordinary text and cannot be meaningful credentials.
-        self._secrets = sorted({value for value in secrets if value and len(value) >= 4}, key=len, reverse=True)
-
-    def __call__(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "[REDACTED]")
-        return text
 
 
 @dataclass
@@ -431,7 +418,7 @@ def classify_outcome(outcome: TrainerOutcome, plan: Plan, deadline_seconds: floa
         return FluxboothError(
             ErrorCode.HOST_OOM,
             f"the trainer was killed{progress}, most likely by the kernel's out-of-memory killer: "
-            f"host RAM ran out (the plan predicted {plan.predicted_host_bytes / 2**30:.1f} GiB); "
+            f"host RAM ran out (the plan predicted {format_bytes(plan.predicted_host_bytes)}); "
             "use a worker with more RAM, training_type lora, or offload nvme with zero_stage 3",
             details=details,
         )

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.hardware import format_bytes
+from fluxbooth.redaction import Redactor
 from fluxbooth.settings import ALLOW_LOCAL_OUTPUT_VARIABLE, BucketSettings, WorkerSettings
 
 if TYPE_CHECKING:
@@ -168,7 +170,7 @@ def preserve_on_volume(paths: list[Path], volume_dir: Path, model_name: str, job
         free_bytes = shutil.disk_usage(destination).free
         if free_bytes < needed_bytes:
             raise OSError(
-                f"{_gib(needed_bytes)} needed but only {_gib(free_bytes)} free; free space on the volume"
+                f"{format_bytes(needed_bytes)} needed but only {format_bytes(free_bytes)} free; free space on the volume"
             )
         for source, relative_name in files:
             target = destination / relative_name
@@ -686,15 +688,8 @@ def _public_endpoint(endpoint_url: str | None) -> str:
 
 
 def _without_secrets(message: str, bucket: BucketSettings) -> str:
-    for secret in (bucket.secret_access_key, bucket.access_key_id):
-        if secret:
-            message = message.replace(secret, "[redacted]")
-    return message
+    return Redactor((bucket.secret_access_key, bucket.access_key_id))(message)
 
 
 def _os_reason(error: OSError) -> str:
     return error.strerror or str(error) or type(error).__name__
-
-
-def _gib(byte_count: int) -> str:
-    return f"{byte_count / 1024**3:.2f} GiB"
