@@ -270,3 +270,17 @@ def test_the_plans_base_precision_reaches_the_trainer(tmp_path: Path) -> None:
     )
     assert (trainer.training_type, trainer.base_precision) == ("lora", "nf4")
     assert TrainerConfig.read(write_launch_files(tmp_path, plan, trainer).trainer_config).base_precision == "nf4"
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_only_a_debug_request_measures_the_fixed_noise_loss(debug: bool, tmp_path: Path) -> None:
+    from fluxbooth.configs import trainer_config_for
+    from fluxbooth.request import parse_request
+
+    request = parse_request(
+        {"model_name": "m", "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==", "instance_prompt": "a photo of sks dog", "debug": debug}
+    )
+    trainer = trainer_config_for(
+        request, GUIDE_DEFAULT_PLAN, base_model="/models/flux", instance_dir=tmp_path / "instance", class_dir=None, job_dir=tmp_path
+    )
+    assert trainer.measure_fixed_noise_loss is debug

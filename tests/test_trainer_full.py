@@ -90,6 +90,12 @@ def test_full_zero2_saved_transformer_changes_the_pipeline_output(full_zero2: Tr
     assert float(abs(trained_image - base_image(tiny_base)).max()) > 1e-4
 
 
+def test_the_fixed_noise_loss_is_not_measured_unless_asked(full_zero2: TrainerRun) -> None:
+    statuses = [event.get("status") for event in full_zero2.of_kind("stage")]
+    assert "measuring_fixed_noise_loss" not in statuses
+    assert "fixed_noise_loss" not in full_zero2.metrics
+
+
 def test_caption_files_become_the_prompts_of_their_images(full_zero2: TrainerRun) -> None:
     (cache_file,) = Path(full_zero2.config.cache_dir).glob("instance-*.pt")
     cached = torch.load(cache_file, weights_only=True)

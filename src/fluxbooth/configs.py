@@ -313,4 +313,5 @@ def trainer_config_for(
         class_image_cache_dir=str(class_image_cache_dir) if class_image_cache_dir else None,
         encoders_on_cpu=plan.cache_encoders_on_cpu,
         base_precision=plan.base_precision,
+        measure_fixed_noise_loss=request.debug,
     )

@@ -79,6 +79,9 @@ class TrainerConfig:
     # or "nf4". With a quantised base, offload_param "cpu" means the quantised blocks live in pinned host RAM and
     # are moved to the GPU block by block (the planner's block-swap candidate); DeepSpeed is not told.
     base_precision: str = "bf16"
+    # The loss at fixed noise before and after training (a repeatable learning measure): 24 extra forward
+    # passes, so only when asked (the request's `debug`).
+    measure_fixed_noise_loss: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))

@@ -19,7 +19,7 @@ FIXED_NOISE_SIGMAS = (0.25, 0.5, 0.75)
 
 def start_training(session: Session, data: CachedData, transformer: Any) -> TrainingRun:
     """*Collective.* The engine, optimizer and schedule around `transformer`, restored from a checkpoint
-    when asked, and the fixed-noise loss before the first step."""
+    when asked, and the fixed-noise loss before the first step when measured."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     from fluxbooth.train.cache import vae_normalisation
@@ -63,7 +63,13 @@ def start_training(session: Session, data: CachedData, transformer: Any) -> Trai
     run.ema = _make_ema(session, engine)
     if run.ema is not None and ema_state is not None and session.is_main:
         run.ema.load_state_dict(torch.load(ema_state, map_location="cpu", weights_only=True))
-    run.fixed_noise_loss["start"] = fixed_noise_loss(session, run, data.instance_set)
+    if config.measure_fixed_noise_loss:
+        run.fixed_noise_loss["start"] = fixed_noise_loss(session, run, data.instance_set)
+    elif session.offload_device("offload_param") == "nvme":
+        # ZeRO-3 records the order its modules run in during the first forward; a first forward *with*
+        # gradients over NVMe-swapped parameters runs out of swap buffers ("Not enough buffers 0 for
+        # swapping 1", DeepSpeed 0.19.8, the NVMe tests). One no-grad pass records the order first.
+        fixed_noise_loss(session, run, data.instance_set, images=1, sigmas=(0.5,))
     return run
 
 
@@ -77,7 +83,8 @@ def _make_ema(session: Session, engine: Any) -> Any:
 
 
 def train(state: TrainerState) -> None:
-    """*Collective.* The optimizer steps from the run's start step to `steps`, then the fixed-noise loss."""
+    """*Collective.* The optimizer steps from the run's start step to `steps`, then the fixed-noise loss
+    when measured."""
     from fluxbooth.train.checkpointing import save_checkpoint
     from fluxbooth.train.validation import render_during_training
 
@@ -101,9 +108,10 @@ def train(state: TrainerState) -> None:
             # The last step is left to the final validation, which renders the same weights once exported.
             if config.validation_prompts and config.validation_steps and done % config.validation_steps == 0 and done < config.steps:
                 render_during_training(state, done)
-        # A dozen forward passes after the last step: announced, so the worker does not see silence.
-        session.reporter.stage("train", status="measuring_fixed_noise_loss")
-        run.fixed_noise_loss["end"] = fixed_noise_loss(session, run, data.instance_set)
+        if config.measure_fixed_noise_loss:
+            # A dozen forward passes after the last step: announced, so the worker does not see silence.
+            session.reporter.stage("train", status="measuring_fixed_noise_loss")
+            run.fixed_noise_loss["end"] = fixed_noise_loss(session, run, data.instance_set)
 
 
 def _optimizer_step(session: Session, run: TrainingRun, data: CachedData, step: int) -> float:
@@ -163,19 +171,25 @@ def per_sample_losses(session: Session, run: TrainingRun, batch: dict[str, Any],
     return per_sample_loss(unpack_prediction(prediction, inputs.latent_shape), inputs)
 
 
-def fixed_noise_loss(session: Session, run: TrainingRun, instance_set: EncodedImages) -> float:
-    """*Collective.* The unweighted loss on the instance images (posterior means) at fixed noise and
-    sigmas 0.25/0.5/0.75: a repeatable measure of learning, free of the sampling noise of step losses."""
+def fixed_noise_loss(
+    session: Session,
+    run: TrainingRun,
+    instance_set: EncodedImages,
+    images: int = FIXED_NOISE_IMAGES,
+    sigmas: tuple[float, ...] = FIXED_NOISE_SIGMAS,
+) -> float:
+    """*Collective.* The unweighted loss on the first `images` instance images (posterior means) at fixed
+    noise and `sigmas`: a repeatable measure of learning, free of the sampling noise of step losses."""
     losses = []
     with torch.no_grad():
-        for index in range(min(len(instance_set), FIXED_NOISE_IMAGES)):
+        for index in range(min(len(instance_set), images)):
             prompt = instance_set.prompt_index[index : index + 1]
             batch = {
                 "latents": run.normalisation.apply(instance_set.latent_mean[index : index + 1]),
                 "prompt_embeds": instance_set.prompt_embeds[prompt],
                 "pooled_prompt_embeds": instance_set.pooled_prompt_embeds[prompt],
             }
-            for sigma in FIXED_NOISE_SIGMAS:
+            for sigma in sigmas:
                 generator = torch.Generator("cpu").manual_seed(seed_for(session.config.seed, "fixed_noise", index, sigma))
                 losses.append(float(per_sample_losses(session, run, batch, generator, torch.tensor([sigma])).mean()))
     release_prefetched_partitions(run.engine)

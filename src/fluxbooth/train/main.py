@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     if is_main:
         # Importing torch, diffusers and DeepSpeed takes seconds: say so before it starts.
         print(format_event(StageEvent(stage="load", details={"what": "libraries"})), flush=True)
+    from fluxbooth.train.cpu_probe import ask_cpu_info_once
+
+    ask_cpu_info_once()
     from fluxbooth.train.runtime import EventReporter
 
     reporter = EventReporter(enabled=is_main)
@@ -118,7 +121,6 @@ def report_done(state: Any, seconds_total: float) -> None:
         "seconds_total": round(seconds_total, 3),
         "peak_host_rss_bytes": peak_host_rss_bytes(),
         "transformer_loading": state.loading_report,
-        "fixed_noise_loss": run.fixed_noise_loss,
         "released_before_training": data.released_before_training,
         # The engine and optimizer still in memory when export began (empty: freed before it).
         "alive_at_export": run.alive_at_export,
@@ -126,6 +128,8 @@ def report_done(state: Any, seconds_total: float) -> None:
     metrics.update(peak_gpu_metrics())
     if session.cuda_memory_fraction is not None:
         metrics["cuda_memory_fraction"] = session.cuda_memory_fraction
+    if run.fixed_noise_loss:
+        metrics["fixed_noise_loss"] = run.fixed_noise_loss
     if run.start_step:
         metrics["resumed_from_step"] = run.start_step
     if run.nvme_swap_peak_bytes:
