@@ -49,7 +49,8 @@ IMAGES = 4
 LEARNING_RATE = 1e-4
 PROMPT = "a photo of sks toy"
 SEED = 42
-# diffusers' FLUX LoRA scripts' default targets (the attention projections), as fluxbooth's default.
+# The attention projections (what diffusers' FLUX LoRA script trains unless told otherwise); fluxbooth's
+# default also trains the feed-forward and single-block projections, so the request names these.
 LORA_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
 # Where tests/conftest.py keeps DeepSpeed's compiled ops, so the bench reuses the build.
 DEFAULT_TORCH_EXTENSIONS_DIR = Path.home() / ".cache" / "fluxbooth" / "torch_extensions"
@@ -109,6 +110,8 @@ def fluxbooth_request(model: Path, images: list[bytes]) -> dict[str, Any]:
         "model_name": "bench-overhead", "base_model": str(model), "dataset": base64.b64encode(archive.getvalue()).decode(),
         "instance_prompt": PROMPT, "steps": STEPS, "learning_rate": LEARNING_RATE, "resolution": f"{SIDE}x{SIDE}",
         "training_type": "lora", "lora_rank": RANK, "batch_size": 1, "mixed_precision": "no", "seed": SEED,
+        # What the reference writes: the diffusers LoRA file (fluxbooth's LoRA default adds a ComfyUI one).
+        "output_formats": ["diffusers"], "lora_target_modules": LORA_TARGETS,
     }
 
 

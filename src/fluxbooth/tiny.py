@@ -21,6 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from fluxbooth.synthetic.presets import FLUX1_DEV_SCHEDULER, FLUX1_VAE
+
 # The components a FluxPipeline folder needs, each with the file that proves it was written.
 REQUIRED_FILES = (
     "model_index.json",
@@ -61,21 +63,15 @@ TRANSFORMER_CONFIG: dict[str, Any] = {
     "axes_dims_rope": ROPE_AXES,
 }
 
-# FLUX.1-dev's VAE normalisation constants, so the trainer's latent normalisation path is the real one.
+# FLUX.1-dev's VAE (its normalisation constants above all, so the trainer's latent normalisation path is the
+# real one), narrowed.
 VAE_CONFIG: dict[str, Any] = {
-    "in_channels": 3,
-    "out_channels": 3,
-    "down_block_types": ["DownEncoderBlock2D"] * 4,
-    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    **FLUX1_VAE,
     "block_out_channels": [8, 8, 16, 16],
     "layers_per_block": 1,
     "latent_channels": LATENT_CHANNELS,
     "norm_num_groups": 4,
     "sample_size": 64,
-    "scaling_factor": 0.3611,
-    "shift_factor": 0.1159,
-    "use_quant_conv": False,
-    "use_post_quant_conv": False,
 }
 
 # The text encoders' shapes; vocabulary sizes and special token ids come from the tokenizers.
@@ -100,15 +96,7 @@ T5_CONFIG: dict[str, Any] = {
 }
 
 # FLUX.1-dev's scheduler configuration.
-SCHEDULER_CONFIG: dict[str, Any] = {
-    "base_image_seq_len": 256,
-    "base_shift": 0.5,
-    "max_image_seq_len": 4096,
-    "max_shift": 1.15,
-    "num_train_timesteps": 1000,
-    "shift": 3.0,
-    "use_dynamic_shifting": True,
-}
+SCHEDULER_CONFIG: dict[str, Any] = dict(FLUX1_DEV_SCHEDULER)
 
 
 def is_complete_pipeline(folder: Path) -> bool:
