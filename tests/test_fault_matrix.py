@@ -272,7 +272,7 @@ def test_train_killed_is_host_oom(worker: Worker) -> None:
 
     assert_error(result, ErrorCode.HOST_OOM, re.compile(
         rf"the trainer was killed after step \d/{STEPS}, most likely by the kernel's out-of-memory killer: host RAM "
-        r"ran out \(the plan predicted [\d.]+ GiB\); use a worker with more RAM, training_type lora, or offload "
+        r"ran out \(the plan predicted [\d.]+ [MG]iB\); use a worker with more RAM, training_type lora, or offload "
         r"nvme with zero_stage 3"
     ))
     assert worker.leftovers() == []
