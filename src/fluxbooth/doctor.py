@@ -427,6 +427,7 @@ def check_bucket(settings: WorkerSettings) -> CheckResult:
 
     host = urlsplit(bucket.endpoint_url).hostname if bucket.endpoint_url else "AWS S3"
     where = f"s3://{bucket.bucket} at {host}"
+    redact = Redactor(settings.secret_values)
     try:
         store = S3Store(
             bucket,
@@ -443,14 +444,10 @@ def check_bucket(settings: WorkerSettings) -> CheckResult:
             "403": "the key cannot access this bucket; check BUCKET_ACCESS_KEY_ID/BUCKET_SECRET_ACCESS_KEY",
             "404": "no such bucket; check the bucket named in BUCKET_ENDPOINT_URL (or BUCKET_NAME)",
         }.get(str(status), "check BUCKET_ENDPOINT_URL and the bucket settings")
-        return CheckResult("object storage", FAIL, Redactor(settings.secret_values)(f"HEAD {where} failed: {status} {code}; {hint}"))
+        return CheckResult("object storage", FAIL, redact(f"HEAD {where} failed: {status} {code}; {hint}"))
     except (BotoCoreError, FluxboothError, ValueError) as error:
-        return CheckResult(
-            "object storage", FAIL, Redactor(settings.secret_values)(f"HEAD {where} failed: {type(error).__name__}; check BUCKET_ENDPOINT_URL")
-        )
+        return CheckResult("object storage", FAIL, redact(f"HEAD {where} failed: {type(error).__name__}; check BUCKET_ENDPOINT_URL"))
     return CheckResult("object storage", OK, f"HEAD {where}: reachable")
-
-
 
 
 # =================================================================================================

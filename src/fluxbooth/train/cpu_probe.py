@@ -19,7 +19,7 @@ class CpuInfoProbe:
 
     def __init__(self, ask: Callable[[], dict[str, Any]]) -> None:
         self._ask = ask
-        self._answer: dict[str, Any] | None = None
+        self._answer: dict[str, Any] = {}
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="cpuinfo-probe", daemon=True)
 
@@ -37,16 +37,14 @@ class CpuInfoProbe:
         self._thread.join()
         if self._error is not None:
             raise self._error
-        return copy.deepcopy(self._answer) if self._answer is not None else {}
+        return copy.deepcopy(self._answer)
 
 
-def ask_cpu_info_once() -> CpuInfoProbe | None:
+def ask_cpu_info_once() -> None:
     """Starts the probe and points `cpuinfo.get_cpu_info` (where DeepSpeed imports it from at call time)
-    at its answer. None when py-cpuinfo is not installed (DeepSpeed then falls back to lscpu)."""
+    at its answer. Nothing to do without py-cpuinfo (DeepSpeed then falls back to lscpu)."""
     try:
         import cpuinfo
     except ImportError:
-        return None
-    probe = CpuInfoProbe(cpuinfo.get_cpu_info).start()
-    cpuinfo.get_cpu_info = probe.answer
-    return probe
+        return
+    cpuinfo.get_cpu_info = CpuInfoProbe(cpuinfo.get_cpu_info).start().answer
