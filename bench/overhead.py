@@ -92,7 +92,7 @@ def measure_upload(work: Path) -> tuple[float, float]:
     from botocore.config import Config
     from moto.server import ThreadedMotoServer
 
-    from fluxbooth.export import sha256_file
+    from fluxbooth.artifacts import sha256_file
     from fluxbooth.settings import BucketSettings
     from fluxbooth.storage import S3Store
 

@@ -20,8 +20,8 @@ from boto3.s3.transfer import TransferConfig
 from botocore.client import BaseClient
 
 from fluxbooth import storage
+from fluxbooth.artifacts import sha256_file
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.export import sha256_file
 from fluxbooth.settings import WorkerSettings, locate_bucket
 from fluxbooth.storage import (
     LocalStore,

@@ -160,7 +160,7 @@ def test_full_zero3_gathered_transformer_reloads_and_changes_the_output(full_zer
 def test_full_zero3_single_file_holds_the_same_weights_in_the_original_layout(full_zero3: TrainerRun) -> None:
     from diffusers import FluxTransformer2DModel
 
-    from fluxbooth.train.formats import fused_split_sizes, original_to_diffusers_transformer
+    from fluxbooth.train.export.key_layouts import fused_split_sizes, original_to_diffusers_transformer
 
     single = load_file(full_zero3.artifact("single_file_transformer"))
     assert "double_blocks.0.img_attn.qkv.weight" in single and "single_blocks.0.linear1.weight" in single

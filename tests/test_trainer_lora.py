@@ -86,7 +86,7 @@ def test_lora_export_restores_alpha_when_loaded(lora_zero2: TrainerRun, tiny_bas
 def test_lora_comfyui_export_changes_each_layer_like_the_diffusers_export(lora_zero2: TrainerRun, tiny_base: Path) -> None:
     from diffusers import FluxTransformer2DModel
 
-    from fluxbooth.train.formats import (
+    from fluxbooth.train.export.key_layouts import (
         comfyui_lora_effects,
         diffusers_effects_as_comfyui,
         diffusers_lora_effects,

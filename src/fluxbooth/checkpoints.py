@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from fluxbooth.artifacts import sha256_file
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.events import CheckpointEvent, TrainerEvent
-from fluxbooth.export import sha256_file
 from fluxbooth.settings import WorkerSettings
 from fluxbooth.train.layout import checkpoint_folder_name, step_of_folder
 from fluxbooth.storage import (

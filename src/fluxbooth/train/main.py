@@ -75,7 +75,7 @@ def _classified(error: Exception) -> TrainerFailure:
 def run(config: TrainerConfig, reporter: Any) -> None:
     """The stages in order, each reading what the earlier ones left in the state."""
     from fluxbooth.train.caching import build_caches
-    from fluxbooth.train.exporting import save_and_export
+    from fluxbooth.train.export.stage import save_and_export
     from fluxbooth.train.loop import start_training, train
     from fluxbooth.train.model import load_trainable_transformer
     from fluxbooth.train.session import open_session
@@ -100,7 +100,7 @@ def run(config: TrainerConfig, reporter: Any) -> None:
 
 def report_done(state: Any, seconds_total: float) -> None:
     """metrics.json and the `done` event (main process), then the end of the accelerate session."""
-    from fluxbooth.train.export import write_json
+    from fluxbooth.train.state import write_json
     from fluxbooth.train.runtime import peak_gpu_metrics, peak_host_rss_bytes
 
     session, run, data = state.session, state.training(), state.cached()

@@ -18,9 +18,20 @@ from typing import Any
 import torch
 
 from fluxbooth.train.cache import EncodedImages, EncodedPrompts, ReleaseTracker
-from fluxbooth.train.export import Artifact
 from fluxbooth.train.runtime import EventReporter, StageClock
 from fluxbooth.trainer_config import TrainerConfig
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A file or folder the trainer wrote for the worker to upload (announced in the `done` event)."""
+
+    name: str
+    path: str  # relative to the output directory
+    kind: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "path": self.path, "kind": self.kind}
 
 
 @dataclass(frozen=True)
@@ -152,3 +163,16 @@ def without_transformers_zero3_init() -> Iterator[None]:
         yield
     finally:
         transformers_deepspeed._hf_deepspeed_config_weak_ref = saved
+
+
+def gathered(parameters: list[torch.nn.Parameter]) -> Any:
+    """A context in which ZeRO-3 partitioned `parameters` are whole on every rank (nothing when none is)."""
+    if parameters and any(hasattr(parameter, "ds_id") for parameter in parameters):
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(parameters, modifier_rank=None)
+    return contextlib.nullcontext()
+
+
+def write_json(path: Path, content: dict[str, Any]) -> None:
+    path.write_text(json.dumps(content, indent=2, sort_keys=True, allow_nan=False) + "\n")

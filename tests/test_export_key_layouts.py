@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fluxbooth.train.formats import (
+from fluxbooth.train.export.key_layouts import (
     comfyui_lora_effects,
     diffusers_effects_as_comfyui,
     diffusers_lora_effects,
@@ -168,7 +168,7 @@ def test_diffusers_format_lora_changes_each_layer_equally_in_diffusers_and_comfy
     from diffusers import FluxPipeline
     from safetensors.torch import load_file
 
-    from fluxbooth.train.export import LORA_WEIGHTS_NAME, save_lora_diffusers
+    from fluxbooth.train.export.lora import LORA_WEIGHTS_NAME, save_lora_diffusers
 
     pipeline = FluxPipeline.from_pretrained(tiny_base, torch_dtype=torch.float32)
     transformer = pipeline.transformer

@@ -1,5 +1,6 @@
 """Stages "save" and "export": the trained weights (and their EMA) gathered from the engine and written
-in every requested format, each file checked by loading it back."""
+in every requested format, each file checked by loading it back. The order of the stage; what each
+format's files hold is in `lora` and `transformer`."""
 
 from __future__ import annotations
 
@@ -9,18 +10,9 @@ from typing import Any
 import torch
 
 from fluxbooth.train.cache import free_accelerator_memory
-from fluxbooth.train.export import (
-    LORA_WEIGHTS_NAME,
-    Artifact,
-    export_single_file,
-    lora_state_dict,
-    sample_names,
-    save_lora_comfyui,
-    save_lora_diffusers,
-    save_transformer,
-    verify_saved_transformer,
-)
-from fluxbooth.train.state import Session, TrainerState, TrainingRun
+from fluxbooth.train.export.lora import LORA_WEIGHTS_NAME, lora_state_dict, save_lora_comfyui, save_lora_diffusers
+from fluxbooth.train.export.transformer import export_single_file, sample_names, save_transformer, verify_saved_transformer
+from fluxbooth.train.state import Artifact, Session, TrainerState, TrainingRun
 
 TRANSFORMER_FOLDER = "transformer"
 LORA_FOLDER = "lora"

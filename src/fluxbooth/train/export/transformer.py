@@ -1,4 +1,5 @@
-"""Saving what was trained, from any ZeRO stage, and checking each file by loading it back.
+"""The full transformer's files: the diffusers folder (config and shards, written from any ZeRO stage)
+and the original-layout single file, each checked by reading it back.
 
 Functions marked *collective* must be called by every rank (ZeRO-3 gathers partitioned parameters
 with collectives); only the main process writes files.
@@ -10,30 +11,21 @@ import json
 import math
 import re
 from collections.abc import Callable
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
+from fluxbooth.train.export.key_layouts import OriginalTensor, single_file_layout
 from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.formats import (
-    OriginalTensor,
-    comfyui_lora_effects,
-    diffusers_effects_as_comfyui,
-    diffusers_lora_effects,
-    diffusers_lora_to_comfyui,
-    fused_split_sizes,
-    single_file_layout,
-)
-from fluxbooth.trainer_config import LoraSettings
+from fluxbooth.train.state import gathered
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 WEIGHTS_INDEX_NAME = "diffusion_pytorch_model.safetensors.index.json"
-LORA_WEIGHTS_NAME = "pytorch_lora_weights.safetensors"
 SAMPLE_TENSORS_TO_COMPARE = 6
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*$", re.IGNORECASE)
 
@@ -56,18 +48,6 @@ def parse_size(size: str | int) -> int:
     if match is None:
         raise TrainerFailure("invalid_config", f"max_shard_size {size!r} is not a size like '5GB'")
     return int(float(match.group(1)) * 1000 ** " KMGT".index((match.group(2) or " ").upper()))
-
-
-def _is_partitioned(parameter: torch.nn.Parameter) -> bool:
-    return hasattr(parameter, "ds_id")
-
-
-def _gathered(parameters: list[torch.nn.Parameter]) -> Any:
-    if parameters and any(_is_partitioned(parameter) for parameter in parameters):
-        import deepspeed
-
-        return deepspeed.zero.GatheredParameters(parameters, modifier_rank=None)
-    return nullcontext()
 
 
 def _plan_shards(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list[str]]:
@@ -111,7 +91,7 @@ def save_transformer(model: Any, out_dir: Path, *, is_main_process: bool, max_sh
         shard: dict[str, torch.Tensor] = {}
         for name in names:
             tensor = tensors_by_name[name]
-            with _gathered([tensor] if isinstance(tensor, torch.nn.Parameter) else []):
+            with gathered([tensor] if isinstance(tensor, torch.nn.Parameter) else []):
                 if is_main_process:
                     shard[name] = tensor.detach().to("cpu", copy=True).contiguous()
         if is_main_process:
@@ -221,68 +201,3 @@ def export_single_file(transformer_folder: Path, out_file: Path) -> None:
 
 def _build_original(entry: OriginalTensor, read: Callable[[str], torch.Tensor]) -> torch.Tensor:
     return entry.build([read(source) for source in entry.sources])
-
-
-def lora_state_dict(model: Any, *, is_main_process: bool) -> dict[str, torch.Tensor]:
-    """*Collective.* The peft LoRA weights of `model` (unwrapped, possibly ZeRO-3 partitioned), with
-    diffusers' module keys: no `module.` prefix from DeepSpeed, no `.default` adapter name from peft.
-    Only the LoRA parameters are gathered, never the frozen base."""
-    from peft.utils import get_peft_model_state_dict
-
-    lora_parameters = [parameter for name, parameter in model.named_parameters() if ".lora_" in name]
-    state: dict[str, torch.Tensor] = {}
-    with _gathered(lora_parameters):
-        if is_main_process:
-            state = {key: value.detach().to("cpu", copy=True).contiguous() for key, value in get_peft_model_state_dict(model).items()}
-    if is_main_process:
-        bad = [key for key in state if key.startswith("module.") or ".default" in key or "lora_" not in key]
-        if bad or not state:
-            raise TrainerFailure("export_failed", f"LoRA state dict has unexpected keys, e.g. {bad[:3]}")
-    return state
-
-
-def save_lora_diffusers(state: dict[str, torch.Tensor], out_dir: Path, alpha: float) -> Path:
-    """diffusers/peft format (`transformer.<module>.lora_A.weight`, ...) with each module's alpha stored
-    as a `transformer.<module>.alpha` tensor beside it. Both loaders read alpha from there: diffusers'
-    `load_lora_weights` (as network alphas, giving the adapter lora_alpha) and ComfyUI (which scales by
-    alpha/rank only when that key exists, else by 1). Adapter metadata is not written: diffusers refuses
-    a file with both. Checked by parsing it back with diffusers' own `FluxPipeline.lora_state_dict`."""
-    from diffusers import FluxPipeline
-
-    modules = sorted({key.rsplit(".lora_", 1)[0] for key in state})
-    alphas = {f"{module}.alpha": torch.tensor(float(alpha)) for module in modules}
-    FluxPipeline.save_lora_weights(str(out_dir), transformer_lora_layers={**state, **alphas}, safe_serialization=True)
-    path = out_dir / LORA_WEIGHTS_NAME
-    try:
-        parsed_state, parsed_alphas = FluxPipeline.lora_state_dict(str(out_dir), weight_name=LORA_WEIGHTS_NAME, return_alphas=True)
-    except Exception as error:  # whatever diffusers raises, the export is unusable
-        raise TrainerFailure("export_failed", f"{path.name} does not parse in diffusers: {error}") from error
-    expected = {f"transformer.{key}": value for key, value in state.items()}
-    if set(parsed_state) != set(expected) or any(not torch.equal(parsed_state[key], expected[key]) for key in expected):
-        raise TrainerFailure("export_failed", f"{path.name} does not read back as the trained LoRA weights")
-    if {key: float(value) for key, value in (parsed_alphas or {}).items()} != {f"transformer.{key}": float(alpha) for key in alphas}:
-        raise TrainerFailure("export_failed", f"{path.name} does not read back with alpha {alpha} for every module")
-    return path
-
-
-def save_lora_comfyui(
-    state: dict[str, torch.Tensor], out_file: Path, settings: LoraSettings, transformer_config: dict[str, Any]
-) -> Path:
-    """kohya/ComfyUI format (`lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight`, ...); checked by
-    recomputing every module's change from the file and comparing it with the trained adapter's."""
-    split_sizes = fused_split_sizes(transformer_config)
-    converted = diffusers_lora_to_comfyui(state, alpha=settings.alpha, rank=settings.rank, fused_out_features=split_sizes)
-    save_file(converted, str(out_file), metadata={"format": "pt", "ss_network_module": "networks.lora_flux"})
-    file_effects = comfyui_lora_effects(load_file(str(out_file)))
-    trained = diffusers_effects_as_comfyui(diffusers_lora_effects(state, alpha=settings.alpha, rank=settings.rank), split_sizes)
-    if set(file_effects) != set(trained):
-        raise TrainerFailure("export_failed", f"{out_file.name} has different modules than the trained LoRA")
-    for name, effect in trained.items():
-        tolerance = 1e-5 + 2e-3 * float(effect.abs().max())
-        if not torch.allclose(file_effects[name], effect, rtol=2e-3, atol=tolerance):
-            raise TrainerFailure("export_failed", f"{out_file.name} changes {name} differently from the trained LoRA")
-    return out_file
-
-
-def write_json(path: Path, content: dict[str, Any]) -> None:
-    path.write_text(json.dumps(content, indent=2, sort_keys=True, allow_nan=False) + "\n")

@@ -1,4 +1,4 @@
-"""export.py: what the trainer announced is checked byte for byte before any upload."""
+"""artifacts.py: what the trainer announced is checked byte for byte before any upload."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from fluxbooth.artifacts import collect_artifacts, verify_safetensors
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.export import collect_artifacts, verify_safetensors
 
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int], bytes]]) -> bytes:
