@@ -266,9 +266,11 @@ def trainer_config_for(
     class_dir: Path | None,
     job_dir: Path,
     class_image_cache_dir: Path | None = None,
+    base_model_name: str = "",
 ) -> TrainerConfig:
     """The trainer's input for one job. `request` is a validated `TrainingRequest`; generated class images
-    are kept in `class_image_cache_dir` (outside the job) for the next job with the same recipe."""
+    are kept in `class_image_cache_dir` (outside the job) for the next job with the same recipe;
+    `base_model_name` is the base model as the request (or the endpoint's default) named it."""
     lora = LoraSettings(
         rank=request.lora_rank,
         alpha=float(request.lora_alpha if request.lora_alpha is not None else request.lora_rank),
@@ -314,4 +316,6 @@ def trainer_config_for(
         encoders_on_cpu=plan.cache_encoders_on_cpu,
         base_precision=plan.base_precision,
         measure_fixed_noise_loss=request.debug,
+        model_name=request.model_name,
+        base_model_name=base_model_name,
     )

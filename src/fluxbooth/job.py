@@ -476,6 +476,7 @@ async def _trainer_config(
     trainer = trainer_config_for(
         job.request, job.plan, base_model=base_model, instance_dir=dataset.instance_dir,
         class_dir=dataset.class_dir, job_dir=job_dir, class_image_cache_dir=settings.cache_dir / "class-images",
+        base_model_name=job.request.base_model or settings.default_base_model,
     )
     resume_folder = None
     if job.resume_checkpoint is not None:

@@ -82,6 +82,11 @@ class TrainerConfig:
     # The loss at fixed noise before and after training (a repeatable learning measure): 24 extra forward
     # passes, so only when asked (the request's `debug`).
     measure_fixed_noise_loss: bool = False
+    # What the exported files say about themselves (train/export/metadata): the request's model_name, the base
+    # model as the request (or the endpoint's default) named it, and the trigger word its captions carry.
+    model_name: str = ""
+    base_model_name: str = ""
+    trigger_word: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))
