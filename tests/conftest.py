@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,24 @@ def libaio() -> None:
     if os.environ.get("FLUXBOOTH_REQUIRE_LIBAIO") == "1":
         pytest.fail(message)
     pytest.skip(message)
+
+
+@contextmanager
+def mounted_tmpfs(target: Path, size_bytes: int = 16 * 1024**2) -> Iterator[Path]:
+    """A real tmpfs mounted at `target` (root only), unmounted afterwards. Where it cannot be mounted the test
+    is skipped, except where FLUXBOOTH_REQUIRE_TMPFS=1 (CI, which runs as root) makes it fail."""
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "fluxbooth-test", str(target)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        message = f"cannot mount a tmpfs at {target}: {mounted.stderr.strip() or mounted.returncode}"
+        if os.environ.get("FLUXBOOTH_REQUIRE_TMPFS") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], capture_output=True)
 
 
 @pytest.fixture(scope="session")

@@ -443,7 +443,7 @@ def test_a_bucket_that_is_down_keeps_the_weights_on_the_volume_and_says_where(
     volume = tmp_path / "runpod-volume"
     volume.mkdir()
     env = {**fake_env, **s3_bucket_env, "BUCKET_ENDPOINT_URL": f"http://127.0.0.1:{free_tcp_port()}",
-           "FLUXBOOTH_VOLUME_DIR": str(volume)}
+           "FLUXBOOTH_VOLUME_DIR": str(volume), "FLUXBOOTH_VOLUME_PERSISTENT": "1"}
     result = run(env, job_input(), job_id="down-1")
 
     kept = volume / UNUPLOADED_DIR_NAME / "sks-dog" / "down-1"
@@ -463,7 +463,7 @@ def test_a_missing_bucket_with_a_volume_keeps_the_weights_there(
     volume = tmp_path / "runpod-volume"
     volume.mkdir()
     env = {**fake_env, **s3_bucket_env, "BUCKET_NAME": f"fluxbooth-missing-{uuid.uuid4().hex[:12]}",
-           "FLUXBOOTH_VOLUME_DIR": str(volume)}
+           "FLUXBOOTH_VOLUME_DIR": str(volume), "FLUXBOOTH_VOLUME_PERSISTENT": "1"}
     result = run(env, job_input(), job_id="missing-1")
     kept = volume / UNUPLOADED_DIR_NAME / "sks-dog" / "missing-1"
     assert_error(result, ErrorCode.UPLOAD_FAILED, f"were kept at {kept}", refresh_worker=False)

@@ -1031,5 +1031,5 @@ def test_local_output_on_the_network_volume_needs_no_warning(tmp_path: Path) -> 
     volume = tmp_path / "runpod-volume"
     volume.mkdir()
     env = {**ON_RUNPOD, "FLUXBOOTH_ALLOW_LOCAL_OUTPUT": "1", "FLUXBOOTH_OUTPUT_DIR": str(volume / "loras"),
-           "FLUXBOOTH_VOLUME_DIR": str(volume)}
+           "FLUXBOOTH_VOLUME_DIR": str(volume), "FLUXBOOTH_VOLUME_PERSISTENT": "1"}
     assert storage.local_output_warning(WorkerSettings.from_environ(env)) is None

@@ -6,7 +6,7 @@ import dataclasses
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -200,6 +200,43 @@ class DatasetLimits:
     allow_private_urls: bool = False
 
 
+DEFAULT_VOLUME_DIR = "/runpod-volume"
+VOLUME_DIR_VARIABLE = "FLUXBOOTH_VOLUME_DIR"
+VOLUME_PERSISTENT_VARIABLE = "FLUXBOOTH_VOLUME_PERSISTENT"
+
+
+def mount_points(mountinfo: str) -> set[str]:
+    """The mount points listed in /proc/self/mountinfo (field 5, with the kernel's octal escapes undone)."""
+    points = set()
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) > 4:
+            points.add(re.sub(r"\\([0-7]{3})", lambda match: chr(int(match[1], 8)), fields[4]))
+    return points
+
+
+def is_mount_point(path: Path) -> bool:
+    """True when a file system is mounted exactly at `path`: a network volume, not a folder that happens to exist
+    on the container disk (RunPod creates /runpod-volume/huggingface-cache for its cached models, and a download
+    to HF_HOME creates it too). Bind mounts count, which os.path.ismount misses on the same device."""
+    try:
+        return str(path.resolve()) in mount_points(Path("/proc/self/mountinfo").read_text())
+    except OSError:
+        return os.path.ismount(path)
+
+
+def persistent_volume(
+    env: Mapping[str, str], is_mounted: Callable[[Path], bool] = is_mount_point
+) -> Path | None:
+    """The folder whose files outlive this worker, or None. FLUXBOOTH_VOLUME_DIR (default /runpod-volume) counts
+    when a file system is mounted there, or when FLUXBOOTH_VOLUME_PERSISTENT says so explicitly (1: it is
+    persistent although not a mount point of its own; 0: it is not, although mounted)."""
+    folder = Path(env.get(VOLUME_DIR_VARIABLE) or DEFAULT_VOLUME_DIR)
+    explicit = (env.get(VOLUME_PERSISTENT_VARIABLE) or "").strip()
+    persistent = _flag(explicit) if explicit else is_mounted(folder)
+    return folder if persistent and folder.is_dir() else None
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     work_root: Path
@@ -231,7 +268,6 @@ class WorkerSettings:
         env = dict(os.environ if environ is None else environ)
         cache_home = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache")
         bucket = bucket_from_environ(env)
-        volume = env.get("FLUXBOOTH_VOLUME_DIR", "/runpod-volume")
         limits = DatasetLimits(
             max_images=_int(env, "FLUXBOOTH_MAX_IMAGES", DatasetLimits.max_images),
             max_base64_chars=_int(env, "FLUXBOOTH_MAX_BASE64_CHARS", DatasetLimits.max_base64_chars),
@@ -260,7 +296,7 @@ class WorkerSettings:
             default_base_model=env.get("FLUXBOOTH_BASE_MODEL") or DEFAULT_BASE_MODEL,
             bucket=bucket,
             job_deadline_seconds=_int(env, "FLUXBOOTH_JOB_DEADLINE_SECONDS", 3300),
-            volume_dir=Path(volume) if volume and Path(volume).is_dir() else None,
+            volume_dir=persistent_volume(env),
             trainer_module=env.get("FLUXBOOTH_TRAINER_MODULE") or "fluxbooth.train",
             checkpoints_keep=_count(env, "FLUXBOOTH_CHECKPOINTS_KEEP", 2),
             dataset_limits=limits,
