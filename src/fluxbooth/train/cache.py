@@ -1,19 +1,18 @@
-"""Stage "cache": text embeddings and VAE latents, computed once and kept on disk.
+"""Stage "cache": every prompt set (instance, class, validation) and image set encoded once and kept on
+disk, one process per machine encoding while the others wait.
 
-The text encoders (CLIP for the pooled vector, T5 for the sequence) and the VAE are loaded only here
-and released before the transformer is loaded, so they never share memory with the DeepSpeed engine.
-Latents are stored as the VAE's Gaussian (mean, std) so every step can draw a fresh sample, as
-diffusers' FLUX DreamBooth script does when it caches latents.
+The text encoders (CLIP for the pooled vector, T5 for the sequence) load once for all prompt sets and the
+VAE once for all image sets, and both are released before the transformer is loaded, so they never share
+memory with the DeepSpeed engine. Latents are stored as the VAE's Gaussian (mean, std) so every step can
+draw a fresh sample, as diffusers' FLUX DreamBooth script does when it caches latents.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
 import json
 import os
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,11 @@ from typing import Any
 
 import torch
 
-from fluxbooth.train.data import TrainingImage, pixel_batch
+from fluxbooth.train.class_images import class_images
+from fluxbooth.train.data import TrainingImage, discover_images, pixel_batch
+from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.train.runtime import ReleaseTracker, free_accelerator_memory
+from fluxbooth.train.state import CachedData, EncodedImages, EncodedPrompts, Session, without_transformers_zero3_init
 
 CACHE_FORMAT_VERSION = 1
 TEXT_BATCH = 8
@@ -30,35 +33,106 @@ IMAGE_BATCH = 4
 # of which a few are alive at once.
 DECODE_CHANNELS = 128
 DECODE_LIVE_FEATURE_MAPS = 4
+VALIDATION_SET = "validation"
 
 
-@dataclass
-class EncodedImages:
-    """One image set (instance or class), ready for training: everything indexed by image."""
-
-    latent_mean: torch.Tensor  # [N, C, h, w] float32, raw VAE space (not yet shifted/scaled)
-    latent_std: torch.Tensor  # [N, C, h, w] float32
-    prompt_index: torch.Tensor  # [N] int64 into the prompt tensors
-    prompt_embeds: torch.Tensor  # [P, L, D] T5 sequence embeddings
-    pooled_prompt_embeds: torch.Tensor  # [P, D] CLIP pooled embeddings
-    prompts: list[str]
-
-    def __len__(self) -> int:
-        return int(self.latent_mean.shape[0])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "latent_mean": self.latent_mean,
-            "latent_std": self.latent_std,
-            "prompt_index": self.prompt_index,
-            "prompt_embeds": self.prompt_embeds,
-            "pooled_prompt_embeds": self.pooled_prompt_embeds,
-            "prompts": list(self.prompts),
+def build_caches(session: Session) -> CachedData:
+    config, accelerator = session.config, session.accelerator
+    tracker = ReleaseTracker()
+    with session.clock.stage("cache"):
+        image_sets = _image_sets(session)
+        text_dtype_name = str(session.precision.text_dtype).removeprefix("torch.")
+        paths = {
+            name: cache_path(
+                Path(config.cache_dir),
+                name,
+                cache_fingerprint(config.base_model, images, config.resolution, config.max_sequence_length, text_dtype_name),
+            )
+            for name, images in image_sets.items()
         }
+        validation_path = None
+        if config.validation_prompts:
+            fingerprint = prompts_fingerprint(config.base_model, config.validation_prompts, config.max_sequence_length, text_dtype_name)
+            validation_path = cache_path(Path(config.cache_dir), VALIDATION_SET, fingerprint)
+        if accelerator.is_local_main_process:
+            _encode_missing(session, image_sets, paths, validation_path, tracker)
+        accelerator.wait_for_everyone()
+        loaded = {name: load_encoded(path) for name, path in paths.items()}
+        session.reporter.stage(
+            "cache",
+            instance_images=len(loaded["instance"]),
+            class_images=len(loaded["class"]) if "class" in loaded else 0,
+            status="ready",
+        )
+    free_accelerator_memory()
+    still_alive = tracker.alive()
+    if still_alive:
+        session.reporter.warning(f"{still_alive} still in memory after caching; the engine will share memory with them")
+    return CachedData(
+        instance_set=loaded["instance"],
+        class_set=loaded.get("class"),
+        validation_prompts=None if validation_path is None else load_encoded_prompts(validation_path),
+        released_before_training=[] if still_alive else tracker.tracked,
+    )
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EncodedImages:
-        return cls(**{name: data[name] for name in cls.__dataclass_fields__})
+
+def _image_sets(session: Session) -> dict[str, list[TrainingImage]]:
+    config = session.config
+    instance = discover_images(Path(config.instance_dir), config.instance_prompt)
+    if not instance:
+        raise TrainerFailure("invalid_dataset", f"no images in the instance folder {Path(config.instance_dir).name}/; add PNG or JPEG files")
+    sets = {"instance": instance}
+    if config.with_prior_preservation:
+        generated_or_supplied = class_images(session)
+        if generated_or_supplied:
+            sets["class"] = generated_or_supplied
+    return sets
+
+
+def _encode_missing(
+    session: Session,
+    image_sets: dict[str, list[TrainingImage]],
+    paths: dict[str, Path],
+    validation_path: Path | None,
+    tracker: ReleaseTracker,
+) -> None:
+    """Encode what the cache lacks: all missing prompts in one load of the text encoders, then all missing
+    images in one load of the VAE."""
+    config = session.config
+    missing = [name for name in image_sets if not paths[name].is_file()]
+    prompts = {image.prompt for name in missing for image in image_sets[name]}
+    validation_missing = validation_path is not None and not validation_path.is_file()
+    if validation_missing:
+        prompts.update(config.validation_prompts)
+    if not prompts:
+        return
+    encoded = encode_prompts(
+        config.base_model,
+        sorted(prompts),
+        device=session.encoder_device,
+        dtype=session.precision.text_dtype,
+        max_sequence_length=config.max_sequence_length,
+        loading_context=without_transformers_zero3_init,
+        tracker=tracker,
+    )
+    if validation_missing and validation_path is not None:
+        save_encoded_prompts(_subset(encoded, list(config.validation_prompts)), validation_path)
+    if not missing:
+        return
+    vae = load_vae(config.base_model, without_transformers_zero3_init)
+    tracker.track("vae", vae)
+    try:
+        for name in missing:
+            images = image_sets[name]
+            encoded_set = encode_image_set(images, encoded, vae=vae, resolution=config.resolution, device=session.encoder_device)
+            save_encoded(encoded_set, paths[name])
+    finally:
+        del vae
+
+
+def _subset(encoded: EncodedPrompts, prompts: list[str]) -> EncodedPrompts:
+    rows = [encoded.prompts.index(prompt) for prompt in prompts]
+    return EncodedPrompts(prompts, encoded.prompt_embeds[rows], encoded.pooled_prompt_embeds[rows])
 
 
 @dataclass(frozen=True)
@@ -70,24 +144,6 @@ class VaeNormalisation:
 
     def apply(self, latents: torch.Tensor) -> torch.Tensor:
         return (latents - self.shift_factor) * self.scaling_factor
-
-
-class ReleaseTracker:
-    """Weak references to the encoders and VAE, to prove they are gone before the transformer loads."""
-
-    def __init__(self) -> None:
-        self._references: list[tuple[str, weakref.ref[Any]]] = []
-
-    def track(self, name: str, module: Any) -> None:
-        self._references.append((name, weakref.ref(module)))
-
-    def alive(self) -> list[str]:
-        gc.collect()
-        return [name for name, reference in self._references if reference() is not None]
-
-    @property
-    def tracked(self) -> list[str]:
-        return [name for name, _ in self._references]
 
 
 def cache_fingerprint(
@@ -111,12 +167,6 @@ def _fingerprint(description: dict[str, Any]) -> str:
     """A short stable hash of what shaped a cache file, cache format version included."""
     versioned = {"version": CACHE_FORMAT_VERSION, **description}
     return hashlib.sha256(json.dumps(versioned, sort_keys=True).encode()).hexdigest()[:32]
-
-
-def free_accelerator_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def pick_encoding_device(preferred: torch.device, bytes_needed: int) -> torch.device:
@@ -195,18 +245,6 @@ def decoding_device(preferred: torch.device, vae: Any, resolution: tuple[int, in
     width, height = resolution
     activation_bytes = DECODE_LIVE_FEATURE_MAPS * DECODE_CHANNELS * width * height * torch.finfo(next(vae.parameters()).dtype).bits // 8
     return pick_encoding_device(preferred, _parameter_bytes(vae) + activation_bytes)
-
-
-@dataclass
-class EncodedPrompts:
-    """Prompts encoded once while the text encoders are loaded, for rendering later without them."""
-
-    prompts: list[str]
-    prompt_embeds: torch.Tensor  # [P, L, D] T5 sequence embeddings
-    pooled_prompt_embeds: torch.Tensor  # [P, D] CLIP pooled embeddings
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"prompts": list(self.prompts), "prompt_embeds": self.prompt_embeds, "pooled_prompt_embeds": self.pooled_prompt_embeds}
 
 
 def prompts_fingerprint(base_model: str, prompts: Sequence[str], max_sequence_length: int, text_dtype: str) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from fluxbooth.train.cache import free_accelerator_memory
+from fluxbooth.train.runtime import free_accelerator_memory
 from fluxbooth.train.data import TrainingImage, list_image_files
 from fluxbooth.train.state import Session, seed_for, without_transformers_zero3_init
 

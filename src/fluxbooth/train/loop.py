@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from fluxbooth.train.cache import EncodedImages, VaeNormalisation
+from fluxbooth.train.cache import VaeNormalisation
 from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.state import CachedData, Session, TrainerState, TrainingRun, seed_for
+from fluxbooth.train.state import CachedData, EncodedImages, Session, TrainerState, TrainingRun, seed_for
 
 FIXED_NOISE_IMAGES = 4
 FIXED_NOISE_SIGMAS = (0.25, 0.5, 0.75)

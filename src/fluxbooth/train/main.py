@@ -74,7 +74,7 @@ def _classified(error: Exception) -> TrainerFailure:
 
 def run(config: TrainerConfig, reporter: Any) -> None:
     """The stages in order, each reading what the earlier ones left in the state."""
-    from fluxbooth.train.caching import build_caches
+    from fluxbooth.train.cache import build_caches
     from fluxbooth.train.export.stage import save_and_export
     from fluxbooth.train.loop import start_training, train
     from fluxbooth.train.model import load_trainable_transformer

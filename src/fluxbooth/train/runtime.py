@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import resource
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -83,3 +85,27 @@ def peak_gpu_metrics() -> dict[str, int]:
         "peak_gpu_bytes": int(torch.cuda.max_memory_allocated()),
         "peak_gpu_reserved_bytes": int(torch.cuda.max_memory_reserved()),
     }
+
+
+def free_accelerator_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+class ReleaseTracker:
+    """Weak references to the encoders and VAE, to prove they are gone before the transformer loads."""
+
+    def __init__(self) -> None:
+        self._references: list[tuple[str, weakref.ref[Any]]] = []
+
+    def track(self, name: str, module: Any) -> None:
+        self._references.append((name, weakref.ref(module)))
+
+    def alive(self) -> list[str]:
+        gc.collect()
+        return [name for name, reference in self._references if reference() is not None]
+
+    @property
+    def tracked(self) -> list[str]:
+        return [name for name, _ in self._references]

@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +18,7 @@ from typing import Any
 
 import torch
 
-from fluxbooth.train.cache import EncodedImages, EncodedPrompts, ReleaseTracker
-from fluxbooth.train.runtime import EventReporter, StageClock
+from fluxbooth.train.runtime import EventReporter, ReleaseTracker, StageClock
 from fluxbooth.trainer_config import TrainerConfig
 
 
@@ -60,6 +60,7 @@ class Session:
     nvme_paths: list[Path]
     transformer_config: dict[str, Any]  # the base transformer's config.json
     cuda_memory_fraction: float | None = None  # FLUXBOOTH_CUDA_MEMORY_FRACTION as applied (card emulation)
+    started_at: float = field(default_factory=time.time)  # unix time the session opened (the files' metadata)
 
     @property
     def is_main(self) -> bool:
@@ -77,6 +78,47 @@ class Session:
             return "none"
         zero = (self.deepspeed_config or {}).get("zero_optimization", {})
         return str((zero.get(section) or {}).get("device", "none"))
+
+
+@dataclass
+class EncodedPrompts:
+    """Prompts encoded once while the text encoders are loaded, for rendering later without them."""
+
+    prompts: list[str]
+    prompt_embeds: torch.Tensor  # [P, L, D] T5 sequence embeddings
+    pooled_prompt_embeds: torch.Tensor  # [P, D] CLIP pooled embeddings
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompts": list(self.prompts), "prompt_embeds": self.prompt_embeds, "pooled_prompt_embeds": self.pooled_prompt_embeds}
+
+
+@dataclass
+class EncodedImages:
+    """One image set (instance or class), ready for training: everything indexed by image."""
+
+    latent_mean: torch.Tensor  # [N, C, h, w] float32, raw VAE space (not yet shifted/scaled)
+    latent_std: torch.Tensor  # [N, C, h, w] float32
+    prompt_index: torch.Tensor  # [N] int64 into the prompt tensors
+    prompt_embeds: torch.Tensor  # [P, L, D] T5 sequence embeddings
+    pooled_prompt_embeds: torch.Tensor  # [P, D] CLIP pooled embeddings
+    prompts: list[str]
+
+    def __len__(self) -> int:
+        return int(self.latent_mean.shape[0])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "latent_mean": self.latent_mean,
+            "latent_std": self.latent_std,
+            "prompt_index": self.prompt_index,
+            "prompt_embeds": self.prompt_embeds,
+            "pooled_prompt_embeds": self.pooled_prompt_embeds,
+            "prompts": list(self.prompts),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EncodedImages:
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__})
 
 
 @dataclass

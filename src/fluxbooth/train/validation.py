@@ -11,12 +11,21 @@ from typing import Any
 
 import torch
 
-from fluxbooth.train.cache import EncodedPrompts, decoding_device, free_accelerator_memory, load_vae
+from fluxbooth.train.cache import decoding_device, load_vae
 from fluxbooth.train.export.lora import LORA_WEIGHTS_NAME
 from fluxbooth.train.export.stage import TRANSFORMER_FOLDER, lora_for_rendering
 from fluxbooth.train.loop import release_prefetched_partitions
 from fluxbooth.train.quantize import QuantisedLinear, quantised_transformer_for, residency
-from fluxbooth.train.state import Artifact, Session, TrainerState, seed_for, without_transformers_zero3_init, write_json
+from fluxbooth.train.runtime import free_accelerator_memory
+from fluxbooth.train.state import (
+    Artifact,
+    EncodedPrompts,
+    Session,
+    TrainerState,
+    seed_for,
+    without_transformers_zero3_init,
+    write_json,
+)
 
 VALIDATION_FOLDER = "validation"
 INDEX_NAME = "validation.json"
