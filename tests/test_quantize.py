@@ -72,11 +72,11 @@ def test_nf4_layer_stores_half_a_byte_per_weight_plus_double_quantised_absmax() 
     weights = 96 * 160
     layer = Nf4Linear(gaussian_weight(96, 160), None)
     blocks = weights // 64
-    absmax_bytes = math.ceil(blocks / 256) * 256  # int8 codes, padded to whole blocks of 256
+    absmax_bytes = blocks  # one 8-bit dynamic-map code per block of 64
     second_level_bytes = 4 * (1 + math.ceil(blocks / 256))  # fp32 mean, one fp32 scale per 256 blocks
-    table_bytes = 4 * 16
+    table_bytes = 4 * 16 + 4 * 256  # the NF4 values and the dynamic map, fp32
     assert layer.stored_bytes() == weights // 2 + absmax_bytes + second_level_bytes + table_bytes
-    assert layer.absmax_codes.dtype == torch.int8
+    assert layer.absmax_codes.dtype == torch.uint8
 
 
 @pytest.mark.parametrize(("precision", "bound"), [("fp8", 0.03), ("nf4", 0.10)])
@@ -220,7 +220,7 @@ def test_deepspeed_initialize_and_steps_keep_the_quantised_dtypes_and_bytes(tiny
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     report = json.loads(completed.stdout.strip().splitlines()[-1])
-    assert len(report["before"]) == 40 * (2 if precision == "fp8" else 4)
+    assert len(report["before"]) == 40 * (2 if precision == "fp8" else 5)
     assert report["after_initialize"] == report["before"]
     assert report["after_steps"] == report["before"]
     assert report["lora_changed"] is True

@@ -54,8 +54,10 @@ SAVED_BYTES_PER_TOKEN_HIDDEN = {
 FP8_BYTES_PER_PARAM = 1.0
 FP8_SCALE_BYTES_PER_OUTPUT = 4
 # NF4 with double quantisation (bitsandbytes): 4 bits per weight, an 8-bit absmax per 64-weight block and
-# one fp32 constant per 256 absmax values: 8/64 + 32/(64*256) = 0.127 bit per weight on top of the 4.
+# one fp32 constant per 256 absmax values: 8/64 + 32/(64*256) = 0.127 bit per weight on top of the 4; each
+# layer also keeps its two fp32 lookup tables (16 NF4 values, 256 dynamic-map values).
 NF4_BITS_PER_PARAM = 4 + 8 / 64 + 32 / (64 * 256)
+NF4_TABLE_BYTES_PER_LAYER = 4 * (16 + 256)
 # The quantiser's working copies of the layer it is quantising, per weight of that layer, beyond its bf16
 # weight and its stored result (fluxbooth.train.quantize, docs/memory.md "Quantised bases"): fp8 holds an
 # fp32 copy and the fp32 copy divided by the row scales (4 + 4) when the e4m3 codes are cast; nf4 holds the
@@ -139,7 +141,7 @@ def quantised_layer_bytes(in_features: int, out_features: int, precision: str) -
     weights = in_features * out_features
     if precision == "fp8":
         return weights * FP8_BYTES_PER_PARAM + out_features * FP8_SCALE_BYTES_PER_OUTPUT
-    return weights * NF4_BITS_PER_PARAM / 8
+    return weights * NF4_BITS_PER_PARAM / 8 + NF4_TABLE_BYTES_PER_LAYER
 
 
 def frozen_base_bytes(model: ModelSize, precision: str, width: int) -> dict[str, int]:

@@ -4,8 +4,10 @@
   4 bytes of scale per output channel.
 - `nf4`: QLoRA's 4-bit NormalFloat. The flattened weight is cut into blocks of 64, each block divided by
   its absmax and rounded to the nearest of the 16 NF4 values (the table bitsandbytes uses), two codes a
-  byte. Double quantisation: the per-block absmax values, less their mean, are stored as int8 in blocks
-  of 256, each with an fp32 scale. 0.5 + 1/64 + 4/(64*256) bytes per weight.
+  byte. Double quantisation as bitsandbytes does it: the per-block absmax values, less their mean, are cut
+  into blocks of 256, each divided by its own absmax (kept in fp32) and rounded to the nearest value of the
+  signed dynamic 8-bit map (`signed_dynamic_map`), one byte each. 0.5 + 1/64 + 4/(64*256) bytes per weight,
+  plus the two lookup tables (16 and 256 fp32 values) per layer.
 
 Our own layers, pure torch (the same code on the CPU and on CUDA), rather than bitsandbytes or torchao:
 see docs/quantisation.md for what was tried. Every stored tensor is an integer tensor (the fp32 scales are
@@ -48,6 +50,9 @@ FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
 
 NF4_BLOCK = 64
 NF4_ABSMAX_BLOCK = 256
+# bitsandbytes' dynamic map (Dettmers 2015, "8-Bit Approximations for Parallelism in Deep Learning"): a sign,
+# then a decimal exponent of 10^-6 .. 10^0 written in unary, the remaining bits a linear fraction.
+DYNAMIC_MAP_EXPONENTS = 7
 # QLoRA's NormalFloat4 values (Dettmers et al. 2023, appendix E), as bitsandbytes stores them.
 NF4_VALUES = (
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
@@ -167,12 +172,22 @@ class Nf4Linear(QuantisedLinear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         out_features, in_features = weight.shape
         super().__init__(in_features, out_features, bias)
-        codes, absmax_codes, absmax_scales = _nf4_quantise(weight)
+        codes, absmax = _nf4_quantise(weight)
+        absmax_codes, absmax_scales = _dynamic_quantise(absmax - absmax.mean())
         self.register_buffer("weight", codes, persistent=False)
         self.register_buffer("absmax_codes", absmax_codes, persistent=False)
-        self.register_buffer("absmax_scales", absmax_scales, persistent=False)
+        # fp32 [absmax mean, one scale per 256 absmax values], as bytes.
+        self.register_buffer("absmax_scales", _bytes_of(torch.cat((absmax.mean().reshape(1), absmax_scales))), persistent=False)
         table = torch.tensor(NF4_VALUES, dtype=torch.float32, device=weight.device)
         self.register_buffer("nf4_table", _bytes_of(table), persistent=False)
+        self.register_buffer("absmax_map", _bytes_of(signed_dynamic_map(weight.device)), persistent=False)
+
+    def block_absmax(self) -> torch.Tensor:
+        """The per-64-weight block absmax values (fp32) as the double quantisation gives them back."""
+        offset_and_scales = _float32_from(self.absmax_scales)
+        centred = _float32_from(self.absmax_map)[self.absmax_codes.int()]
+        scales = offset_and_scales[1:].repeat_interleave(NF4_ABSMAX_BLOCK)[: centred.numel()]
+        return centred * scales + offset_and_scales[0]
 
     def dequantise(self, dtype: torch.dtype) -> torch.Tensor:
         numel = self.in_features * self.out_features
@@ -181,12 +196,12 @@ class Nf4Linear(QuantisedLinear):
         # One lookup per stored byte: byte -> (value of its high nibble, value of its low nibble).
         pairs = torch.stack((table[every_byte >> 4], table[every_byte & 0x0F]), dim=1)
         values = pairs[self.weight.int()].reshape(-1, NF4_BLOCK)
-        absmax = _nf4_absmax(self.absmax_codes, self.absmax_scales, values.shape[0]).to(dtype)
+        absmax = self.block_absmax().to(dtype)
         return (values * absmax[:, None]).reshape(-1)[:numel].reshape(self.out_features, self.in_features)
 
 
-def _nf4_quantise(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(packed codes uint8, absmax codes int8, [absmax mean, per-256-block scales] fp32 as uint8 bytes)."""
+def _nf4_quantise(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed codes uint8, the fp32 absmax of each block of 64)."""
     flat = weight.reshape(-1).to(torch.float32)
     flat = functional.pad(flat, (0, (-flat.numel()) % NF4_BLOCK))
     blocks = flat.reshape(-1, NF4_BLOCK)
@@ -194,18 +209,31 @@ def _nf4_quantise(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     table = torch.tensor(NF4_VALUES, dtype=torch.float32, device=weight.device)
     midpoints = (table[1:] + table[:-1]) / 2
     indices = torch.bucketize(blocks / absmax[:, None], midpoints).to(torch.uint8).reshape(-1, 2)
-    codes = (indices[:, 0] << 4) | indices[:, 1]
-    offset = absmax.mean()
-    centred = functional.pad(absmax - offset, (0, (-absmax.numel()) % NF4_ABSMAX_BLOCK)).reshape(-1, NF4_ABSMAX_BLOCK)
-    scales = centred.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
-    absmax_codes = torch.round(centred / scales[:, None]).clamp_(-127, 127).to(torch.int8).reshape(-1)
-    return codes, absmax_codes, _bytes_of(torch.cat((offset.reshape(1), scales)))
+    return (indices[:, 0] << 4) | indices[:, 1], absmax
 
 
-def _nf4_absmax(absmax_codes: torch.Tensor, stored_scales: torch.Tensor, blocks: int) -> torch.Tensor:
-    offset_and_scales = _float32_from(stored_scales)
-    scales = offset_and_scales[1:].repeat_interleave(NF4_ABSMAX_BLOCK)
-    return (absmax_codes.to(torch.float32) * scales[: absmax_codes.numel()])[:blocks] + offset_and_scales[0]
+def signed_dynamic_map(device: torch.device | None = None) -> torch.Tensor:
+    """The 256 sorted values of bitsandbytes' `create_dynamic_map(signed=True)`, built the same way (same
+    float32 arithmetic, so the same bits): for each exponent i of 0..6, the midpoints of 2^i + 1 evenly spaced
+    points in [0.1, 1] times 10^(i-6), with both signs; then 0 and 1."""
+    values: list[float] = []
+    for exponent in range(DYNAMIC_MAP_EXPONENTS):
+        boundaries = torch.linspace(0.1, 1, 2**exponent + 1, dtype=torch.float32)
+        means = (boundaries[:-1] + boundaries[1:]) / 2.0
+        magnitude = 10 ** (exponent - (DYNAMIC_MAP_EXPONENTS - 1))
+        values += (magnitude * means).tolist() + (-magnitude * means).tolist()
+    return torch.tensor(sorted([*values, 0.0, 1.0]), dtype=torch.float32, device=device)
+
+
+def _dynamic_quantise(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """bitsandbytes' `quantize_blockwise(values, blocksize=256)`: (uint8 index of the nearest dynamic-map value
+    of each value over its block's absmax, the fp32 absmax of each block of 256)."""
+    padded = functional.pad(values, (0, (-values.numel()) % NF4_ABSMAX_BLOCK)).reshape(-1, NF4_ABSMAX_BLOCK)
+    scales = padded.abs().amax(dim=1)
+    normalised = (padded / scales.clamp_min(torch.finfo(torch.float32).tiny)[:, None]).clamp_(-1, 1)
+    dynamic_map = signed_dynamic_map(values.device)
+    codes = torch.bucketize(normalised, (dynamic_map[1:] + dynamic_map[:-1]) / 2).to(torch.uint8)
+    return codes.reshape(-1)[: values.numel()], scales
 
 
 LAYER_CLASSES: dict[str, type[QuantisedLinear]] = {FP8: Float8Linear, NF4: Nf4Linear}
