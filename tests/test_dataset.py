@@ -109,6 +109,7 @@ def test_summary_reports_counts(job_dir: Path) -> None:
         "cropped": 0,
         "pixels": 3 * 96 * 96,
         "notes": ["3 image(s) are smaller than 512x512 and will be upscaled; larger photos train sharper"],
+        "trigger_word": None,
     }
 
 

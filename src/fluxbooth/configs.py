@@ -318,4 +318,5 @@ def trainer_config_for(
         measure_fixed_noise_loss=request.debug,
         model_name=request.model_name,
         base_model_name=base_model_name,
+        trigger_word=request.trigger_word,
     )

@@ -26,12 +26,14 @@ from pydantic import (
     model_validator,
 )
 
+from fluxbooth.captions import MAX_TRIGGER_CHARS, contains_word
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.settings import TINY_MODEL_NAME
 from fluxbooth.train.names import DEEPSPEED_ONLY_OPTIMIZERS, SUPPORTED_OPTIMIZERS, normalise_optimizer_name
 
-# LoRA by default: a full fine-tune of FLUX.1-dev needs about 225 GiB of host RAM for its offloaded optimizer
-# states, more than any single-GPU RunPod tier has, while a rank-16 LoRA trains on 24, 48 and 80 GiB cards.
+# LoRA by default: a full fine-tune of FLUX.1-dev needs more host RAM for its offloaded optimizer states than
+# any single-GPU RunPod tier has (the figure: fluxbooth.plan.full_finetune_host_bytes), while a rank-16 LoRA
+# trains on 24, 48 and 80 GiB cards.
 DEFAULT_TRAINING_TYPE = "lora"
 DEFAULT_FULL_LEARNING_RATE = 2e-6
 DEFAULT_LORA_LEARNING_RATE = 1e-4
@@ -56,6 +58,7 @@ _DATA_URI_PREFIX = re.compile(r"^data:[^,]{0,200};base64,", re.IGNORECASE)
 
 Prompt = Annotated[str, StringConstraints(max_length=MAX_PROMPT_CHARS)]
 LoraModuleName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.]+$")]
+DatasetCheckMode = Literal["warn", "strict"]
 OutputFormat = Literal["diffusers", "single_file", "comfyui"]
 LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_target_modules")
 
@@ -150,6 +153,11 @@ class TrainingRequest(BaseModel):
     output_formats: list[OutputFormat] | None = Field(default=None, min_length=1, max_length=3)
     timeout_seconds: int | None = Field(default=None, ge=60, le=MAX_TIMEOUT_SECONDS)
     debug: bool = False
+    # fluxbooth.dataset.checks: its findings become warnings, or (strict) refuse the job.
+    dataset_checks: DatasetCheckMode = "warn"
+
+    # Captions (ai-toolkit's and Replicate's names).
+    trigger_word: str | None = Field(default=None, min_length=1, max_length=MAX_TRIGGER_CHARS)
 
     @field_validator("dataset")
     @classmethod
@@ -206,6 +214,17 @@ class TrainingRequest(BaseModel):
         if any(not prompt.strip() for prompt in value):
             raise ValueError("must not contain blank prompts")
         return [prompt.strip() for prompt in value]
+
+    @field_validator("trigger_word")
+    @classmethod
+    def _trigger_word_is_one_line(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if _CONTROL_CHARACTERS.search(value):
+            raise ValueError("must be one line, without newlines or other control characters")
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value.strip()
 
     @field_validator("resolution", mode="before")
     @classmethod
@@ -367,6 +386,12 @@ class TrainingRequest(BaseModel):
         notes += self._learning_rate_warnings()
         if self.class_prompt is not None and not self.with_prior_preservation:
             notes.append("class_prompt is ignored because with_prior_preservation is false")
+        prior = self.class_prompt if self.with_prior_preservation else None
+        if self.trigger_word and prior and contains_word(prior, self.trigger_word):
+            notes.append(
+                f"class_prompt contains the trigger word {self.trigger_word!r}: prior preservation then teaches "
+                "the class images as the subject; describe the class without it"
+            )
         if self.validation_steps is not None and self.validation_steps >= self.steps:
             notes.append(
                 f"validation_steps {self.validation_steps} is not below steps {self.steps}: "

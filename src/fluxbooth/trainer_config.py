@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from fluxbooth.captions import with_trigger
 from fluxbooth.train.names import DEFAULT_LORA_TARGET_MODULES, SamplingDefaults
 
 
@@ -86,6 +87,8 @@ class TrainerConfig:
     # model as the request (or the endpoint's default) named it, and the trigger word its captions carry.
     model_name: str = ""
     base_model_name: str = ""
+    # Also put in front of every caption, the instance prompt and the validation prompts that lack it, and in
+    # place of `[trigger]` (fluxbooth.captions).
     trigger_word: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -108,6 +111,15 @@ class TrainerConfig:
     @classmethod
     def read(cls, path: Path) -> TrainerConfig:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def with_trigger_word(self) -> TrainerConfig:
+        """The instance and validation prompts with the trigger word in them (captions get it as they are
+        read); the class prompt keeps describing the class."""
+        return replace(
+            self,
+            instance_prompt=with_trigger(self.instance_prompt, self.trigger_word),
+            validation_prompts=tuple(with_trigger(prompt, self.trigger_word) for prompt in self.validation_prompts),
+        )
 
     def with_sampling_defaults(self, defaults: SamplingDefaults) -> TrainerConfig:
         """Every sampling field left to the model (None) filled from `defaults`."""

@@ -23,7 +23,7 @@ import re
 import shutil
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from fluxbooth.dataset.archive import ExtractedArchive, ExtractedImage, extract_archive
@@ -71,6 +71,9 @@ class PreparedDataset:
     cropped: int = 0  # images longer than the aspect cap, of which only the middle was kept
     pixels: int = 0  # pixels decoded, each distinct file once (as its header declares)
     notes: tuple[str, ...] = ()
+    trigger_word: str | None = None  # put into every caption and the instance prompt by the trainer
+    # Each prepared instance file's name → the archive member it came from, for messages that name files.
+    uploaded_names: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> dict[str, object]:
         return {
@@ -83,6 +86,7 @@ class PreparedDataset:
             "cropped": self.cropped,
             "pixels": self.pixels,
             "notes": list(self.notes),
+            "trigger_word": self.trigger_word,
         }
 
 
@@ -113,6 +117,7 @@ def _normalise_all(
     limits: DatasetLimits,
     job_dir: Path,
     on_image: Callable[[int, int], None] | None,
+    uploaded_names: dict[str, str],
 ) -> Counter[str]:
     """Each image into its role's folder, identical files decoded once; returns the counts for the summary."""
     taken: dict[Role, set[str]] = {"instance": set(), "class": set()}
@@ -132,6 +137,8 @@ def _normalise_all(
             )
             stored[item.digest or str(item.path)] = (destination, result)
         item.path.unlink()
+        if item.role == "instance":
+            uploaded_names[destination.name] = item.member
         counts[f"{item.role}_images"] += 1
         counts["downscaled"] += result.downscaled
         counts["cropped"] += result.cropped
@@ -195,13 +202,14 @@ def prepare_dataset(
         captions_bound = _CAPTION_BYTES_BOUND * sum(item.caption_path is not None for item in extracted.images)
 
         output_dirs: dict[Role, Path] = {"instance": data_dir / "instance"}
+        uploaded_names: dict[str, str] = {}
         if extracted.count("class"):
             output_dirs["class"] = data_dir / "class"
         for directory in output_dirs.values():
             directory.mkdir(parents=True, exist_ok=True)
         needed = stored_bound + captions_bound + DISK_RESERVE_BYTES
         with disk_stage(data_dir, needed, purpose="storing the normalised images"):
-            counts = _normalise_all(extracted, output_dirs, request, limits, job_dir, on_image)
+            counts = _normalise_all(extracted, output_dirs, request, limits, job_dir, on_image, uploaded_names)
         shutil.rmtree(raw_dir, ignore_errors=True)
 
     return PreparedDataset(
@@ -216,4 +224,6 @@ def prepare_dataset(
         cropped=counts["cropped"],
         pixels=pixels,
         notes=_notes(counts, request, limits),
+        trigger_word=request.trigger_word,
+        uploaded_names=uploaded_names,
     )

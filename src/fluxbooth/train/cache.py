@@ -78,7 +78,7 @@ def build_caches(session: Session) -> CachedData:
 
 def _image_sets(session: Session) -> dict[str, list[TrainingImage]]:
     config = session.config
-    instance = discover_images(Path(config.instance_dir), config.instance_prompt)
+    instance = discover_images(Path(config.instance_dir), config.instance_prompt, trigger_word=config.trigger_word)
     if not instance:
         raise TrainerFailure("invalid_dataset", f"no images in the instance folder {Path(config.instance_dir).name}/; add PNG or JPEG files")
     sets = {"instance": instance}

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from fluxbooth.captions import with_trigger
 from fluxbooth.train.failures import TrainerFailure
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp"})
@@ -51,12 +52,16 @@ def read_caption(image_path: Path) -> str | None:
     return caption or None
 
 
-def discover_images(folder: Path, default_prompt: str, *, use_captions: bool = True) -> list[TrainingImage]:
-    """Every image in `folder` with its prompt: its caption file when present, else `default_prompt`."""
+def discover_images(
+    folder: Path, default_prompt: str, *, use_captions: bool = True, trigger_word: str | None = None
+) -> list[TrainingImage]:
+    """Every image in `folder` with its prompt: its caption file (with the trigger word put in) when present,
+    else `default_prompt`."""
     images = []
     for path in list_image_files(folder):
         caption = read_caption(path) if use_captions else None
-        images.append(TrainingImage(path=path, prompt=caption or default_prompt))
+        prompt = with_trigger(caption, trigger_word) if caption else default_prompt
+        images.append(TrainingImage(path=path, prompt=prompt))
     return images
 
 

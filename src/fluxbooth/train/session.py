@@ -39,7 +39,7 @@ def open_session(config: TrainerConfig, reporter: EventReporter) -> Session:
         reporter.enabled = accelerator.is_main_process
         transformer_config = load_transformer_config(config.base_model)
         # schnell is sampled differently from dev: the fields train.json leaves open follow the model.
-        config = config.with_sampling_defaults(sampling_defaults(transformer_config))
+        config = config.with_sampling_defaults(sampling_defaults(transformer_config)).with_trigger_word()
         deepspeed_config = _completed_deepspeed_config(accelerator, config, transformer_config)
         zero_stage = int((deepspeed_config or {}).get("zero_optimization", {}).get("stage", 0))
         _check_batch_sizes(config, deepspeed_config)

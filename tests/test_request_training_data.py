@@ -1,0 +1,70 @@
+"""The request fields that shape what training sees: trigger word, caption dropout, aspect buckets,
+timestep sampling, EMA and LoRA dropout. Each wrong value is `invalid_input` naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fluxbooth.configs import trainer_config_for
+from fluxbooth.request import parse_request
+from tests.test_configs import GUIDE_DEFAULT_PLAN
+from tests.test_request import minimal, refusal
+
+
+@pytest.fixture(scope="module")
+def dataset_b64() -> str:
+    from tests.factories import make_dataset_zip, to_base64
+
+    return to_base64(make_dataset_zip(count=3))
+
+
+# ------------------------------------------------------------------------------------ trigger_word
+
+
+def test_the_trigger_word_is_trimmed_and_reaches_the_trainer(dataset_b64: str, tmp_path: Path) -> None:
+    request = parse_request(minimal(dataset_b64, trigger_word="  sks "))
+
+    config = trainer_config_for(
+        request, GUIDE_DEFAULT_PLAN, base_model="/models/flux", instance_dir=tmp_path, class_dir=None, job_dir=tmp_path
+    )
+
+    assert (request.trigger_word, config.trigger_word) == ("sks", "sks")
+
+
+def test_no_trigger_word_by_default(dataset_b64: str) -> None:
+    assert parse_request(minimal(dataset_b64)).trigger_word is None
+
+
+def test_a_blank_trigger_word_is_refused(dataset_b64: str) -> None:
+    assert refusal(minimal(dataset_b64, trigger_word="  ")) == "invalid request: input.trigger_word: must not be blank"
+
+
+def test_a_trigger_word_over_two_lines_is_refused(dataset_b64: str) -> None:
+    assert refusal(minimal(dataset_b64, trigger_word="sks\ndog")) == (
+        "invalid request: input.trigger_word: must be one line, without newlines or other control characters"
+    )
+
+
+def test_an_overlong_trigger_word_is_refused(dataset_b64: str) -> None:
+    assert refusal(minimal(dataset_b64, trigger_word="x" * 101)) == (
+        "invalid request: input.trigger_word: String should have at most 100 characters"
+    )
+
+
+def test_a_trigger_word_that_is_not_a_string_is_refused(dataset_b64: str) -> None:
+    assert refusal(minimal(dataset_b64, trigger_word=7)) == (
+        "invalid request: input.trigger_word: Input should be a valid string"
+    )
+
+
+def test_a_class_prompt_holding_the_trigger_word_is_warned_under_prior_preservation(dataset_b64: str) -> None:
+    request = parse_request(
+        minimal(dataset_b64, trigger_word="sks", class_prompt="a photo of sks dog", with_prior_preservation=True)
+    )
+
+    assert (
+        "class_prompt contains the trigger word 'sks': prior preservation then teaches the class images as the "
+        "subject; describe the class without it"
+    ) in request.warnings()
