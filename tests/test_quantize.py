@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.quantize import (
@@ -123,6 +124,37 @@ def test_autograd_saves_no_full_precision_copy_of_the_frozen_weight(precision: s
         output = layer(torch.randn(3, 128).bfloat16().requires_grad_())
     output.sum().backward()
     assert (64, 128) not in saved_shapes and (128, 64) not in saved_shapes
+
+
+class WeightShapedTensors(TorchDispatchMode):
+    """Records the dtype of every tensor wider than a byte (not the stored codes, nor views of them) that an
+    op produces with a weight's shape or its transpose's."""
+
+    def __init__(self, shape: tuple[int, int]) -> None:
+        super().__init__()
+        self.shapes = {shape, shape[::-1]}
+        self.dtypes: set[torch.dtype] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        output = func(*args, **(kwargs or {}))
+        for tensor in output if isinstance(output, (tuple, list)) else (output,):
+            if isinstance(tensor, torch.Tensor) and tuple(tensor.shape) in self.shapes and tensor.element_size() > 1:
+                self.dtypes.add(tensor.dtype)
+        return output
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_under_autocast_the_weight_is_dequantised_only_in_the_autocast_dtype(precision: str) -> None:
+    # Without DeepSpeed accelerate runs the model under autocast, where an input can arrive in fp32 (after a
+    # layer norm autocast keeps in fp32): no fp32 copy of the weight may appear, forward or backward.
+    layer = quantised_linear(precision, gaussian_weight(64, 128), torch.zeros(64).bfloat16())
+    inputs = torch.randn(3, 128, requires_grad=True)
+    with WeightShapedTensors((64, 128)) as seen:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            output = layer(inputs)
+        output.float().square().sum().backward()
+    assert seen.dtypes == {torch.bfloat16}
+    assert (output.dtype, inputs.grad.dtype) == (torch.bfloat16, torch.float32)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

@@ -71,23 +71,36 @@ def _float32_from(stored: torch.Tensor) -> torch.Tensor:
     return stored.view(torch.float32)
 
 
+def compute_dtype(inputs: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul on `inputs` runs in: autocast's for the inputs' device where autocast is on (the
+    path without DeepSpeed: accelerate autocasts, and an input may arrive in fp32 after a layer norm autocast
+    keeps in fp32), else the inputs' own."""
+    device_type = inputs.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return inputs.dtype
+
+
 class _FrozenQuantisedMatmul(torch.autograd.Function):
     """inputs @ W.T with W rebuilt from its quantised form in forward and again in backward, so autograd
-    never keeps a full-precision copy of a frozen weight alive between the two."""
+    never keeps a full-precision copy of a frozen weight alive between the two. W is rebuilt directly in the
+    compute dtype (`compute_dtype`): never a wider copy that autocast would cast again."""
 
     @staticmethod
     def forward(ctx: Any, inputs: torch.Tensor, layer: QuantisedLinear) -> torch.Tensor:
+        dtype = compute_dtype(inputs)
         ctx.layer = layer
         ctx.input_dtype = inputs.dtype
-        bias = None if layer.bias is None else layer.bias.to(inputs.dtype)
-        return functional.linear(inputs, layer.dequantise(inputs.dtype), bias)
+        ctx.compute_dtype = dtype
+        bias = None if layer.bias is None else layer.bias.to(dtype)
+        return functional.linear(inputs.to(dtype), layer.dequantise(dtype), bias)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         if not ctx.needs_input_grad[0]:
             return None, None
-        weight = ctx.layer.dequantise(grad_output.dtype)
-        return (grad_output @ weight).to(ctx.input_dtype), None
+        weight = ctx.layer.dequantise(ctx.compute_dtype)
+        return (grad_output.to(ctx.compute_dtype) @ weight).to(ctx.input_dtype), None
 
 
 class QuantisedLinear(torch.nn.Linear):
