@@ -12,15 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from fluxbooth.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from fluxbooth.cli import EXIT_CLOSED_PIPE, EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 from fluxbooth.hardware import GIB
+from fluxbooth.request import MAX_TIMEOUT_SECONDS
+from fluxbooth.settings import WorkerSettings
 
 CANDIDATE_FIELDS = {
     "zero_stage", "offload_optimizer", "offload_param", "training_type", "fits", "gpu_bytes", "host_bytes",
     "disk_bytes", "reason",
 }
-EIGHT_GIB_CARD = ["--gpu-memory", "8GiB", "--host-memory", "64GiB", "--gpus", "1", "--disk", "200GiB"]
-EIGHTY_GIB_CARD = ["--gpu-memory", "80GiB", "--host-memory", "256GiB", "--gpus", "1", "--disk", "200GiB"]
+EIGHT_GIB_CARD = ["--gpu-memory", "8GiB", "--host-memory", "64GiB", "--gpus", "1", "--cpus", "16", "--disk", "200GiB"]
+EIGHTY_GIB_CARD = ["--gpu-memory", "80GiB", "--host-memory", "256GiB", "--gpus", "1", "--cpus", "16", "--disk", "200GiB"]
+# Tests about memory, not time: the longest deadline a request may ask for, so the time check stays out of the way.
+LONGEST_DEADLINE = ["--deadline", str(MAX_TIMEOUT_SECONDS)]
+CPU_ONLY_MACHINE = ["--gpus", "0", "--host-memory", "24GiB", "--cpus", "2", "--disk", "100GiB"]
 FLUX_DEV_FULL_1024 = ["--base-model", "black-forest-labs/FLUX.1-dev", "--training-type", "full", "--resolution", "1024x1024"]
 NO_GPU_HERE = pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has an NVIDIA driver")
 
@@ -70,7 +75,7 @@ def test_plan_json_chooses_nothing_for_full_flux_dev_on_8_gib_and_64_gib_host(cl
 
 
 def test_plan_json_chooses_a_plan_on_80_gib_and_256_gib_host(cli_env: dict[str, str]) -> None:
-    code, output = run_cli(["plan", *EIGHTY_GIB_CARD, *FLUX_DEV_FULL_1024, "--json"], cli_env)
+    code, output = run_cli(["plan", *EIGHTY_GIB_CARD, *FLUX_DEV_FULL_1024, *LONGEST_DEADLINE, "--json"], cli_env)
     report = json.loads(output)
     assert code == EXIT_OK
     assert report["chosen"]["training_type"] == "full"
@@ -94,7 +99,7 @@ def test_zero2_cpu_offload_candidate_predicts_at_least_the_bf16_weights(cli_env:
 
 
 def test_plan_table_lists_candidates_and_the_choice(cli_env: dict[str, str]) -> None:
-    code, output = run_cli(["plan", *EIGHTY_GIB_CARD, *FLUX_DEV_FULL_1024, "--gpu-name", "H100"], cli_env)
+    code, output = run_cli(["plan", *EIGHTY_GIB_CARD, *FLUX_DEV_FULL_1024, "--gpu-name", "H100", *LONGEST_DEADLINE], cli_env)
     assert code == EXIT_OK
     assert "offload opt/param" in output
     assert "chosen: full with ZeRO-2, offload optimizer cpu" in output
@@ -111,7 +116,7 @@ def test_lora_rank_flag_changes_the_trainable_parameters(cli_env: dict[str, str]
     def trainable(rank: str) -> int:
         _, output = run_cli(
             ["plan", *EIGHTY_GIB_CARD, "--base-model", "black-forest-labs/FLUX.1-dev", "--training-type", "lora",
-             "--lora-rank", rank, "--json"],
+             "--lora-rank", rank, *LONGEST_DEADLINE, "--json"],
             cli_env,
         )
         return json.loads(output)["chosen"]["breakdown"]["trainable_params"]
@@ -125,8 +130,10 @@ def test_a_deadline_too_short_for_the_steps_is_refused(cli_env: dict[str, str]) 
     assert "beyond the job deadline" in json.loads(output)["error"]["message"]
 
 
-def test_a_local_model_on_this_cpu_machine_gets_the_guides_strategy(cli_env: dict[str, str], tiny_model_dir: Path) -> None:
-    code, output = run_cli(["plan", "--base-model", str(tiny_model_dir), "--resolution", "64", "--gpus", "0", "--json"], cli_env)
+def test_a_local_model_on_a_cpu_only_machine_gets_the_guides_strategy(cli_env: dict[str, str], tiny_model_dir: Path) -> None:
+    code, output = run_cli(
+        ["plan", "--base-model", str(tiny_model_dir), "--resolution", "64", *CPU_ONLY_MACHINE, "--json"], cli_env
+    )
     report = json.loads(output)
     assert code == EXIT_OK
     assert report["plan"]["accelerator"] == "cpu"
@@ -139,7 +146,7 @@ def test_a_request_file_supplies_the_job(cli_env: dict[str, str], tmp_path: Path
         "model_name": "m", "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==", "instance_prompt": "a sks dog",
         "base_model": "black-forest-labs/FLUX.1-dev", "training_type": "lora", "lora_rank": 8, "resolution": "512x512",
     }}))
-    code, output = run_cli(["plan", *EIGHT_GIB_CARD, "--request", str(request), "--json"], cli_env)
+    code, output = run_cli(["plan", *EIGHT_GIB_CARD, "--request", str(request), *LONGEST_DEADLINE, "--json"], cli_env)
     report = json.loads(output)
     assert code == EXIT_OK
     assert report["job"]["resolution"] == [512, 512]
@@ -255,18 +262,6 @@ def test_doctor_reports_a_runtime_probe_that_cannot_import_torch(cli_env: dict[s
     assert "libcudart" in deepspeed.detail
 
 
-@NO_GPU_HERE
-def test_some_hardware_flags_replace_only_those_numbers_of_the_probe(cli_env: dict[str, str]) -> None:
-    code, output = run_cli(["plan", "--gpu-memory", "80GiB", "--host-memory", "256GiB", "--base-model",
-                            "black-forest-labs/FLUX.1-dev", "--training-type", "lora", "--json"], cli_env)
-    report = json.loads(output)
-    assert code == EXIT_OK
-    assert report["hardware"]["source"] == "hypothetical"
-    # No GPU was probed here, so --gpu-memory alone means one such GPU; the disk is still probed.
-    assert [gpu["total_bytes"] for gpu in report["hardware"]["gpus"]] == [80 * GIB]
-    probed_disk = shutil.disk_usage(Path(cli_env["FLUXBOOTH_WORK_DIR"]).parent).free
-    assert report["hardware"]["disk_free_bytes"] == pytest.approx(probed_disk, rel=0.01)
-    assert report["plan"]["accelerator"] == "cuda"
 
 
 # ---- plan --request: defaults that train on RunPod's tiers (issue 9, item 3) ---------------------------
@@ -277,7 +272,7 @@ RUNPOD_TIERS = {
     "48 GiB RTX A6000": ["--gpu-name", "NVIDIA RTX A6000", "--gpu-memory", "48GiB", "--host-memory", "94GiB"],
     "80 GiB H100": ["--gpu-name", "NVIDIA H100 80GB HBM3", "--gpu-memory", "80GiB", "--host-memory", "188GiB"],
 }
-FLUX_DEV = ["--base-model", "black-forest-labs/FLUX.1-dev", "--gpus", "1", "--disk", "200GiB"]
+FLUX_DEV = ["--base-model", "black-forest-labs/FLUX.1-dev", "--gpus", "1", "--cpus", "16", "--disk", "200GiB"]
 LORA_RATE_WARNING = (
     "learning_rate 2e-06 is low for a LoRA (suitable: 1e-05 to 0.001); it is used as given — remove "
     "learning_rate to get the default 0.0001"
@@ -317,7 +312,7 @@ def test_a_request_without_training_type_gets_a_lora_plan_on_every_runpod_tier(
 ) -> None:
     request = tmp_path / "request.json"
     request.write_text(json.dumps({"model_name": "m", "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==", "instance_prompt": "a photo of sks person"}))
-    code, report = plan_json(["--request", str(request), *FLUX_DEV, *RUNPOD_TIERS[tier]], cli_env)
+    code, report = plan_json(["--request", str(request), *FLUX_DEV, *RUNPOD_TIERS[tier], *LONGEST_DEADLINE], cli_env)
     assert code == EXIT_OK
     plan = report["plan"]
     assert (plan["training_type"], plan["base_precision"], plan["offload_param"]) == ("lora", base, "none")
@@ -332,7 +327,9 @@ def test_a_request_without_training_type_gets_a_lora_plan_on_every_runpod_tier(
 def test_the_guides_requests_plan_on_every_tier_with_a_warning_about_their_rate(
     cli_env: dict[str, str], tmp_path: Path, tier: str, advanced: bool
 ) -> None:
-    code, report = plan_json(["--request", str(guide_request(tmp_path, advanced)), *FLUX_DEV, *RUNPOD_TIERS[tier]], cli_env)
+    code, report = plan_json(
+        ["--request", str(guide_request(tmp_path, advanced)), *FLUX_DEV, *RUNPOD_TIERS[tier], *LONGEST_DEADLINE], cli_env
+    )
     assert code == EXIT_OK
     assert report["plan"]["training_type"] == "lora"
     assert LORA_RATE_WARNING in report["warnings"]
@@ -342,7 +339,7 @@ def test_at_the_workers_default_deadline_the_guides_basic_request_is_refused_wit
     cli_env: dict[str, str], tmp_path: Path
 ) -> None:
     code, report = plan_json(
-        ["--request", str(guide_request(tmp_path, False)), *FLUX_DEV, *RUNPOD_TIERS["24 GiB RTX 4090"], "--deadline", "3300"],
+        ["--request", str(guide_request(tmp_path, False)), *FLUX_DEV, *RUNPOD_TIERS["24 GiB RTX 4090"]],
         cli_env,
     )
     assert code == EXIT_FAILED
@@ -356,14 +353,14 @@ def test_at_the_workers_default_deadline_the_guides_basic_request_is_refused_wit
 def test_instance_images_sizes_the_cached_embeddings_for_a_known_count(cli_env: dict[str, str]) -> None:
     cached = {}
     for count in ("4", "8"):
-        code, report = plan_json([*EIGHTY_GIB_CARD, *FLUX_DEV, "--instance-images", count], cli_env)
+        code, report = plan_json([*EIGHTY_GIB_CARD, *FLUX_DEV, "--instance-images", count, *LONGEST_DEADLINE], cli_env)
         assert code == EXIT_OK
         cached[count] = report["chosen"]["breakdown"]["host.cached_embeddings"]
     assert cached["8"] == 2 * cached["4"]
 
 
 def test_plan_table_shows_the_base_precision_and_every_phase(cli_env: dict[str, str]) -> None:
-    code, output = run_cli(["plan", *FLUX_DEV, *RUNPOD_TIERS["24 GiB RTX 4090"]], cli_env)
+    code, output = run_cli(["plan", *FLUX_DEV, *RUNPOD_TIERS["24 GiB RTX 4090"], *LONGEST_DEADLINE], cli_env)
     assert code == EXIT_OK
     assert "chosen: lora over an fp8 base with ZeRO-2, offload optimizer none, parameters none" in output
     assert "phase         GPU peak  host peak  time" in output
@@ -378,7 +375,9 @@ EIGHT_GIB_A4000 = ["--gpu-name", "NVIDIA RTX A4000", "--gpu-memory", "8GiB", "--
 def test_an_8_gib_card_plans_the_default_lora_at_512_with_the_bf16_base_offloaded_under_zero3(
     cli_env: dict[str, str],
 ) -> None:
-    code, report = plan_json([*FLUX_DEV, *EIGHT_GIB_A4000, "--training-type", "lora", "--resolution", "512"], cli_env)
+    code, report = plan_json(
+        [*FLUX_DEV, *EIGHT_GIB_A4000, "--training-type", "lora", "--resolution", "512", *LONGEST_DEADLINE], cli_env
+    )
     assert code == EXIT_OK
     chosen = report["chosen"]
     assert (chosen["base_precision"], chosen["zero_stage"], chosen["offload_optimizer"], chosen["offload_param"]) == (
@@ -413,7 +412,7 @@ def test_an_8_gib_card_at_1024_and_the_default_deadline_is_refused_naming_steps_
     cli_env: dict[str, str],
 ) -> None:
     code, report = plan_json(
-        [*FLUX_DEV, *EIGHT_GIB_A4000, "--training-type", "lora", "--resolution", "1024", "--deadline", "3300"], cli_env
+        [*FLUX_DEV, *EIGHT_GIB_A4000, "--training-type", "lora", "--resolution", "1024"], cli_env
     )
     assert code == EXIT_FAILED
     assert report["error"]["message"] == (
@@ -422,3 +421,181 @@ def test_an_8_gib_card_at_1024_and_the_default_deadline_is_refused_naming_steps_
         "0.9 h; use about 173 steps, or timeout_seconds 21840 (and an endpoint execution timeout above it), or a "
         "faster GPU"
     )
+
+
+# ---- plan reads numbers and names as people type them, and plans as the worker does (issue 22) ----------
+
+TIER_4090 = [*FLUX_DEV, *RUNPOD_TIERS["24 GiB RTX 4090"]]
+
+
+@pytest.mark.parametrize("flag", ["--gpu-memory", "--host-memory", "--disk"])
+def test_a_size_without_a_unit_is_refused_with_the_unit_it_probably_meant(
+    cli_env: dict[str, str], capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["plan", *TIER_4090, flag, "24"], cli_env, io.StringIO())
+    assert caught.value.code == EXIT_USAGE
+    assert f"argument {flag}: '24' has no unit; did you mean 24GiB?" in capsys.readouterr().err
+
+
+def test_gpu_memory_24gib_plans_a_24_gib_card(cli_env: dict[str, str]) -> None:
+    _, report = plan_json(["--gpus", "1", "--gpu-memory", "24GiB", "--host-memory", "62GiB", "--cpus", "16",
+                           "--disk", "200GiB"], cli_env)
+    assert [gpu["total_bytes"] for gpu in report["hardware"]["gpus"]] == [24 * GIB]
+    assert report["hardware"]["host_available_bytes"] == 62 * GIB
+
+
+def test_a_decimal_unit_is_read_as_decimal(cli_env: dict[str, str]) -> None:
+    _, report = plan_json([*TIER_4090, "--gpu-memory", "24GB", *LONGEST_DEADLINE], cli_env)
+    assert report["hardware"]["gpus"][0]["total_bytes"] == 24 * 10**9
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--steps", "0"], "invalid request: --steps: Input should be greater than or equal to 1"),
+        (["--steps", "-5"], "invalid request: --steps: Input should be greater than or equal to 1"),
+        (["--batch-size", "0"], "invalid request: --batch-size: Input should be greater than or equal to 1"),
+        (["--lora-rank", "0"], "invalid request: --lora-rank: Input should be greater than or equal to 1"),
+        (["--deadline", "10"], "invalid request: --deadline: Input should be greater than or equal to 60"),
+        (["--resolution", "1000"], "invalid request: --resolution: each side must be a multiple of 16 "
+                                   "between 64 and 2048, got 1000x1000"),
+        (["--zero-stage", "4"], "invalid request: --zero-stage: Input should be 'auto', 1, 2 or 3"),
+    ],
+)
+def test_a_job_flag_outside_the_requests_bounds_is_refused_as_the_worker_refuses_it(
+    cli_env: dict[str, str], flags: list[str], message: str
+) -> None:
+    code, report = plan_json([*TIER_4090, *flags], cli_env)
+    assert code == EXIT_USAGE
+    assert report["error"] == {"code": "invalid_input", "message": message}
+
+
+def test_the_workers_refusal_names_the_field_where_plan_names_the_flag(cli_env: dict[str, str]) -> None:
+    from fluxbooth.cli import SIZING_STAND_INS
+    from fluxbooth.errors import FluxboothError
+    from fluxbooth.request import parse_request
+
+    with pytest.raises(FluxboothError) as worker:
+        parse_request({**SIZING_STAND_INS, "steps": 0})
+    _, report = plan_json([*TIER_4090, "--steps", "0"], cli_env)
+    assert report["error"]["message"] == worker.value.message.replace("input.steps", "--steps")
+
+
+def test_a_lora_flag_on_a_full_fine_tune_is_refused_as_the_worker_refuses_it(cli_env: dict[str, str]) -> None:
+    code, report = plan_json([*TIER_4090, "--training-type", "full", "--lora-rank", "8"], cli_env)
+    assert code == EXIT_USAGE
+    assert report["error"]["message"] == (
+        "invalid request: --lora-rank: only apply when --training-type is 'lora'; remove them or set training_type 'lora'"
+    )
+
+
+@pytest.mark.parametrize("count", ["0", "2", "1001"])
+def test_an_instance_image_count_the_worker_would_refuse_is_refused(cli_env: dict[str, str], count: str) -> None:
+    code, report = plan_json([*TIER_4090, "--instance-images", count], cli_env)
+    assert code == EXIT_USAGE
+    assert report["error"]["message"] == (
+        f"--instance-images {count}: the worker accepts 3 to 1000 instance images (FLUXBOOTH_MIN_IMAGES, FLUXBOOTH_MAX_IMAGES)"
+    )
+
+
+def test_prior_preservation_plans_the_requests_class_images(cli_env: dict[str, str]) -> None:
+    _, report = plan_json([*TIER_4090, "--prior-preservation", *LONGEST_DEADLINE], cli_env)
+    assert report["job"]["class_images"] == 50
+
+
+def test_without_deadline_plan_uses_the_workers_deadline_setting(cli_env: dict[str, str]) -> None:
+    _, default = plan_json(TIER_4090, cli_env)
+    _, configured = plan_json(TIER_4090, {**cli_env, "FLUXBOOTH_JOB_DEADLINE_SECONDS": "7200"})
+    assert default["deadline_seconds"] == WorkerSettings.from_environ(cli_env).job_deadline_seconds
+    assert configured["deadline_seconds"] == 7200
+    assert configured["deadline_source"] == "the worker's FLUXBOOTH_JOB_DEADLINE_SECONDS"
+
+
+def test_the_default_request_on_an_rtx_4090_gets_the_answer_the_worker_gives(cli_env: dict[str, str]) -> None:
+    from fluxbooth.cli import SIZING_STAND_INS
+    from fluxbooth.errors import FluxboothError
+    from fluxbooth.hardware import hypothetical_hardware
+    from fluxbooth.plan import choose_plan, model_size
+    from fluxbooth.request import parse_request
+
+    code, report = plan_json(TIER_4090, cli_env)
+    settings = WorkerSettings.from_environ(cli_env)
+    card = hypothetical_hardware(gpus=1, gpu_memory_bytes=24 * GIB, host_memory_bytes=62 * GIB, disk_bytes=200 * GIB,
+                                 cpu_count=16, gpu_name="NVIDIA GeForce RTX 4090")
+    with pytest.raises(FluxboothError) as worker:
+        # What job.py's planning step calls, with the worker's deadline and dataset cap.
+        choose_plan(parse_request(dict(SIZING_STAND_INS)), card, model_size("black-forest-labs/FLUX.1-dev"),
+                    deadline_seconds=settings.job_deadline_seconds, instance_images=settings.dataset_limits.max_images)
+    assert code == EXIT_FAILED
+    assert report["error"] == {"code": "does_not_fit", "message": worker.value.message}
+    assert "beyond the job deadline of 0.9 h" in worker.value.message
+
+
+def test_a_deadline_flag_lets_the_same_request_plan(cli_env: dict[str, str]) -> None:
+    code, report = plan_json([*TIER_4090, "--deadline", "9000"], cli_env)
+    assert code == EXIT_OK
+    assert (report["deadline_seconds"], report["deadline_source"]) == (9000, "--deadline / timeout_seconds")
+
+
+@pytest.mark.parametrize("typed", ["4090", "rtx4090", "RTX 4090", "rtx-4090", "NVIDIA GeForce RTX 4090"])
+def test_gpu_names_are_matched_as_people_type_them_and_the_match_is_printed(cli_env: dict[str, str], typed: str) -> None:
+    card = [*TIER_4090, "--gpu-name", typed, *LONGEST_DEADLINE]
+    _, report = plan_json(card, cli_env)
+    _, table = run_cli(["plan", *card], cli_env)
+    assert report["gpu_name"] == {"given": typed, "matched": "GeForce RTX 4090"}
+    assert f"gpu      {typed!r} read as GeForce RTX 4090\n" in table
+    assert not any("not in the planner's table" in warning for warning in report["warnings"])
+
+
+def test_a_gpu_name_that_matches_no_card_is_refused_listing_the_known_ones(cli_env: dict[str, str]) -> None:
+    code, report = plan_json([*TIER_4090, "--gpu-name", "rtx4900"], cli_env)
+    assert code == EXIT_USAGE
+    assert report["error"]["message"].startswith("--gpu-name 'rtx4900' matches no card the planner knows (RTX A4000, ")
+    assert report["error"]["message"].endswith("); leave --gpu-name out to time the job as an unknown card")
+
+
+@pytest.mark.parametrize(
+    ("flags", "missing"),
+    [
+        (["--gpu-memory", "80GiB", "--host-memory", "256GiB"], "--gpus, --cpus, --disk"),
+        (["--gpus", "1", "--gpu-memory", "24GiB", "--host-memory", "62GiB", "--disk", "200GiB"], "--cpus"),
+        (["--gpus", "0"], "--host-memory, --cpus, --disk"),
+        (["--gpu-name", "4090"], "--gpus, --gpu-memory, --host-memory, --cpus, --disk"),
+    ],
+)
+def test_hypothetical_hardware_given_in_part_is_refused_naming_what_is_missing(
+    cli_env: dict[str, str], flags: list[str], missing: str
+) -> None:
+    code, report = plan_json(["--base-model", "black-forest-labs/FLUX.1-dev", *flags], cli_env)
+    assert code == EXIT_USAGE
+    assert report["error"]["message"] == (
+        f"hypothetical hardware needs {missing} as well: give all of --gpus, --gpu-memory, --host-memory, --cpus "
+        "and --disk (--gpus 0: no --gpu-memory), or none to plan for this machine; its own values are never mixed in"
+    )
+
+
+def test_a_cpu_only_machine_with_gpu_memory_is_refused(cli_env: dict[str, str]) -> None:
+    code, report = plan_json([*CPU_ONLY_MACHINE, "--gpu-memory", "24GiB"], cli_env)
+    assert code == EXIT_USAGE
+    assert report["error"]["message"] == "--gpus 0 describes a machine without a GPU: drop --gpu-memory and --gpu-name"
+
+
+def test_hypothetical_hardware_is_only_what_the_flags_say(cli_env: dict[str, str]) -> None:
+    _, report = plan_json([*TIER_4090, "--cpus", "6", *LONGEST_DEADLINE], cli_env)
+    hardware = report["hardware"]
+    assert (hardware["source"], hardware["cpu_count"], hardware["disk_free_bytes"]) == ("hypothetical", 6, 200 * GIB)
+    assert hardware["host_total_bytes"] == hardware["host_available_bytes"] == 62 * GIB
+
+
+def test_a_reader_that_closes_the_pipe_early_ends_plan_quietly(cli_env: dict[str, str]) -> None:
+    reader, writer = os.pipe()
+    os.close(reader)  # as `plan | head` once head has its lines: every write now meets a closed pipe
+    try:
+        completed = subprocess.run(
+            [sys.executable, "-m", "fluxbooth", "plan", *TIER_4090], stdout=writer, stderr=subprocess.PIPE,
+            text=True, env=cli_env, timeout=120, check=False,
+        )
+    finally:
+        os.close(writer)
+    assert (completed.returncode, completed.stderr) == (EXIT_CLOSED_PIPE, "")

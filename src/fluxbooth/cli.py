@@ -1,13 +1,15 @@
 """`python -m fluxbooth ...` (**contract**): `plan`, `doctor` and `train`.
 
-plan    — which memory strategy a job gets on this machine or on hypothetical hardware
-          (`--gpu-memory 8GiB --host-memory 64GiB --gpus 1 --disk 200GiB`); exits 1 when nothing fits.
+plan    — which memory strategy a job gets on this machine or on hypothetical hardware described whole
+          (`--gpus 1 --gpu-memory 24GiB --host-memory 62GiB --cpus 16 --disk 200GiB --gpu-name 4090`), with the
+          request's bounds on every job flag and the worker's deadline; exits 1 when nothing fits.
 doctor  — is this machine ready to train; exits 1 when a check fails (`--allow-cpu` on CPU-only hosts).
 train   — run one request (a JSON file holding the `input` object, or `{"input": {...}}`) outside RunPod;
           prints the result JSON; exits 1 when the job failed. Progress goes to stderr (a bar on a
           terminal, plain lines otherwise); `--verbose` adds the full log.
 
-Exit codes: 0 success, 1 does not fit / a check failed, 2 invalid arguments or input.
+Exit codes: 0 success, 1 does not fit / a check failed, 2 invalid arguments or input, 141 the reader closed
+the output early (`plan | head`), quietly.
 This module never imports torch: doctor runs its torch checks in a child process.
 """
 
@@ -16,145 +18,208 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.hardware import Hardware, format_bytes, hypothetical_hardware, parse_bytes, probe_hardware, with_overrides
+from fluxbooth.hardware import Hardware, format_bytes, hypothetical_hardware, parse_size, probe_hardware
+from fluxbooth.settings import WorkerSettings
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_CLOSED_PIPE = 128 + 13  # 128 + SIGPIPE, as the shell reports a process that signal ended
 
 
 def _size(text: str) -> int:
     try:
-        return parse_bytes(text)
+        return parse_size(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from error
 
 
-def _resolution(text: str) -> tuple[int, int]:
-    from fluxbooth.request import parse_resolution
+def _whole_number(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
+        return value
 
+    return parse
+
+
+def _integer(text: str) -> int:
+    """A whole number; its bounds are the request's (checked by TrainingRequest, as the worker does)."""
     try:
-        return parse_resolution(text if "x" in text.lower() else int(text))
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"--resolution {text!r}: {error}") from error
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
 
 
 def _zero_stage(text: str) -> int | str:
-    if text == "auto":
-        return text
-    if text in ("1", "2", "3"):
-        return int(text)
-    raise argparse.ArgumentTypeError("expected auto, 1, 2 or 3")
+    return int(text) if text.isdigit() else text
+
+
+def _request_choices(name: str) -> tuple[str, ...]:
+    """The values a request field takes (its Literal in TrainingRequest, the one owner), for a flag's choices."""
+    from typing import get_args
+
+    from fluxbooth.request import TrainingRequest
+
+    return tuple(str(value) for value in get_args(TrainingRequest.model_fields[name].annotation))
 
 
 # =================================================================================================
 # plan
 # =================================================================================================
 
+# The plan flags that are request fields, as (flag, field): the request validates them, as the worker does.
+REQUEST_FLAGS = (
+    ("--base-model", "base_model"),
+    ("--training-type", "training_type"),
+    ("--base-precision", "base_precision"),
+    ("--resolution", "resolution"),
+    ("--batch-size", "batch_size"),
+    ("--gradient-accumulation-steps", "gradient_accumulation_steps"),
+    ("--steps", "steps"),
+    ("--lora-rank", "lora_rank"),
+    ("--mixed-precision", "mixed_precision"),
+    ("--zero-stage", "zero_stage"),
+    ("--offload", "offload"),
+    ("--gradient-checkpointing", "gradient_checkpointing"),
+    ("--deadline", "timeout_seconds"),
+)
+# Hypothetical hardware is described whole, or not at all: nothing of this machine is mixed in.
+HARDWARE_FLAGS = (("--gpus", "gpus"), ("--gpu-memory", "gpu_memory"), ("--host-memory", "host_memory"),
+                  ("--cpus", "cpus"), ("--disk", "disk"))
+# What a request needs that sizing does not: stand-ins when plan is given flags instead of a request file.
+SIZING_STAND_INS = {"model_name": "plan", "dataset_url": "https://example.com/dataset.zip", "instance_prompt": "a photo of sks person"}
+CLASS_PROMPT_STAND_IN = "a photo of a person"
+
 
 def add_plan_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "plan",
         help="choose a memory strategy (ZeRO stage, offload) for a job, or say why nothing fits",
-        description="Predict GPU, host-RAM and disk needs of every strategy and choose the fastest that fits. "
-        "Without hardware flags the machine is probed; with them, the flags replace what was probed.",
+        description="Predict GPU, host-RAM and disk needs and the time of every strategy and choose the fastest "
+        "that fits, as the worker does (its deadline included). Without hardware flags this machine is probed; "
+        "hypothetical hardware needs all of --gpus, --gpu-memory, --host-memory, --cpus and --disk.",
     )
-    hardware = parser.add_argument_group("hardware (hypothetical; defaults: this machine)")
-    hardware.add_argument("--gpu-memory", type=_size, help="memory per GPU, e.g. 8GiB, 80GB")
-    hardware.add_argument("--host-memory", type=_size, help="host RAM the container may use, e.g. 64GiB")
-    hardware.add_argument("--gpus", type=int, help="number of GPUs (0: CPU only)")
+    hardware = parser.add_argument_group("hypothetical hardware (all or none; none: this machine)")
+    hardware.add_argument("--gpus", type=_whole_number(0), help="number of GPUs (0: CPU only, no --gpu-memory)")
+    hardware.add_argument("--gpu-memory", type=_size, help="memory per GPU with its unit, e.g. 24GiB, 80GiB")
+    hardware.add_argument("--host-memory", type=_size, help="host RAM the container may use, e.g. 62GiB")
+    hardware.add_argument("--cpus", type=_whole_number(1), help="CPU cores the container may use, e.g. 16")
     hardware.add_argument("--disk", type=_size, help="free disk at the work directory, e.g. 200GiB")
-    hardware.add_argument("--gpu-name", default=None, help="GPU model for the time estimate, e.g. 'H100'")
+    hardware.add_argument("--gpu-name", default=None, help="the card, for the time estimate: '4090', 'RTX A6000', 'H100 NVL'")
     hardware.add_argument("--nvme-path", default=None, help="a fast-disk directory DeepSpeed may offload to")
-    job = parser.add_argument_group("job")
+    job = parser.add_argument_group("job (bounded as the request bounds its fields)")
     job.add_argument("--request", type=Path, help="a request JSON (job input); flags below override its fields")
     job.add_argument("--base-model", help="a preset name (black-forest-labs/FLUX.1-dev, ...-schnell) or a local diffusers folder")
-    job.add_argument("--training-type", choices=("full", "lora"), help="(default: lora)")
+    job.add_argument("--training-type", choices=_request_choices("training_type"), help="(default: lora)")
     job.add_argument(
-        "--base-precision", choices=("auto", "bf16", "fp8", "nf4"), help="how a LoRA's frozen base is stored (default: auto)"
+        "--base-precision", choices=_request_choices("base_precision"), help="how a LoRA's frozen base is stored (default: auto)"
     )
-    job.add_argument("--resolution", type=_resolution, help="1024 or 768x1024 (width x height)")
-    job.add_argument("--batch-size", type=int)
-    job.add_argument("--gradient-accumulation-steps", type=int)
-    job.add_argument("--steps", type=int)
+    job.add_argument("--resolution", help="1024 or 768x1024 (width x height)")
+    job.add_argument("--batch-size", type=_integer)
+    job.add_argument("--gradient-accumulation-steps", type=_integer)
+    job.add_argument("--steps", type=_integer)
     job.add_argument(
-        "--instance-images", type=int, help="photos in the dataset (default: the dataset cap, as the worker plans before download)"
+        "--instance-images", type=_integer, help="photos in the dataset (default: the dataset cap, as the worker plans before download)"
     )
-    job.add_argument("--lora-rank", type=int)
-    job.add_argument("--mixed-precision", choices=("bf16", "fp16", "no"))
-    job.add_argument("--zero-stage", type=_zero_stage, help="auto, 1, 2 or 3")
-    job.add_argument("--offload", choices=("auto", "none", "cpu", "nvme"))
+    job.add_argument("--lora-rank", type=_integer)
+    job.add_argument("--mixed-precision", choices=_request_choices("mixed_precision"))
+    job.add_argument("--zero-stage", type=_zero_stage, help=" or ".join(_request_choices("zero_stage")))
+    job.add_argument("--offload", choices=_request_choices("offload"))
     job.add_argument("--no-deepspeed", action="store_true", help="plain accelerate, no ZeRO")
     job.add_argument(
         "--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None, help="(default: on)"
     )
     job.add_argument("--prior-preservation", action="store_true", help="with_prior_preservation (doubles the batch)")
-    job.add_argument("--deadline", type=float, help="refuse or warn when the estimated run time exceeds this many seconds")
+    job.add_argument(
+        "--deadline", type=_integer,
+        help="the job's deadline in seconds, as the request's timeout_seconds (default: the worker's, "
+        "FLUXBOOTH_JOB_DEADLINE_SECONDS)",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(handler=run_plan_command)
 
 
-def _job_from_arguments(arguments: argparse.Namespace) -> tuple[Any, list[str]]:
-    """The job to plan, and the request's own warnings (e.g. a learning rate that does not suit its type)."""
-    from fluxbooth.plan import JobShape
+def _read_request_file(path: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise FluxboothError(
+            ErrorCode.INVALID_INPUT, f"--request {path}: not a readable JSON file ({type(error).__name__})"
+        ) from error
+    fields = raw.get("input", raw) if isinstance(raw, dict) else raw
+    if not isinstance(fields, dict):
+        raise FluxboothError(ErrorCode.INVALID_INPUT, f"--request {path}: expected a JSON object with the request's fields")
+    return dict(fields)
 
-    job = JobShape()
-    notes: list[str] = []
-    if arguments.request is not None:
-        from fluxbooth.request import parse_request
 
-        try:
-            raw = json.loads(arguments.request.read_text())
-        except (OSError, ValueError) as error:
-            raise FluxboothError(
-                ErrorCode.INVALID_INPUT, f"--request {arguments.request}: not a readable JSON file ({type(error).__name__})"
-            ) from error
-        from fluxbooth.plan import as_job
-
-        request = parse_request(raw.get("input", raw) if isinstance(raw, dict) else raw)
-        job = as_job(request)
-        notes = request.warnings()
-    overrides = {
-        "training_type": arguments.training_type,
-        "base_precision": arguments.base_precision,
-        "resolution": arguments.resolution,
-        "batch_size": arguments.batch_size,
-        "gradient_accumulation_steps": arguments.gradient_accumulation_steps,
-        "steps": arguments.steps,
-        "num_instance_images": arguments.instance_images,
-        "lora_rank": arguments.lora_rank,
-        "mixed_precision": arguments.mixed_precision,
-        "zero_stage": arguments.zero_stage,
-        "offload": arguments.offload,
-        "gradient_checkpointing": arguments.gradient_checkpointing,
-    }
+def _request_fields(arguments: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+    """The request to plan (the file's fields, or stand-ins for what sizing does not read, with the flags
+    over them), and the flag that set each field."""
+    fields = _read_request_file(arguments.request) if arguments.request is not None else dict(SIZING_STAND_INS)
+    from_flags: dict[str, str] = {}
+    for flag, name in REQUEST_FLAGS:
+        value = getattr(arguments, flag[2:].replace("-", "_"))
+        if value is not None:
+            fields[name], from_flags[name] = value, flag
     if arguments.no_deepspeed:
-        overrides["use_deepspeed"] = False
+        fields["use_deepspeed"], from_flags["use_deepspeed"] = False, "--no-deepspeed"
     if arguments.prior_preservation:
-        overrides["with_prior_preservation"] = True
-    from dataclasses import replace
+        fields["with_prior_preservation"], from_flags["with_prior_preservation"] = True, "--prior-preservation"
+        if arguments.request is None:
+            fields["class_prompt"] = CLASS_PROMPT_STAND_IN
+    base_model = fields.get("base_model")
+    if isinstance(base_model, str) and Path(base_model).is_dir():
+        # A local folder given relative to here; the request takes absolute paths only.
+        fields["base_model"] = str(Path(base_model).resolve())
+    return fields, from_flags
 
-    return replace(job, **{name: value for name, value in overrides.items() if value is not None}), notes
+
+def _validated_request(arguments: argparse.Namespace) -> Any:
+    """The request as the worker validates it: every bound and rule of TrainingRequest, each refusal naming
+    the flag that set the field."""
+    from fluxbooth.request import parse_request
+
+    fields, from_flags = _request_fields(arguments)
+    try:
+        return parse_request(fields)
+    except FluxboothError as error:
+        def flag_for(match: re.Match[str]) -> str:
+            return from_flags.get(match.group(1), match.group(0))
+
+        raise FluxboothError(error.code, re.sub(r"input\.(\w+)", flag_for, error.message)) from None
 
 
-def _base_model_from(arguments: argparse.Namespace, environ: Mapping[str, str]) -> str:
-    from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
+def _instance_images(arguments: argparse.Namespace, settings: WorkerSettings) -> int:
+    """The dataset's image count: the worker's cap unless given; bounded by the worker's dataset limits."""
+    limits = settings.dataset_limits
+    count = arguments.instance_images
+    if count is None:
+        return limits.max_images
+    if not limits.min_images <= count <= limits.max_images:
+        raise FluxboothError(
+            ErrorCode.INVALID_INPUT,
+            f"--instance-images {count}: the worker accepts {limits.min_images} to {limits.max_images} instance images "
+            "(FLUXBOOTH_MIN_IMAGES, FLUXBOOTH_MAX_IMAGES)",
+        )
+    return count
 
-    name = arguments.base_model
-    if name is None and arguments.request is not None:
-        try:
-            raw = json.loads(arguments.request.read_text())
-            name = (raw.get("input", raw) if isinstance(raw, dict) else {}).get("base_model")
-        except (OSError, ValueError, AttributeError):
-            name = None
-    settings = WorkerSettings.from_environ(environ)
-    name = name or settings.default_base_model
+
+def _base_model_from(request: Any, settings: WorkerSettings) -> str:
+    from fluxbooth.settings import TINY_MODEL_NAME
+
+    name = request.base_model or settings.default_base_model
     if name == TINY_MODEL_NAME:
         # The tiny model is built from code on first use; it must exist to be sized.
         from fluxbooth.job import ensure_tiny_model
@@ -163,40 +228,60 @@ def _base_model_from(arguments: argparse.Namespace, environ: Mapping[str, str]) 
     return name
 
 
-def _hardware_from(arguments: argparse.Namespace, environ: Mapping[str, str]) -> Hardware:
-    from fluxbooth.settings import WorkerSettings
+def matched_gpu_name(typed: str) -> str:
+    """The planner's name for a card as people type it ("4090", "rtx4090", "RTX 4090"); invalid_input
+    listing the known cards when it matches none."""
+    from fluxbooth.plan.gpus import GPU_TABLE, gpu_spec
 
-    flags = (arguments.gpu_memory, arguments.host_memory, arguments.gpus, arguments.disk)
-    settings = WorkerSettings.from_environ(environ)
+    spec = gpu_spec(typed)
+    if spec is None:
+        known = ", ".join(row.name for _, row in GPU_TABLE)
+        raise FluxboothError(
+            ErrorCode.INVALID_INPUT,
+            f"--gpu-name {typed!r} matches no card the planner knows ({known}); leave --gpu-name out to time "
+            "the job as an unknown card",
+        )
+    return spec.name
+
+
+def _hypothetical_hardware(arguments: argparse.Namespace) -> Hardware | None:
+    """The machine the flags describe, or None without hardware flags; invalid_input when it is described
+    only in part."""
+    given = {flag: getattr(arguments, name) for flag, name in HARDWARE_FLAGS}
+    if all(value is None for value in given.values()) and arguments.gpu_name is None:
+        return None
+    cpu_only = arguments.gpus == 0
+    missing = [flag for flag, value in given.items() if value is None and not (cpu_only and flag == "--gpu-memory")]
+    if missing:
+        raise FluxboothError(
+            ErrorCode.INVALID_INPUT,
+            f"hypothetical hardware needs {', '.join(missing)} as well: give all of --gpus, --gpu-memory, "
+            "--host-memory, --cpus and --disk (--gpus 0: no --gpu-memory), or none to plan for this machine; "
+            "its own values are never mixed in",
+        )
+    if cpu_only and (arguments.gpu_memory is not None or arguments.gpu_name is not None):
+        raise FluxboothError(
+            ErrorCode.INVALID_INPUT, "--gpus 0 describes a machine without a GPU: drop --gpu-memory and --gpu-name"
+        )
+    return hypothetical_hardware(
+        gpus=arguments.gpus,
+        gpu_memory_bytes=arguments.gpu_memory or 0,
+        host_memory_bytes=arguments.host_memory,
+        disk_bytes=arguments.disk,
+        cpu_count=arguments.cpus,
+        gpu_name=matched_gpu_name(arguments.gpu_name) if arguments.gpu_name else "hypothetical GPU",
+        nvme_path=arguments.nvme_path,
+    )
+
+
+def _hardware_from(arguments: argparse.Namespace, settings: WorkerSettings, environ: Mapping[str, str]) -> Hardware:
+    hypothetical = _hypothetical_hardware(arguments)
+    if hypothetical is not None:
+        return hypothetical
     probe_env = dict(environ)
     if arguments.nvme_path:
         probe_env["FLUXBOOTH_NVME_PATH"] = arguments.nvme_path
-    if all(flag is not None for flag in flags):
-        return hypothetical_hardware(
-            gpus=arguments.gpus,
-            gpu_memory_bytes=arguments.gpu_memory,
-            host_memory_bytes=arguments.host_memory,
-            disk_bytes=arguments.disk,
-            gpu_name=arguments.gpu_name or "hypothetical GPU",
-            nvme_path=arguments.nvme_path,
-        )
-    hardware = probe_hardware(settings.work_root, probe_env)
-    if any(flag is not None for flag in flags):
-        gpus = arguments.gpus
-        if gpus is None and arguments.gpu_memory is not None and not hardware.gpus:
-            gpus = 1
-        hardware = with_overrides(
-            hardware,
-            gpus=gpus,
-            gpu_memory_bytes=arguments.gpu_memory,
-            host_memory_bytes=arguments.host_memory,
-            disk_bytes=arguments.disk,
-        )
-    if arguments.gpu_name and hardware.gpus:
-        from dataclasses import replace
-
-        hardware = replace(hardware, gpus=tuple(replace(gpu, name=arguments.gpu_name) for gpu in hardware.gpus))
-    return hardware
+    return probe_hardware(settings.work_root, probe_env)
 
 
 def _describe_hardware(hardware: Hardware) -> str:
@@ -227,7 +312,9 @@ def _plan_table(report: dict[str, Any], out: TextIO) -> None:
         + (f" rank {job['lora_rank']}, base {job['base_precision']}" if job["training_type"] == "lora" else "")
         + f", {width}x{height}, batch {job['batch_size']}, {job['mixed_precision']}, "
         f"checkpointing {'on' if job['gradient_checkpointing'] else 'off'}\n"
-        f"machine  {report['hardware_summary']}\n\n"
+        f"machine  {report['hardware_summary']}\n"
+        + (f"gpu      {report['gpu_name']['given']!r} read as {report['gpu_name']['matched']}\n" if report["gpu_name"] else "")
+        + f"deadline {report['deadline_seconds'] / 60:.0f} min ({report['deadline_source']})\n\n"
     )
     header = ("", "type", "base", "ZeRO", "offload opt/param", "fits", "GPU (each)", "host RAM", "disk", "speed", "reason")
     rows = [header]
@@ -295,14 +382,42 @@ def _chosen_summary(report: dict[str, Any], out: TextIO) -> None:
         out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n")
 
 
-def run_plan_command(arguments: argparse.Namespace, environ: Mapping[str, str], out: TextIO) -> int:
-    from fluxbooth.plan import check_job, choose_plan, evaluate_candidates, model_size, pick
+def _deadline(request: Any, settings: WorkerSettings) -> tuple[int, str]:
+    """The deadline the worker would give this job (job.py: timeout_seconds, else the worker's setting),
+    and where it came from."""
+    if request.timeout_seconds is not None:
+        return request.timeout_seconds, "--deadline / timeout_seconds"
+    return settings.job_deadline_seconds, "the worker's FLUXBOOTH_JOB_DEADLINE_SECONDS"
 
-    job, request_warnings = _job_from_arguments(arguments)
-    hardware = _hardware_from(arguments, environ)
-    model = model_size(_base_model_from(arguments, environ))
-    # Sizing an endpoint is about memory: the deadline is checked only when one is asked for.
-    deadline = arguments.deadline if arguments.deadline is not None else job.timeout_seconds
+
+def _job_summary(job: Any) -> dict[str, Any]:
+    return {
+        "training_type": job.training_type,
+        "lora_rank": job.lora_rank,
+        "base_precision": job.base_precision,
+        "resolution": list(job.resolution),
+        "batch_size": job.batch_size,
+        "gradient_accumulation_steps": job.gradient_accumulation_steps,
+        "steps": job.steps,
+        "instance_images": job.num_instance_images,
+        "class_images": job.num_class_images,
+        "mixed_precision": job.mixed_precision,
+        "gradient_checkpointing": job.gradient_checkpointing,
+        "zero_stage": job.zero_stage,
+        "offload": job.offload,
+        "use_deepspeed": job.use_deepspeed,
+    }
+
+
+def run_plan_command(arguments: argparse.Namespace, environ: Mapping[str, str], out: TextIO) -> int:
+    from fluxbooth.plan import as_job, check_job, choose_plan, evaluate_candidates, model_size, pick
+
+    settings = WorkerSettings.from_environ(environ)
+    request = _validated_request(arguments)
+    job = as_job(request, _instance_images(arguments, settings))
+    hardware = _hardware_from(arguments, settings, environ)
+    model = model_size(_base_model_from(request, settings))
+    deadline, deadline_source = _deadline(request, settings)
     check_job(job, model)
     candidates = evaluate_candidates(job, hardware, model)
     report: dict[str, Any] = {
@@ -312,25 +427,13 @@ def run_plan_command(arguments: argparse.Namespace, environ: Mapping[str, str], 
         "accelerator": hardware.accelerator,
         "hardware": hardware.to_dict(),
         "hardware_summary": _describe_hardware(hardware),
+        "gpu_name": {"given": arguments.gpu_name, "matched": hardware.gpus[0].name} if arguments.gpu_name else None,
         "model": model.to_dict(),
-        "job": {
-            "training_type": job.training_type,
-            "lora_rank": job.lora_rank,
-            "base_precision": job.base_precision,
-            "resolution": list(job.resolution),
-            "batch_size": job.batch_size,
-            "gradient_accumulation_steps": job.gradient_accumulation_steps,
-            "steps": job.steps,
-            "instance_images": job.num_instance_images,
-            "mixed_precision": job.mixed_precision,
-            "gradient_checkpointing": job.gradient_checkpointing,
-            "zero_stage": job.zero_stage,
-            "offload": job.offload,
-            "use_deepspeed": job.use_deepspeed,
-        },
+        "job": _job_summary(job),
         "deadline_seconds": deadline,
+        "deadline_source": deadline_source,
         "candidates": [candidate.to_dict() for candidate in candidates],
-        "warnings": list(request_warnings),
+        "warnings": list(request.warnings()),
     }
     try:
         plan = choose_plan(job, hardware, model, deadline_seconds=deadline)
@@ -402,7 +505,6 @@ def run_train_command(arguments: argparse.Namespace, environ: Mapping[str, str],
 
     from fluxbooth.job import run_job
     from fluxbooth.progress import ProgressBar
-    from fluxbooth.settings import WorkerSettings
 
     try:
         document = json.loads(arguments.request.read_text())
@@ -440,15 +542,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None, out: TextIO | None = None) -> int:
-    parser = build_parser()
-    arguments = parser.parse_args(argv)
-    stream = out or sys.stdout
+def _run(arguments: argparse.Namespace, environ: Mapping[str, str], stream: TextIO) -> int:
     try:
-        return int(arguments.handler(arguments, dict(os.environ if environ is None else environ), stream))
+        return int(arguments.handler(arguments, environ, stream))
     except FluxboothError as error:
         if getattr(arguments, "json", False):
             stream.write(json.dumps(error.to_result(), indent=2) + "\n")
         else:
             sys.stderr.write(f"error ({error.code.value}): {error.message}\n")
         return EXIT_USAGE if error.code is ErrorCode.INVALID_INPUT else EXIT_FAILED
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None, out: TextIO | None = None) -> int:
+    parser = build_parser()
+    arguments = parser.parse_args(argv)
+    stream = out or sys.stdout
+    try:
+        code = _run(arguments, dict(os.environ if environ is None else environ), stream)
+        stream.flush()
+    except BrokenPipeError:
+        # The reader has gone (`plan | head`): what it read is all it wanted. Point stdout at /dev/null so
+        # the interpreter's last flush does not fail again, and end as a process killed by SIGPIPE would.
+        if stream is sys.stdout:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
+    return code

@@ -133,6 +133,21 @@ def parse_bytes(text: str) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
+def parse_size(text: str) -> int:
+    """A size as a person types it, with its unit ("24GiB", "80GB", "512MiB", "1234B"): a bare number is
+    refused, because "24" meaning 24 bytes (or 24 GB, or 24 GiB) is a guess either way."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*", text)
+    if match:
+        number = match.group(1)
+        # A number this large was probably meant as bytes; anything smaller as GiB.
+        suggestion = f"{number}B" if float(number) >= MIB else f"{number}GiB"
+        raise ValueError(f"{text.strip()!r} has no unit; did you mean {suggestion}?")
+    size = parse_bytes(text)
+    if size <= 0:
+        raise ValueError(f"{text.strip()!r} is not more than zero")
+    return size
+
+
 def format_bytes(count: int | float) -> str:
     """Bytes for people, binary units: 23807475712 → "22.2 GiB"."""
     value = float(count)
@@ -490,26 +505,3 @@ def hypothetical_hardware(
         nvme_free_bytes=disk_bytes if nvme_path else None,
         source="hypothetical",
     )
-
-
-def with_overrides(
-    hardware: Hardware,
-    *,
-    gpus: int | None = None,
-    gpu_memory_bytes: int | None = None,
-    host_memory_bytes: int | None = None,
-    disk_bytes: int | None = None,
-) -> Hardware:
-    """The probed machine with some numbers replaced (CLI flags given only in part)."""
-    cards: Sequence[GpuInfo] = hardware.gpus
-    if gpu_memory_bytes is not None:
-        cards = [replace(gpu, total_bytes=gpu_memory_bytes, free_bytes=gpu_memory_bytes) for gpu in cards]
-    if gpus is not None:
-        template = cards[0] if cards else GpuInfo(0, "hypothetical GPU", gpu_memory_bytes or 0, gpu_memory_bytes or 0, (9, 0))
-        cards = [replace(template, index=index) for index in range(gpus)]
-    changed = replace(hardware, gpus=tuple(cards), source="hypothetical")
-    if host_memory_bytes is not None:
-        changed = replace(changed, host_total_bytes=host_memory_bytes, host_available_bytes=host_memory_bytes)
-    if disk_bytes is not None:
-        changed = replace(changed, disk_free_bytes=disk_bytes)
-    return changed

@@ -80,12 +80,29 @@ GPU_TABLE: tuple[tuple[tuple[str, ...], GpuSpec], ...] = (
 UNKNOWN_GPU = GpuSpec("unknown GPU", 76.7 * TERA, 448 * GB, PCIE4_X16)
 
 
+# Brand words people type glued to the model number ("rtx4090", "RTXA6000", "nvidiah100").
+_BRAND_PREFIX = re.compile(r"^(?:NVIDIA|GEFORCE|TESLA|QUADRO|RTX)+(?=[A-Z]?[0-9])")
+# A model number with its suffix glued on ("6000ADA"): the number and the suffix are tokens of their own.
+_NUMBER_SUFFIX = re.compile(r"([0-9]+)([A-Z]+)")
+
+
 def _tokens(name: str) -> set[str]:
-    return {token for token in re.split(r"[^A-Z0-9]+", name.upper()) if token}
+    """The words of a GPU name as NVML reports it or as people type it: "NVIDIA GeForce RTX 4090",
+    "RTX 4090", "rtx-4090", "rtx4090" and "4090" all hold the token "4090"."""
+    tokens: set[str] = set()
+    for word in re.split(r"[^A-Z0-9]+", name.upper()):
+        if not word:
+            continue
+        model = _BRAND_PREFIX.sub("", word)
+        tokens.update({word, model})
+        if glued := _NUMBER_SUFFIX.fullmatch(model):
+            tokens.update(glued.groups())
+    return tokens
 
 
 def gpu_spec(nvml_name: str) -> GpuSpec | None:
-    """The table row for an NVML name such as "NVIDIA GeForce RTX 4090" or "NVIDIA H100 80GB HBM3"."""
+    """The table row for a GPU name: as NVML reports it ("NVIDIA GeForce RTX 4090", "NVIDIA H100 80GB HBM3")
+    or as people type it ("4090", "rtx4090", "RTX 4090", "h100")."""
     tokens = _tokens(nvml_name)
     for keys, spec in GPU_TABLE:
         if all(key in tokens for key in keys):
