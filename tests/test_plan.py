@@ -7,13 +7,14 @@ Sizes are checked against the real diffusers/transformers/peft classes built on 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.hardware import GIB, Hardware, hypothetical_hardware
+from fluxbooth.hardware import GIB, Hardware, format_bytes, hypothetical_hardware
 from fluxbooth.modelsize import (
     FLUX_DEV_NAME,
     FLUX_SCHNELL_NAME,
@@ -25,19 +26,22 @@ from fluxbooth.modelsize import (
     model_size_from_configs,
 )
 from fluxbooth.plan import (
-    DEFAULT_LORA_TARGETS,
     JobShape,
+    as_job,
+    pick,
     Strategy,
     activation_bytes,
     choose_plan,
     estimate_memory,
     evaluate_candidates,
+    full_finetune_host_bytes,
     optimizer_for,
     strategies_for,
 )
+from fluxbooth.plan.gpus import GPU_TABLE, gpu_spec
+from fluxbooth.request import parse_request
 from fluxbooth.trainer_config import LoraSettings
-
-torch = pytest.importorskip("torch")
+from tests.conftest import REPO_ROOT
 
 
 # ---- factories ------------------------------------------------------------------------------------
@@ -93,6 +97,7 @@ def write_flux_folder(folder: Path, transformer: dict, clip: dict, t5: dict, vae
 
 def count_on_meta(transformer: dict, clip: dict, t5: dict, vae: dict) -> tuple[int, int, int, int, int]:
     """(transformer, largest layer, CLIP, T5, VAE) parameters of the real classes, no weights."""
+    import torch
     from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
@@ -381,12 +386,30 @@ def test_prior_preservation_doubles_the_activation_batch() -> None:
     assert doubled == pytest.approx(2 * single, abs=1)
 
 
-def test_default_lora_targets_are_the_trainers() -> None:
-    assert DEFAULT_LORA_TARGETS == LoraSettings().target_modules
+def test_a_request_without_lora_targets_is_planned_for_the_parameters_the_trainer_trains(tiny_model_dir: Path) -> None:
+    from diffusers import FluxTransformer2DModel
+
+    from fluxbooth.configs import trainer_config_for
+    from fluxbooth.train.model import add_lora_adapter, trainable_parameters
+
+    request = parse_request({"model_name": "m", "dataset_url": "https://example.com/d.zip", "instance_prompt": "a sks dog",
+                             "base_model": str(tiny_model_dir), "lora_rank": 4, "resolution": 64})
+    model = model_size(str(tiny_model_dir))
+    plan = choose_plan(request, cpu_machine(), model)
+    planned = pick(evaluate_candidates(as_job(request), cpu_machine(), model))
+    config = trainer_config_for(request, plan, base_model=str(tiny_model_dir), instance_dir=tiny_model_dir,
+                                class_dir=None, job_dir=tiny_model_dir)
+    transformer = FluxTransformer2DModel.from_pretrained(tiny_model_dir, subfolder="transformer")
+    add_lora_adapter(transformer, config.lora)
+
+    trained = sum(parameter.numel() for parameter in trainable_parameters(transformer))
+    assert planned is not None and planned.strategy.training_type == plan.training_type == "lora"
+    assert planned.estimate.breakdown["trainable_params"] == trained
 
 
 def measured_activation_peak(config: dict, resolution: int, checkpointing: bool) -> int:
     """Allocator peak of one forward+backward on the CPU, weight gradients already allocated."""
+    import torch
     from diffusers import FluxTransformer2DModel
     from torch.profiler import ProfilerActivity, profile
 
@@ -504,3 +527,54 @@ def test_lora_targets_that_all_match_are_planned() -> None:
         model_size(FLUX_DEV_NAME),
     )
     assert plan.training_type == "lora"
+
+
+# ---- the figures the docs quote (issue 22) ----------------------------------------------------------------
+
+FULL_FINETUNE_HOST_QUOTE = re.compile(r"full fine-tune[^|]*?needs ≈(\d+) GiB of host RAM")
+
+
+def test_a_full_fine_tunes_host_ram_is_what_the_planner_chooses_for_one_80_gib_card() -> None:
+    plan = choose_plan(FakeRequest(training_type="full"), gpu_machine(80, 512), model_size(FLUX_DEV_NAME))
+    assert (plan.zero_stage, plan.offload_optimizer, plan.offload_param) == (2, "cpu", "none")
+    assert plan.predicted_host_bytes == full_finetune_host_bytes()
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/memory.md"])
+def test_the_docs_quote_the_planners_figure_for_a_full_fine_tunes_host_ram(document: str) -> None:
+    quoted = FULL_FINETUNE_HOST_QUOTE.findall((REPO_ROOT / document).read_text())
+    assert quoted, f"{document} no longer says how much host RAM a full fine-tune needs"
+    assert set(quoted) == {f"{full_finetune_host_bytes() / GIB:.0f}"}
+
+
+def test_the_memory_docs_worked_example_shows_the_same_figure() -> None:
+    assert f"| {format_bytes(full_finetune_host_bytes())} (" in (REPO_ROOT / "docs" / "memory.md").read_text()
+
+
+# ---- GPU names as NVML reports them and as people type them ------------------------------------------------
+
+
+@pytest.mark.parametrize("typed", ["4090", "rtx4090", "RTX 4090", "rtx-4090", "NVIDIA GeForce RTX 4090", "geforce rtx 4090"])
+def test_an_rtx_4090_is_found_however_it_is_typed(typed: str) -> None:
+    assert gpu_spec(typed) == gpu_spec("NVIDIA GeForce RTX 4090")
+
+
+@pytest.mark.parametrize(
+    ("name", "row"),
+    [("rtxa6000", "RTX A6000"), ("rtx6000ada", "RTX 6000 Ada"), ("RTX 6000 Ada Generation", "RTX 6000 Ada"),
+     ("NVIDIA A100 80GB PCIe", "A100 PCIe"), ("A100-SXM4-80GB", "A100 SXM"), ("NVIDIA L40S", "L40S"), ("L40", "L40"),
+     ("NVIDIA A100-PCIE-40GB", "A100 PCIe"), ("h100 nvl", "H100 NVL"), ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+     ("a4000", "RTX A4000")],
+)
+def test_names_find_their_own_card_and_not_a_card_with_a_shorter_name(name: str, row: str) -> None:
+    spec = gpu_spec(name)
+    assert spec is not None and spec.name == row
+
+
+def test_every_row_of_the_gpu_table_is_found_by_its_own_name() -> None:
+    assert [gpu_spec(spec.name) for _, spec in GPU_TABLE] == [spec for _, spec in GPU_TABLE]
+
+
+@pytest.mark.parametrize("name", ["RTX 6000", "rtx4900", "Radeon 7900"])
+def test_a_name_of_no_known_card_matches_nothing(name: str) -> None:
+    assert gpu_spec(name) is None

@@ -4,7 +4,8 @@
 - `memory`: predicted GPU, host and disk bytes per strategy and per phase (docs/memory.md);
 - `gpus`, `timing`: the GPU datasheet table and the time model per step and per phase;
 - `candidates`, `checks`, `refusal`, `choice`: the candidates, the checks before launch, the
-  `does_not_fit` message, and `choose_plan`.
+  `does_not_fit` message, and `choose_plan`;
+- `figures`: the planner's figures that the README and docs quote (a full fine-tune's host RAM).
 No torch here.
 """
 
@@ -20,6 +21,7 @@ from fluxbooth.plan.candidates import (
 )
 from fluxbooth.plan.checks import check_job, deadline_check
 from fluxbooth.plan.choice import choose_plan, plan_for_strategy
+from fluxbooth.plan.figures import full_finetune_host_bytes
 from fluxbooth.plan.memory import (
     activation_bytes,
     compute_dtype_bytes,
@@ -44,7 +46,7 @@ from fluxbooth.plan.types import (
 __all__ = [
     "BASE_PRECISIONS", "DEFAULT_LORA_TARGETS", "PHASES", "Candidate", "JobShape", "MemoryEstimate", "PhaseEstimate",
     "Plan", "Strategy", "activation_bytes", "as_job", "check_job", "choose_plan", "compute_dtype_bytes",
-    "deadline_check", "effective_precision", "estimate_memory", "evaluate_candidates", "frozen_base_bytes",
+    "deadline_check", "effective_precision", "estimate_memory", "evaluate_candidates", "frozen_base_bytes", "full_finetune_host_bytes",
     "honours_request", "image_tokens", "model_size", "model_state_bytes", "optimizer_for", "pick",
     "plan_for_strategy", "seconds_per_step", "strategies_for",
 ]
