@@ -68,3 +68,34 @@ def test_a_class_prompt_holding_the_trigger_word_is_warned_under_prior_preservat
         "class_prompt contains the trigger word 'sks': prior preservation then teaches the class images as the "
         "subject; describe the class without it"
     ) in request.warnings()
+
+
+# --------------------------------------------------------------------------------- caption_dropout
+
+
+def test_caption_dropout_defaults_to_replicates_five_percent(dataset_b64: str) -> None:
+    assert parse_request(minimal(dataset_b64)).caption_dropout == 0.05
+
+
+@pytest.mark.parametrize("share", [0, 0.5, 1])
+def test_caption_dropout_from_0_to_1_reaches_the_trainer(dataset_b64: str, tmp_path: Path, share: float) -> None:
+    request = parse_request(minimal(dataset_b64, caption_dropout=share))
+
+    config = trainer_config_for(
+        request, GUIDE_DEFAULT_PLAN, base_model="/models/flux", instance_dir=tmp_path, class_dir=None, job_dir=tmp_path
+    )
+
+    assert config.caption_dropout == share
+
+
+@pytest.mark.parametrize(
+    ("share", "reason"),
+    [
+        (-0.1, "Input should be greater than or equal to 0"),
+        (1.5, "Input should be less than or equal to 1"),
+        ("0.1", "Input should be a valid number"),
+        (True, "Input should be a valid number"),
+    ],
+)
+def test_caption_dropout_outside_0_to_1_is_refused(dataset_b64: str, share: object, reason: str) -> None:
+    assert refusal(minimal(dataset_b64, caption_dropout=share)) == f"invalid request: input.caption_dropout: {reason}"

@@ -319,4 +319,5 @@ def trainer_config_for(
         model_name=request.model_name,
         base_model_name=base_model_name,
         trigger_word=request.trigger_word,
+        caption_dropout=request.caption_dropout,
     )

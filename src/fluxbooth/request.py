@@ -43,6 +43,9 @@ DEFAULT_LORA_LEARNING_RATE = 1e-4
 SUITABLE_LEARNING_RATES = {"lora": (1e-5, 1e-3), "full": (1e-7, 1e-5)}
 ADAM_FAMILY = ("adamw", "adam")
 MAX_PROMPT_CHARS = 2000
+# Replicate's FLUX trainer defaults to it and ai-toolkit's FLUX examples set it (kohya and diffusers: 0): a few
+# steps without a caption keep the subject from being tied to every word of the captions.
+DEFAULT_CAPTION_DROPOUT = 0.05
 MAX_TIMEOUT_SECONDS = 86_400
 MIN_RESOLUTION_SIDE = 64
 MAX_RESOLUTION_SIDE = 2048
@@ -158,6 +161,7 @@ class TrainingRequest(BaseModel):
 
     # Captions (ai-toolkit's and Replicate's names).
     trigger_word: str | None = Field(default=None, min_length=1, max_length=MAX_TRIGGER_CHARS)
+    caption_dropout: float = Field(default=DEFAULT_CAPTION_DROPOUT, ge=0, le=1)
 
     @field_validator("dataset")
     @classmethod

@@ -83,6 +83,8 @@ class TrainerConfig:
     # The loss at fixed noise before and after training (a repeatable learning measure): 24 extra forward
     # passes, so only when asked (the request's `debug`).
     measure_fixed_noise_loss: bool = False
+    # The share of instance samples whose caption is replaced by the empty prompt (seeded per sample position).
+    caption_dropout: float = 0.0
     # What the exported files say about themselves (train/export/metadata): the request's model_name, the base
     # model as the request (or the endpoint's default) named it, and the trigger word its captions carry.
     model_name: str = ""

@@ -34,6 +34,8 @@ IMAGE_BATCH = 4
 DECODE_CHANNELS = 128
 DECODE_LIVE_FEATURE_MAPS = 4
 VALIDATION_SET = "validation"
+# Caption dropout's stand-in caption: the empty prompt, encoded once.
+EMPTY_PROMPT_SET = "empty_prompt"
 
 
 def build_caches(session: Session) -> CachedData:
@@ -50,14 +52,18 @@ def build_caches(session: Session) -> CachedData:
             )
             for name, images in image_sets.items()
         }
-        validation_path = None
-        if config.validation_prompts:
-            fingerprint = prompts_fingerprint(config.base_model, config.validation_prompts, config.max_sequence_length, text_dtype_name)
-            validation_path = cache_path(Path(config.cache_dir), VALIDATION_SET, fingerprint)
+        prompt_sets = _prompt_sets(session)
+        prompt_paths = {
+            name: cache_path(
+                Path(config.cache_dir), name, prompts_fingerprint(config.base_model, prompts, config.max_sequence_length, text_dtype_name)
+            )
+            for name, prompts in prompt_sets.items()
+        }
         if accelerator.is_local_main_process:
-            _encode_missing(session, image_sets, paths, validation_path, tracker)
+            _encode_missing(session, image_sets, paths, {name: (prompt_sets[name], path) for name, path in prompt_paths.items()}, tracker)
         accelerator.wait_for_everyone()
         loaded = {name: load_encoded(path) for name, path in paths.items()}
+        loaded_prompts = {name: load_encoded_prompts(path) for name, path in prompt_paths.items()}
         session.reporter.stage(
             "cache",
             instance_images=len(loaded["instance"]),
@@ -71,8 +77,9 @@ def build_caches(session: Session) -> CachedData:
     return CachedData(
         instance_set=loaded["instance"],
         class_set=loaded.get("class"),
-        validation_prompts=None if validation_path is None else load_encoded_prompts(validation_path),
+        validation_prompts=loaded_prompts.get(VALIDATION_SET),
         released_before_training=[] if still_alive else tracker.tracked,
+        empty_prompt=loaded_prompts.get(EMPTY_PROMPT_SET),
     )
 
 
@@ -89,21 +96,32 @@ def _image_sets(session: Session) -> dict[str, list[TrainingImage]]:
     return sets
 
 
+def _prompt_sets(session: Session) -> dict[str, list[str]]:
+    """The prompts encoded for later without images: validation prompts, and caption dropout's empty prompt."""
+    config = session.config
+    sets = {}
+    if config.validation_prompts:
+        sets[VALIDATION_SET] = list(config.validation_prompts)
+    if config.caption_dropout > 0:
+        sets[EMPTY_PROMPT_SET] = [""]
+    return sets
+
+
 def _encode_missing(
     session: Session,
     image_sets: dict[str, list[TrainingImage]],
     paths: dict[str, Path],
-    validation_path: Path | None,
+    prompt_sets: dict[str, tuple[list[str], Path]],
     tracker: ReleaseTracker,
 ) -> None:
     """Encode what the cache lacks: all missing prompts in one load of the text encoders, then all missing
-    images in one load of the VAE."""
+    images in one load of the VAE. `prompt_sets`: each prompt-only set's prompts and cache file."""
     config = session.config
     missing = [name for name in image_sets if not paths[name].is_file()]
     prompts = {image.prompt for name in missing for image in image_sets[name]}
-    validation_missing = validation_path is not None and not validation_path.is_file()
-    if validation_missing:
-        prompts.update(config.validation_prompts)
+    missing_prompt_sets = [(set_prompts, path) for set_prompts, path in prompt_sets.values() if not path.is_file()]
+    for set_prompts, _ in missing_prompt_sets:
+        prompts.update(set_prompts)
     if not prompts:
         return
     encoded = encode_prompts(
@@ -115,8 +133,8 @@ def _encode_missing(
         loading_context=without_transformers_zero3_init,
         tracker=tracker,
     )
-    if validation_missing and validation_path is not None:
-        save_encoded_prompts(_subset(encoded, list(config.validation_prompts)), validation_path)
+    for set_prompts, path in missing_prompt_sets:
+        save_encoded_prompts(_subset(encoded, set_prompts), path)
     if not missing:
         return
     vae = load_vae(config.base_model, without_transformers_zero3_init)

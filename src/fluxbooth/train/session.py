@@ -102,6 +102,8 @@ def validate_config(config: TrainerConfig) -> None:
         raise TrainerFailure("invalid_config", "with_prior_preservation needs a class_prompt")
     if config.steps < 1:
         raise TrainerFailure("invalid_config", "steps must be at least 1")
+    if not 0 <= config.caption_dropout <= 1:
+        raise TrainerFailure("invalid_config", f"caption_dropout {config.caption_dropout} must be between 0 and 1")
 
 
 def launched_world_size() -> int:

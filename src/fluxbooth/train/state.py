@@ -130,6 +130,7 @@ class CachedData:
     validation_prompts: EncodedPrompts | None
     # Loaded while caching (this process), all released before the transformer loads; empty when some were not.
     released_before_training: list[str]
+    empty_prompt: EncodedPrompts | None = None  # caption dropout's stand-in caption
 
 
 @dataclass
