@@ -1,86 +1,102 @@
 # syntax=docker/dockerfile:1.7
 # fluxbooth worker image for RunPod serverless.
 #
-# Two stages: `build` has CUDA's compiler and builds DeepSpeed's ops ahead of time; the final image is CUDA's
-# minimal `base` flavour plus the built virtualenv, so torch's own nvidia-* wheels are its only CUDA libraries.
-# Layers run from the slowest-changing to the fastest: system packages, torch, the other pinned
-# dependencies, DeepSpeed with its ops, an optional baked model, and the source last, so a code change
-# rebuilds seconds of image, not the multi-GB dependency layers.
+# Two stages: `build` compiles DeepSpeed's ops into the virtualenv; the final image is the runtime base plus
+# that virtualenv. Layers run from the slowest-changing to the fastest: system packages, torch, the other
+# pinned dependencies, DeepSpeed with its ops, an optional baked model, and the source last, so a code
+# change rebuilds seconds of image, not the multi-GB dependency layers.
+#
+# Build arguments (README, "Building the image"):
+#   BUILD_BASE, RUNTIME_BASE  the two stages' images: CUDA 13.0's devel and base images by default. Any
+#                             Debian or Ubuntu image with apt works for both (this file installs Python
+#                             itself); use the same distribution release for both stages.
+#   TORCH_VARIANT             cuda (default): torch 2.13.0+cu130 and DeepSpeed's CUDA and CPU ops;
+#                             cpu: torch 2.13.0+cpu and DeepSpeed's CPU ops only (no CUDA op is built).
 #
 #   docker build -t fluxbooth .
 #   docker build --secret id=hf_token,src=token.txt --build-arg BASE_MODEL=black-forest-labs/FLUX.1-dev -t fluxbooth .
+#   python builder/cpu_image.py build     # the CPU variant from a Debian bookworm base, with buildah (no daemon)
 
-ARG CUDA_VERSION=12.8.1
-ARG UBUNTU=ubuntu22.04
+ARG BUILD_BASE=nvidia/cuda:13.0.2-devel-ubuntu24.04
+ARG RUNTIME_BASE=nvidia/cuda:13.0.2-base-ubuntu24.04
 
 # ------------------------------------------------------------------------------------------------------------
-FROM nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU} AS build
+FROM ${BUILD_BASE} AS build
 
+ARG TORCH_VARIANT=cuda
 ARG DEBIAN_FRONTEND=noninteractive
+# The distribution's own Python (3.12 on Ubuntu 24.04, 3.11 on Debian 12): no third-party archive to reach.
+# libaio-dev for DeepSpeed's async_io op (NVMe offload).
 RUN apt-get update && apt-get install -y --no-install-recommends \
-        software-properties-common ca-certificates git build-essential libaio-dev \
-    && add-apt-repository -y ppa:deadsnakes/ppa \
-    && apt-get update && apt-get install -y --no-install-recommends python3.11 python3.11-venv python3.11-dev \
+        ca-certificates python3 python3-venv python3-dev build-essential libaio-dev \
     && rm -rf /var/lib/apt/lists/*
 
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
-    PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python3.11 -m venv $VIRTUAL_ENV
+RUN python3 -m venv $VIRTUAL_ENV
 WORKDIR /build
 
-# torch's CUDA build first, pinned, and checked: a wrong wheel fails the build here, not a job on a GPU.
-COPY requirements-cuda.txt ./
-RUN pip install -r requirements-cuda.txt \
-    && python -c "import torch; assert torch.version.cuda == '12.8', torch.version.cuda; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_arch_list())"
+# torch first, pinned per variant, and checked: a wrong wheel fails the build here, not a job on a GPU.
+# pip's downloads stay in a build cache between builds (no layer keeps them).
+COPY requirements-torch-cuda.txt requirements-torch-cpu.txt ./
+COPY builder/image_checks.py ./builder/
+RUN --mount=type=cache,target=/root/.cache/pip \
+    python builder/image_checks.py variant "$TORCH_VARIANT" \
+    && pip install -r "requirements-torch-$TORCH_VARIANT.txt" \
+    && python builder/image_checks.py torch "$TORCH_VARIANT"
 
-# Every other pinned dependency except DeepSpeed, which is built below with its ops. torch==2.13.0 in
-# requirements.txt is already met by 2.13.0+cu128; the check proves nothing replaced it.
+# Every other pinned dependency except DeepSpeed (built below with its ops) and the project itself (its
+# source is copied last, into the final stage). torch==2.13.0 in requirements.txt is already met by the
+# variant's 2.13.0+<label>; the check proves nothing replaced it.
 COPY requirements.txt ./
-RUN grep -v '^deepspeed==' requirements.txt > requirements-without-deepspeed.txt \
-    && pip install -r requirements-without-deepspeed.txt \
-    && python -c "import torch; assert torch.version.cuda == '12.8', torch.version.cuda"
+RUN --mount=type=cache,target=/root/.cache/pip \
+    grep -v -e '^deepspeed==' -e '^-e ' requirements.txt > requirements-image.txt \
+    && pip install -r requirements-image.txt \
+    && python builder/image_checks.py torch "$TORCH_VARIANT"
 
-# DeepSpeed with its ops compiled into the package (ds_report: installed [YES]), so no cold start runs nvcc:
-# the fused GPU optimizers for every GPU generation RunPod rents (Ampere 8.0/8.6, Ada 8.9, Hopper 9.0,
-# Blackwell 10.0/12.0; nvcc 12.8 and torch's cu128 build cover them all, no GPU needed to build), the CPU
-# optimizers for offload, and async_io for NVMe offload. builder/portable-cxx replaces DeepSpeed's
-# hard-coded -march=native (and the build host's AVX-512) with portable x86-64-v3 flags.
+# DeepSpeed with its ops compiled into the package (ds_report: installed [YES]), so no cold start compiles
+# them: the CPU optimizers for offload and async_io for NVMe offload, plus, for cuda, the fused GPU
+# optimizers for every GPU generation RunPod rents (Ampere 8.0/8.6, Ada 8.9, Hopper 9.0, Blackwell
+# 10.0/12.0; nvcc 13.0 builds them all without a GPU). builder/portable-cxx replaces DeepSpeed's hard-coded
+# -march=native (and the build host's AVX-512) with portable x86-64-v3 flags.
 COPY builder/portable-cxx builder/verify_ds_ops.py ./builder/
 ENV TORCH_CUDA_ARCH_LIST="8.0;8.6;8.9;9.0;10.0;12.0"
-RUN DS_ACCELERATOR=cuda DS_BUILD_OPS=0 \
-        DS_BUILD_FUSED_ADAM=1 DS_BUILD_FUSED_LION=1 \
-        DS_BUILD_CPU_ADAM=1 DS_BUILD_CPU_ADAGRAD=1 DS_BUILD_CPU_LION=1 \
-        DS_BUILD_AIO=1 \
-        CXX=/build/builder/portable-cxx MAX_JOBS=4 \
+RUN --mount=type=cache,target=/root/.cache/pip \
+    env $(python builder/verify_ds_ops.py build-env "$TORCH_VARIANT") CXX=/build/builder/portable-cxx MAX_JOBS=4 \
         pip install --no-build-isolation "$(grep '^deepspeed==' requirements.txt)" \
-    && DS_ACCELERATOR=cuda ds_report > /tmp/ds_report.txt \
-    && python builder/verify_ds_ops.py /tmp/ds_report.txt
+    && env $(python builder/verify_ds_ops.py accelerator-env "$TORCH_VARIANT") ds_report > /tmp/ds_report.txt \
+    && python builder/verify_ds_ops.py check "$TORCH_VARIANT" /tmp/ds_report.txt
 
 # ------------------------------------------------------------------------------------------------------------
-FROM nvidia/cuda:${CUDA_VERSION}-base-${UBUNTU}
+FROM ${RUNTIME_BASE}
 
 ARG DEBIAN_FRONTEND=noninteractive
-# libaio1 for async_io; gcc and the Python headers for Triton, which compiles a small launcher at run time.
-RUN apt-get update && apt-get install -y --no-install-recommends software-properties-common ca-certificates \
-    && add-apt-repository -y ppa:deadsnakes/ppa \
-    && apt-get update && apt-get install -y --no-install-recommends python3.11 python3.11-venv python3.11-dev \
-        libaio1 gcc libc6-dev \
-    && apt-get purge -y software-properties-common && apt-get autoremove -y \
+# Python of the same release as the build stage (the virtualenv links to it). libaio-dev, gcc and libc6-dev:
+# DeepSpeed's async_io decides whether NVMe offload works by compiling and linking a probe against the
+# unversioned libaio.so (AsyncIOBuilder.is_compatible), which libaio1 alone does not ship. gcc and the
+# Python headers are also what Triton compiles its small launcher with at run time.
+RUN apt-get update && apt-get install -y --no-install-recommends \
+        ca-certificates python3 python3-dev libaio-dev gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 
 COPY --from=build /opt/venv /opt/venv
 
 # Hugging Face's cache on the network volume, where RunPod puts an endpoint's cached model
-# (/runpod-volume/huggingface-cache/hub) and where a download survives the worker.
+# (/runpod-volume/huggingface-cache/hub) and where a download survives the worker. Whether that folder is
+# really a persistent volume is decided from the mounts at run time (settings.volume_is_mounted), not from the
+# folder existing: without a network volume this path is on the container disk.
 # RUNPOD_LOG_LEVEL=INFO: the SDK's default, DEBUG, logs every job's input (the dataset's base64) and its
 # result (presigned URLs).
+# RUNPOD_SKIP_AUTO_SYSTEM_CHECKS=true: runpod 1.12's automatic system checks import torch and open a CUDA
+# context in the handler process for the worker's whole life (VRAM the trainer loses); the worker runs its
+# own start checks (the doctor), in a subprocess.
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONPATH=/app/src \
     RUNPOD_LOG_LEVEL=INFO \
+    RUNPOD_SKIP_AUTO_SYSTEM_CHECKS=true \
     HF_HOME=/runpod-volume/huggingface-cache \
     HF_HUB_CACHE=/runpod-volume/huggingface-cache/hub \
     HF_HUB_DISABLE_TELEMETRY=1 \

@@ -91,3 +91,11 @@ def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from fluxbooth.tiny import build_tiny_pipeline
 
     return build_tiny_pipeline(tmp_path_factory.mktemp("base") / "tiny-flux", seed=0)
+
+
+# Test files that run longest, started first, so that neither of the two workers ends the run alone with one of them.
+LONGEST_FIRST = ("test_image.py",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)

@@ -1,8 +1,8 @@
-"""The image, read from its Dockerfile (no Docker daemon runs here, so no image is built in tests): a
-runtime CUDA base with no second copy of torch's CUDA libraries, dependencies before the source, torch's
-CUDA build pinned and asserted, DeepSpeed's ops prebuilt for every GPU generation RunPod rents with
-portable CPU flags and checked by ds_report, the environment the worker needs; plus the RunPod hub files
-and the CI workflow that builds and pushes the image."""
+"""The image, read from its Dockerfile (tests/test_image.py builds its CPU variant and runs it): build
+arguments for both bases and the torch variant, a runtime base with no second copy of torch's CUDA
+libraries, dependencies before the source, torch pinned per variant to builds that exist, DeepSpeed's ops
+prebuilt with portable CPU flags and checked by ds_report, the environment the worker needs; plus the RunPod
+hub files and the CI workflow that builds and pushes the image."""
 
 from __future__ import annotations
 
@@ -34,12 +34,17 @@ def _load_builder_module(name: str) -> ModuleType:
 
 
 verify_ds_ops = _load_builder_module("verify_ds_ops")
-REQUIRED_OPS: tuple[str, ...] = verify_ds_ops.REQUIRED_OPS
+image_checks = _load_builder_module("image_checks")
+REQUIRED_OPS: dict[str, dict[str, str]] = verify_ds_ops.REQUIRED_OPS
 installed_ops = verify_ds_ops.installed_ops
 ops_not_prebuilt = verify_ds_ops.ops_not_prebuilt
+CUDA_PINS = json.loads((REPO_ROOT / "builder" / "cuda_pins.json").read_text())
 
 RUNPOD_GPU_ARCHITECTURES = "8.0;8.6;8.9;9.0;10.0;12.0"  # Ampere (A100, A40/3090), Ada, Hopper, Blackwell
-TORCH_CUDA = "12.8"
+# RunPod's execution timeout when an endpoint does not set one, which is what a RunPod Hub deploy gets (the
+# Hub's hub.json has no timeout field): "The default is 600 seconds (10 minutes)", docs.runpod.io,
+# serverless/endpoints/endpoint-configurations, "Execution timeout".
+RUNPOD_DEFAULT_EXECUTION_TIMEOUT_SECONDS = 600
 
 
 @dataclass(frozen=True)
@@ -98,18 +103,51 @@ def env_of(stage: list[Instruction]) -> dict[str, str]:
     return values
 
 
-# --- bases -------------------------------------------------------------------------------------------
+# --- build arguments and bases -----------------------------------------------------------------------------
 
 
-def test_two_stages_a_cuda_devel_build_and_a_cuda_base_runtime(stages: list[list[Instruction]]) -> None:
+def stage_args(stage: list[Instruction]) -> dict[str, str]:
+    return dict(item.arguments.split("=", 1) for item in stage if item.keyword == "ARG" and "=" in item.arguments)
+
+
+def test_the_bases_are_build_arguments_defaulting_to_cuda_13s_devel_and_base_images(
+    stages: list[list[Instruction]],
+) -> None:
     args = global_args(stages)
-    build, final = stages[1], stages[2]
+    assert args == {
+        "BUILD_BASE": "nvidia/cuda:13.0.2-devel-ubuntu24.04",
+        "RUNTIME_BASE": "nvidia/cuda:13.0.2-base-ubuntu24.04",
+    }
     assert len(stages) == 3
-    assert base_image(build, args) == "nvidia/cuda:12.8.1-devel-ubuntu22.04"
-    assert build[0].arguments.endswith(" AS build")
+    assert stages[1][0].arguments == "${BUILD_BASE} AS build"
     # CUDA's `base` flavour holds only the driver shim and cudart: `runtime` would add cuBLAS, cuDNN and NCCL,
     # which torch's nvidia-* wheels already ship.
-    assert base_image(final, args) == "nvidia/cuda:12.8.1-base-ubuntu22.04"
+    assert stages[2][0].arguments == "${RUNTIME_BASE}"
+
+
+def test_the_torch_variant_is_a_build_argument_defaulting_to_cuda(stages: list[list[Instruction]]) -> None:
+    assert stage_args(stages[1])["TORCH_VARIANT"] == "cuda"
+    assert image_checks.VARIANTS == ("cuda", "cpu")
+
+
+def test_the_default_bases_and_torch_are_listed_as_published(stages: list[list[Instruction]]) -> None:
+    published = {f"nvidia/cuda:{tag}" for tag in CUDA_PINS["images"]["nvidia/cuda"]}
+    assert set(global_args(stages).values()) <= published
+
+
+def test_nvcc_and_torch_are_the_same_cuda_release() -> None:
+    build_base = "nvidia/cuda:13.0.2-devel-ubuntu24.04"
+    torch_pin = image_checks.pinned_torch((REPO_ROOT / "requirements-torch-cuda.txt").read_text())
+    cuda = image_checks.cuda_version_of_label(torch_pin.partition("+")[2])
+    assert build_base.split(":")[1].startswith(f"{cuda}.")
+
+
+def test_python_comes_from_the_bases_own_distribution(stages: list[list[Instruction]]) -> None:
+    # No third-party archive (deadsnakes needs Launchpad and software-properties-common): any Debian or
+    # Ubuntu base with apt works, Debian 12 giving Python 3.11 and Ubuntu 24.04 Python 3.12.
+    for stage in stages[1:]:
+        install = stage[index_of(stage, "RUN", "apt-get install")].arguments
+        assert " python3 " in f"{install} " and "add-apt-repository" not in install
 
 
 def test_the_final_image_copies_the_built_virtualenv_and_no_cuda_toolkit(stages: list[list[Instruction]]) -> None:
@@ -119,17 +157,36 @@ def test_the_final_image_copies_the_built_virtualenv_and_no_cuda_toolkit(stages:
     assert not re.search(r"\b(cuda-toolkit|cuda-libraries|libcudnn|libnccl|libcublas)", installs)
 
 
-# --- torch's CUDA build --------------------------------------------------------------------------------
+# --- torch, pinned per variant --------------------------------------------------------------------------------
 
 
 def requirement_lines(name: str) -> list[str]:
     return [line.strip() for line in (REPO_ROOT / name).read_text().splitlines() if line.strip() and not line.startswith("#")]
 
 
-def test_the_image_pins_torchs_cuda_build_to_requirements_release() -> None:
-    cuda_lines = requirement_lines("requirements-cuda.txt")
-    assert cuda_lines == ["--index-url https://download.pytorch.org/whl/cu128", "torch==2.13.0+cu128"]
+@pytest.mark.parametrize(("variant", "index", "pin"), [
+    ("cuda", "https://download.pytorch.org/whl/cu130", "torch==2.13.0+cu130"),
+    ("cpu", "https://download.pytorch.org/whl/cpu", "torch==2.13.0+cpu"),
+])
+def test_each_variant_pins_torchs_build_of_requirements_release(variant: str, index: str, pin: str) -> None:
+    assert requirement_lines(f"requirements-torch-{variant}.txt") == [f"--extra-index-url {index}", pin]
     assert "torch==2.13.0" in requirement_lines("requirements.txt")
+
+
+def test_the_cuda_torch_pin_is_published_on_its_index_for_the_images_python() -> None:
+    index, pin = requirement_lines("requirements-torch-cuda.txt")
+    version = pin.removeprefix("torch==")
+    wheels = CUDA_PINS["indexes"][index.removeprefix("--extra-index-url ")]["torch"][version]
+    python = CUDA_PINS["python"]["ubuntu24.04"].replace(".", "")
+    assert f"torch-{version}-cp{python}-cp{python}-manylinux_2_28_x86_64.whl" in wheels
+
+
+def test_the_readme_names_the_cuda_pins_and_their_index() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    index, pin = requirement_lines("requirements-torch-cuda.txt")
+    assert index.removeprefix("--extra-index-url ") in readme and f"`{pin.removeprefix('torch==')}`" in readme
+    for tag in CUDA_PINS["images"]["nvidia/cuda"]:
+        assert f"nvidia/cuda:{tag}" in readme
 
 
 def test_requirements_txt_keeps_the_cpu_torch() -> None:
@@ -137,15 +194,59 @@ def test_requirements_txt_keeps_the_cpu_torch() -> None:
     assert not [line for line in lines if "+cu" in line or line.startswith("--index-url") or "download.pytorch.org" in line]
 
 
-def test_torch_is_installed_first_and_its_cuda_version_asserted(stages: list[list[Instruction]]) -> None:
+def test_torch_is_installed_first_and_checked_against_its_pin(stages: list[list[Instruction]]) -> None:
     build = stages[1]
-    copy_cuda = index_of(build, "COPY", "requirements-cuda.txt")
-    install_cuda = index_of(build, "RUN", "pip install -r requirements-cuda.txt")
+    copy_torch = index_of(build, "COPY", "requirements-torch-cuda.txt requirements-torch-cpu.txt")
+    install_torch = index_of(build, "RUN", 'pip install -r "requirements-torch-$TORCH_VARIANT.txt"')
     copy_rest = index_of(build, "COPY", "requirements.txt ./")
-    assert copy_cuda < install_cuda < copy_rest
-    assert f"assert torch.version.cuda == '{TORCH_CUDA}'" in build[install_cuda].arguments
-    install_rest = index_of(build, "RUN", "pip install -r requirements-without-deepspeed.txt")
-    assert f"assert torch.version.cuda == '{TORCH_CUDA}'" in build[install_rest].arguments
+    assert copy_torch < install_torch < copy_rest
+    assert 'python builder/image_checks.py torch "$TORCH_VARIANT"' in build[install_torch].arguments
+    install_rest = index_of(build, "RUN", "pip install -r requirements-image.txt")
+    assert 'python builder/image_checks.py torch "$TORCH_VARIANT"' in build[install_rest].arguments
+
+
+def test_the_build_stage_installs_no_editable_project_and_not_deepspeed(
+    stages: list[list[Instruction]], tmp_path: Path
+) -> None:
+    # requirements.txt ends with `-e .` for the README's commands; the build stage has no project to install
+    # (the source is copied last, into the final stage), so pip would stop there.
+    build = stages[1]
+    step = build[index_of(build, "RUN", "pip install -r requirements-image.txt")].arguments
+    filtering = re.search(r"(grep .*? > requirements-image\.txt)", step)
+    assert filtering is not None
+    (tmp_path / "requirements.txt").write_text((REPO_ROOT / "requirements.txt").read_text())
+    subprocess.run(["sh", "-c", filtering[1]], cwd=tmp_path, check=True)
+    installed = (tmp_path / "requirements-image.txt").read_text().splitlines()
+    assert "-e ." in requirement_lines("requirements.txt")
+    assert not [line for line in installed if line.startswith(("-e", "deepspeed=="))]
+    assert "accelerate==1.15.0" in installed
+
+
+@pytest.mark.parametrize("arguments", [["variant", "rocm"], ["torch", "gpu"]])
+def test_an_unknown_torch_variant_stops_the_build(arguments: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert image_checks.main(arguments, REPO_ROOT) == 1
+    assert f"TORCH_VARIANT must be one of cuda, cpu, not {arguments[1]!r}" in capsys.readouterr().err
+
+
+def test_the_torch_check_accepts_the_pinned_cuda_build() -> None:
+    architectures = ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"]
+    assert image_checks.torch_problems("2.13.0+cu130", "2.13.0+cu130", "13.0", architectures) == []
+
+
+def test_the_torch_check_refuses_another_build() -> None:
+    assert image_checks.torch_problems("2.13.0+cu130", "2.13.0+cu126", "12.6", ["sm_80"]) == [
+        "torch 2.13.0+cu126 is installed, the pin is 2.13.0+cu130",
+        "torch's CUDA is 12.6, expected 13.0",
+        "torch has no kernels for sm_86, sm_89, sm_90, sm_100, sm_120 (has sm_80)",
+    ]
+
+
+def test_the_torch_check_accepts_the_cpu_build_only_without_cuda() -> None:
+    assert image_checks.torch_problems("2.13.0+cpu", "2.13.0+cpu", None, []) == []
+    assert image_checks.torch_problems("2.13.0+cpu", "2.13.0+cu130", "13.0", []) == [
+        "torch 2.13.0+cu130 is installed, the pin is 2.13.0+cpu",
+        "torch's CUDA is 13.0, expected None",
+    ]
 
 
 # --- layer order ---------------------------------------------------------------------------------------
@@ -163,6 +264,12 @@ def test_dependencies_come_before_the_source(stages: list[list[Instruction]]) ->
     assert [item.keyword for item in final[copy_source + 1 :]] == ["RUN", "CMD"], "only a smoke check after the source"
 
 
+def test_pips_downloads_stay_in_a_build_cache_not_in_a_layer(stages: list[list[Instruction]]) -> None:
+    installs = [item.arguments for item in stages[1] if item.keyword == "RUN" and "pip install" in item.arguments]
+    assert len(installs) == 3
+    assert all(step.startswith("--mount=type=cache,target=/root/.cache/pip ") for step in installs)
+
+
 def test_the_dockerignore_keeps_the_venv_and_git_out_of_the_context() -> None:
     ignored = (REPO_ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv"} <= set(ignored)
@@ -178,7 +285,8 @@ def deepspeed_install(stages: list[list[Instruction]]) -> Instruction:
 
 def build_variable_of(op_name: str) -> str:
     """The DS_BUILD_* variable DeepSpeed's own builder for `op_name` reads."""
-    for module in ("fused_adam", "fused_lion", "async_io", "cpu.cpu_adam", "cpu.cpu_adagrad", "cpu.cpu_lion"):
+    modules = ("fused_adam", "fused_lion", "async_io", "cpu.cpu_adam", "cpu.cpu_adagrad", "cpu.cpu_lion", "cpu.comm")
+    for module in modules:
         loaded = importlib.import_module(f"deepspeed.ops.op_builder.{module}")
         for value in vars(loaded).values():
             if isinstance(value, type) and getattr(value, "NAME", None) == op_name and hasattr(value, "BUILD_VAR"):
@@ -190,21 +298,35 @@ def test_the_ops_are_built_for_ampere_ada_hopper_and_blackwell(stages: list[list
     assert env_of(stages[1])["TORCH_CUDA_ARCH_LIST"] == RUNPOD_GPU_ARCHITECTURES
 
 
-@pytest.mark.parametrize("op_name", REQUIRED_OPS)
-def test_every_required_op_is_prebuilt_when_deepspeed_installs(stages: list[list[Instruction]], op_name: str) -> None:
-    arguments = deepspeed_install(stages).arguments.split()
-    assert f"{build_variable_of(op_name)}=1" in arguments
-    assert "DS_BUILD_OPS=0" in arguments and "DS_ACCELERATOR=cuda" in arguments
+@pytest.mark.parametrize(("variant", "op_name"), [(v, op) for v, ops in REQUIRED_OPS.items() for op in ops])
+def test_each_required_op_is_named_by_deepspeeds_own_build_variable(variant: str, op_name: str) -> None:
+    assert REQUIRED_OPS[variant][op_name] == build_variable_of(op_name)
 
 
-def test_the_op_list_has_fused_adam_and_the_offload_optimizers() -> None:
-    assert {"fused_adam", "cpu_adam", "async_io"} <= set(REQUIRED_OPS)
+def test_the_cuda_variant_builds_the_fused_gpu_and_the_offload_optimizers() -> None:
+    assert verify_ds_ops.build_env("cuda") == [
+        "DS_ACCELERATOR=cuda", "DS_BUILD_OPS=0", "DS_BUILD_FUSED_ADAM=1", "DS_BUILD_FUSED_LION=1",
+        "DS_BUILD_CPU_ADAM=1", "DS_BUILD_CPU_ADAGRAD=1", "DS_BUILD_CPU_LION=1", "DS_BUILD_AIO=1",
+    ]
+
+
+def test_the_cpu_variant_builds_no_cuda_op() -> None:
+    assert verify_ds_ops.build_env("cpu") == [
+        "DS_ACCELERATOR=cpu", "DS_BUILD_OPS=0", "DS_BUILD_CPU_ADAM=1", "DS_BUILD_CPU_ADAGRAD=1",
+        "DS_BUILD_CPU_LION=1", "DS_BUILD_AIO=1", "DS_BUILD_SHM_COMM=1",
+    ]
+
+
+def test_deepspeed_installs_with_the_variants_build_variables(stages: list[list[Instruction]]) -> None:
+    assert deepspeed_install(stages).arguments.startswith(
+        "--mount=type=cache,target=/root/.cache/pip env $(python builder/verify_ds_ops.py build-env \"$TORCH_VARIANT\") "
+    )
 
 
 def test_ds_report_checks_the_ops_in_the_same_layer(stages: list[list[Instruction]]) -> None:
     arguments = deepspeed_install(stages).arguments
     assert "ds_report > /tmp/ds_report.txt" in arguments
-    assert "python builder/verify_ds_ops.py /tmp/ds_report.txt" in arguments
+    assert 'python builder/verify_ds_ops.py check "$TORCH_VARIANT" /tmp/ds_report.txt' in arguments
 
 
 def test_no_build_step_asks_for_the_build_hosts_cpu(stages: list[list[Instruction]]) -> None:
@@ -213,6 +335,14 @@ def test_no_build_step_asks_for_the_build_hosts_cpu(stages: list[list[Instructio
 
 def test_deepspeeds_cpu_ops_compile_through_the_portable_compiler(stages: list[list[Instruction]]) -> None:
     assert "CXX=/build/builder/portable-cxx" in deepspeed_install(stages).arguments.split()
+
+
+def test_the_runtime_has_what_nvme_offload_links_against(stages: list[list[Instruction]]) -> None:
+    # AsyncIOBuilder.is_compatible() compiles and links a probe with -laio: the unversioned libaio.so of
+    # libaio-dev (libaio1 alone has only libaio.so.1), and a compiler.
+    final = stages[2]
+    packages = final[index_of(final, "RUN", "apt-get install")].arguments.split()
+    assert {"libaio-dev", "gcc", "libc6-dev"} <= set(packages)
 
 
 # --- the portable compiler wrapper, run for real ---------------------------------------------------------
@@ -261,13 +391,15 @@ def real_ds_report() -> str:
 
 
 def test_a_deepspeed_without_prebuilt_ops_fails_the_check(real_ds_report: str) -> None:
+    required = tuple(REQUIRED_OPS["cpu"])
     assert installed_ops(real_ds_report)["cpu_adam"] is False
-    assert ops_not_prebuilt(real_ds_report) == list(REQUIRED_OPS)
+    assert ops_not_prebuilt(real_ds_report, required) == list(required)
 
 
 def test_a_report_listing_every_op_installed_passes(real_ds_report: str) -> None:
-    lines = [f"{op} {'.' * (23 - len(op))} \x1b[92m[YES]\x1b[0m ....... \x1b[92m[OKAY]\x1b[0m" for op in REQUIRED_OPS]
-    assert ops_not_prebuilt(real_ds_report + "\n" + "\n".join(lines)) == []
+    required = tuple(REQUIRED_OPS["cpu"])
+    lines = [f"{op} {'.' * (23 - len(op))} \x1b[92m[YES]\x1b[0m ....... \x1b[92m[OKAY]\x1b[0m" for op in required]
+    assert ops_not_prebuilt(real_ds_report + "\n" + "\n".join(lines), required) == []
 
 
 # --- environment -------------------------------------------------------------------------------------------
@@ -279,6 +411,14 @@ def test_the_worker_environment(stages: list[list[Instruction]]) -> None:
     assert env["HF_HUB_CACHE"] == DEFAULT_RUNPOD_MODEL_CACHE == f"{env['HF_HOME']}/hub"
     assert env["PYTHONPATH"] == "/app/src"
     assert env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_runpods_automatic_system_checks_are_off_so_the_handler_never_imports_torch(
+    stages: list[list[Instruction]],
+) -> None:
+    # runpod 1.12's automatic checks (rp_system_fitness) import torch and open a CUDA context in the handler
+    # process on a GPU worker, for the worker's whole life; the worker's own start checks run in a subprocess.
+    assert env_of(stages[2])["RUNPOD_SKIP_AUTO_SYSTEM_CHECKS"] == "true"
 
 
 def test_a_baked_model_goes_where_the_worker_looks(stages: list[list[Instruction]]) -> None:
@@ -310,6 +450,30 @@ def test_the_hub_test_is_the_tiny_demo_job() -> None:
     assert [test["input"] for test in tests["tests"]] == [demo]
     # The hub's test endpoint has no bucket: it keeps the demo's weights on its disk on purpose.
     assert {"key": "FLUXBOOTH_ALLOW_LOCAL_OUTPUT", "value": "1"} in tests["config"]["env"]
+
+
+def test_a_hub_deploys_deadline_ends_jobs_before_runpods_default_execution_timeout() -> None:
+    # A Hub deploy cannot set the endpoint's execution timeout, so the platform's default applies: the worker
+    # must stop, keep the checkpoint and answer before it, with a minute for the upload and the reply.
+    hub = json.loads((REPO_ROOT / ".runpod" / "hub.json").read_text())
+    deadline = next(item for item in hub["config"]["env"] if item["key"] == "FLUXBOOTH_JOB_DEADLINE_SECONDS")
+    assert deadline["input"]["default"] <= RUNPOD_DEFAULT_EXECUTION_TIMEOUT_SECONDS - 60
+
+
+def test_the_hub_allows_only_drivers_that_run_the_images_cuda() -> None:
+    torch_pin = image_checks.pinned_torch((REPO_ROOT / "requirements-torch-cuda.txt").read_text())
+    cuda = image_checks.cuda_version_of_label(torch_pin.partition("+")[2])
+    for listing in ("hub.json", "tests.json"):
+        allowed = json.loads((REPO_ROOT / ".runpod" / listing).read_text())["config"]["allowedCudaVersions"]
+        assert allowed and all(tuple(map(int, version.split("."))) >= tuple(map(int, cuda.split("."))) for version in allowed)
+
+
+def test_the_workflow_exports_only_the_final_images_layers_to_githubs_cache() -> None:
+    # mode=max exports every stage, the CUDA devel build stage included (several GB), into a 10 GB cache,
+    # and an export error fails the build unless ignored.
+    workflow = (REPO_ROOT / ".github" / "workflows" / "image.yml").read_text()
+    assert "cache-to: type=gha,mode=min,ignore-error=true" in workflow
+    assert "mode=max" not in workflow.replace("mode=max would", "")
 
 
 def test_the_workflow_builds_the_dockerfile_and_pushes_to_ghcr() -> None:
