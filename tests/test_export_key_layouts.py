@@ -176,7 +176,7 @@ def test_diffusers_format_lora_changes_each_layer_equally_in_diffusers_and_comfy
     layers = {module: transformer.get_submodule(module) for module in modules}
     shapes = {module: (layer.in_features, layer.out_features) for module, layer in layers.items()}
     rank, alpha = 4, 16.0
-    save_lora_diffusers(fake_lora(shapes, rank), tmp_path, alpha)
+    save_lora_diffusers(fake_lora(shapes, rank), tmp_path, alpha, {"format": "pt"})
     base_weights = {module: layer.weight.detach().clone() for module, layer in layers.items()}
 
     pipeline.load_lora_weights(str(tmp_path), weight_name=LORA_WEIGHTS_NAME)

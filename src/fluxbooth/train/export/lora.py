@@ -7,6 +7,7 @@ parameters with collectives); only the main process writes files.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +46,21 @@ def lora_state_dict(model: Any, *, is_main_process: bool) -> dict[str, torch.Ten
     return state
 
 
-def save_lora_diffusers(state: dict[str, torch.Tensor], out_dir: Path, alpha: float) -> Path:
+def save_lora_diffusers(state: dict[str, torch.Tensor], out_dir: Path, alpha: float, metadata: dict[str, str]) -> Path:
     """diffusers/peft format (`transformer.<module>.lora_A.weight`, ...) with each module's alpha stored
     as a `transformer.<module>.alpha` tensor beside it. Both loaders read alpha from there: diffusers'
     `load_lora_weights` (as network alphas, giving the adapter lora_alpha) and ComfyUI (which scales by
     alpha/rank only when that key exists, else by 1). Adapter metadata is not written: diffusers refuses
-    a file with both. Checked by parsing it back with diffusers' own `FluxPipeline.lora_state_dict`."""
+    a file with both. `metadata` (the file's own description) goes in through our save function; diffusers'
+    default one writes only "format". Checked by parsing it back with diffusers' own
+    `FluxPipeline.lora_state_dict`."""
     from diffusers import FluxPipeline
 
     modules = sorted({key.rsplit(".lora_", 1)[0] for key in state})
     alphas = {f"{module}.alpha": torch.tensor(float(alpha)) for module in modules}
-    FluxPipeline.save_lora_weights(str(out_dir), transformer_lora_layers={**state, **alphas}, safe_serialization=True)
+    FluxPipeline.save_lora_weights(
+        str(out_dir), transformer_lora_layers={**state, **alphas}, safe_serialization=True, save_function=partial(save_file, metadata=metadata)
+    )
     path = out_dir / LORA_WEIGHTS_NAME
     try:
         parsed_state, parsed_alphas = FluxPipeline.lora_state_dict(str(out_dir), weight_name=LORA_WEIGHTS_NAME, return_alphas=True)
@@ -70,13 +75,13 @@ def save_lora_diffusers(state: dict[str, torch.Tensor], out_dir: Path, alpha: fl
 
 
 def save_lora_comfyui(
-    state: dict[str, torch.Tensor], out_file: Path, settings: LoraSettings, transformer_config: dict[str, Any]
+    state: dict[str, torch.Tensor], out_file: Path, settings: LoraSettings, transformer_config: dict[str, Any], metadata: dict[str, str]
 ) -> Path:
     """kohya/ComfyUI format (`lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight`, ...); checked by
     recomputing every module's change from the file and comparing it with the trained adapter's."""
     split_sizes = fused_split_sizes(transformer_config)
     converted = diffusers_lora_to_comfyui(state, alpha=settings.alpha, rank=settings.rank, fused_out_features=split_sizes)
-    save_file(converted, str(out_file), metadata={"format": "pt", "ss_network_module": "networks.lora_flux"})
+    save_file(converted, str(out_file), metadata=metadata)
     file_effects = comfyui_lora_effects(load_file(str(out_file)))
     trained = diffusers_effects_as_comfyui(diffusers_lora_effects(state, alpha=settings.alpha, rank=settings.rank), split_sizes)
     if set(file_effects) != set(trained):

@@ -4,15 +4,16 @@ format's files hold is in `lora` and `transformer`."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from fluxbooth.train.cache import free_accelerator_memory
 from fluxbooth.train.export.lora import LORA_WEIGHTS_NAME, lora_state_dict, save_lora_comfyui, save_lora_diffusers
-from fluxbooth.train.export.transformer import export_single_file, sample_names, save_transformer, verify_saved_transformer
-from fluxbooth.train.state import Artifact, Session, TrainerState, TrainingRun
+from fluxbooth.train.export.metadata import FileLayout, TrainingRecord, modelspec_architecture, safetensors_metadata
+from fluxbooth.train.export.transformer import export_single_file, save_transformer, verify_saved_transformer
+from fluxbooth.train.runtime import free_accelerator_memory
+from fluxbooth.train.state import Artifact, EncodedImages, Session, TrainerState, TrainingRun
 
 TRANSFORMER_FOLDER = "transformer"
 LORA_FOLDER = "lora"
@@ -28,9 +29,13 @@ def save_and_export(state: TrainerState) -> list[Artifact]:
     output_dir = Path(config.output_dir)
     model = accelerator.unwrap_model(run.engine)
     artifacts: list[Artifact] = []
+    record = training_record(state)
     with session.clock.stage("save"):
         if config.training_type == "full":
-            samples = _save_full(session, model, output_dir / TRANSFORMER_FOLDER)
+            metadata = safetensors_metadata(record, FileLayout.TRANSFORMER_DIFFUSERS)
+            samples = save_transformer(
+                model, output_dir / TRANSFORMER_FOLDER, is_main_process=session.is_main, max_shard_size=config.max_shard_size, metadata=metadata
+            )
         else:
             lora_state = lora_state_dict(model, is_main_process=session.is_main)
     # Nothing below needs the engine or the optimizer (and its offloaded state): they go before export.
@@ -39,17 +44,39 @@ def save_and_export(state: TrainerState) -> list[Artifact]:
     with session.clock.stage("export", formats=list(config.export_formats)):
         if session.is_main:
             if config.training_type == "full":
-                artifacts += _export_full(session, output_dir, samples)
+                artifacts += _export_full(session, output_dir, samples, record)
             else:
-                artifacts += export_lora(session, output_dir, lora_state, prefix="", folder_name=LORA_FOLDER)
+                artifacts += export_lora(session, output_dir, lora_state, record, ema=False)
                 if config.validation_prompts and "diffusers" not in config.export_formats:
                     rendering_folder = lora_for_rendering(session)
                     rendering_folder.mkdir(parents=True, exist_ok=True)
-                    save_lora_diffusers(lora_state, rendering_folder, config.lora.alpha)
+                    save_lora_diffusers(lora_state, rendering_folder, config.lora.alpha, safetensors_metadata(record, FileLayout.LORA_DIFFUSERS))
             if run.ema is not None:
-                artifacts += _export_ema(session, run.ema.export_state(), output_dir)
+                artifacts += _export_ema(session, run.ema.export_state(), output_dir, record)
         accelerator.wait_for_everyone()
     return artifacts
+
+
+def training_record(state: TrainerState) -> TrainingRecord:
+    """The run as every exported file describes it (train/export/metadata), taken when training ends."""
+    session, run, data = state.session, state.training(), state.cached()
+    config = session.config
+    image_sets = {"instance": data.instance_set, "class": data.class_set}
+    return TrainingRecord(
+        config=config,
+        architecture=modelspec_architecture(session.transformer_config),
+        started_at=session.started_at,
+        finished_at=time.time(),
+        optimizer=run.optimizer_class,
+        total_batch_size=config.batch_size * config.gradient_accumulation_steps * session.accelerator.num_processes,
+        resolution=config.resolution,
+        captions={name: image_captions(images) for name, images in image_sets.items() if images is not None},
+    )
+
+
+def image_captions(images: EncodedImages) -> list[str]:
+    """The caption (the prompt it was trained with) of each image of a set."""
+    return [images.prompts[index] for index in images.prompt_index.tolist()]
 
 
 def release_engine(session: Session, run: TrainingRun) -> None:
@@ -71,56 +98,50 @@ def lora_for_rendering(session: Session) -> Path:
     return Path(config.cache_dir) / VALIDATION_LORA_FOLDER
 
 
-def _save_full(session: Session, model: Any, folder: Path) -> dict[str, torch.Tensor]:
-    """*Collective under ZeRO-3.* The transformer folder; a few of its tensors for the load-back check."""
-    max_shard_size = session.config.max_shard_size
-    if session.zero_stage != 3:
-        # Not partitioned: diffusers' own writer, from the unwrapped model, on the main process.
-        if not session.is_main:
-            return {}
-        model.save_pretrained(str(folder), safe_serialization=True, max_shard_size=max_shard_size)
-        weights = model.state_dict()
-        return {name: weights[name].detach().cpu().clone() for name in sample_names(list(weights))}
-    return save_transformer(model, folder, is_main_process=session.is_main, max_shard_size=max_shard_size)
-
-
-def _export_full(session: Session, output_dir: Path, samples: dict[str, torch.Tensor]) -> list[Artifact]:
+def _export_full(session: Session, output_dir: Path, samples: dict[str, torch.Tensor], record: TrainingRecord) -> list[Artifact]:
     folder = output_dir / TRANSFORMER_FOLDER
     verify_saved_transformer(folder, samples)
     artifacts = []
     if "diffusers" in session.config.export_formats:
         artifacts.append(Artifact(name="transformer", path=TRANSFORMER_FOLDER, kind="diffusers_transformer"))
     if "single_file" in session.config.export_formats:
-        export_single_file(folder, output_dir / SINGLE_FILE_NAME)
+        export_single_file(folder, output_dir / SINGLE_FILE_NAME, safetensors_metadata(record, FileLayout.TRANSFORMER_ORIGINAL))
         artifacts.append(Artifact(name="transformer_single_file", path=SINGLE_FILE_NAME, kind="single_file_transformer"))
     return artifacts
 
 
-def export_lora(session: Session, output_dir: Path, lora_state: dict[str, torch.Tensor], prefix: str, folder_name: str) -> list[Artifact]:
-    """Each requested LoRA format; `prefix` ("" or "ema_") goes in front of artifact names and kinds."""
+def export_lora(
+    session: Session, output_dir: Path, lora_state: dict[str, torch.Tensor], record: TrainingRecord, *, ema: bool
+) -> list[Artifact]:
+    """Each requested LoRA format, in `lora/` (or, for the EMA weights, `ema_lora/` with "ema_" in front of
+    the artifact names and kinds)."""
     config = session.config
+    prefix = "ema_" if ema else ""
+    folder_name = f"{prefix}{LORA_FOLDER}"
     folder = output_dir / folder_name
     folder.mkdir(parents=True, exist_ok=True)
     artifacts = []
     if "diffusers" in config.export_formats:
-        save_lora_diffusers(lora_state, folder, config.lora.alpha)
+        save_lora_diffusers(lora_state, folder, config.lora.alpha, safetensors_metadata(record, FileLayout.LORA_DIFFUSERS, ema=ema))
         artifacts.append(Artifact(name=f"{prefix}lora", path=f"{folder_name}/{LORA_WEIGHTS_NAME}", kind=f"{prefix}lora_diffusers"))
     if "comfyui" in config.export_formats:
-        save_lora_comfyui(lora_state, folder / COMFYUI_LORA_NAME, config.lora, session.transformer_config)
+        metadata = safetensors_metadata(record, FileLayout.LORA_KOHYA, ema=ema)
+        save_lora_comfyui(lora_state, folder / COMFYUI_LORA_NAME, config.lora, session.transformer_config, metadata)
         artifacts.append(Artifact(name=f"{prefix}lora_comfyui", path=f"{folder_name}/{COMFYUI_LORA_NAME}", kind=f"{prefix}lora_comfyui"))
     return artifacts
 
 
-def _export_ema(session: Session, ema_state: dict[str, torch.Tensor], output_dir: Path) -> list[Artifact]:
+def _export_ema(session: Session, ema_state: dict[str, torch.Tensor], output_dir: Path, record: TrainingRecord) -> list[Artifact]:
     """The EMA weights (on the main process's CPU) in the same formats as the trained ones."""
     if session.config.training_type == "lora":
-        return export_lora(session, output_dir, ema_state, prefix="ema_", folder_name="ema_lora")
+        return export_lora(session, output_dir, ema_state, record, ema=True)
     from diffusers import FluxTransformer2DModel
 
     folder = output_dir / "ema_transformer"
     with torch.device("meta"):
         skeleton = FluxTransformer2DModel.from_config(session.transformer_config)
     skeleton.load_state_dict(ema_state, assign=True)
-    skeleton.save_pretrained(str(folder), safe_serialization=True, max_shard_size=session.config.max_shard_size)
-    verify_saved_transformer(folder, {name: ema_state[name] for name in list(ema_state)[:4]})
+    metadata = safetensors_metadata(record, FileLayout.TRANSFORMER_DIFFUSERS, ema=True)
+    samples = save_transformer(skeleton, folder, is_main_process=True, max_shard_size=session.config.max_shard_size, metadata=metadata)
+    verify_saved_transformer(folder, samples)
     return [Artifact(name="ema_transformer", path="ema_transformer", kind="ema_diffusers_transformer")]

@@ -66,10 +66,13 @@ def _shard_file_name(index: int, count: int) -> str:
     return WEIGHTS_NAME if count == 1 else WEIGHTS_NAME.replace(".safetensors", f"-{index + 1:05d}-of-{count:05d}.safetensors")
 
 
-def save_transformer(model: Any, out_dir: Path, *, is_main_process: bool, max_shard_size: str) -> dict[str, torch.Tensor]:
-    """*Collective.* Write `model` (a FluxTransformer2DModel, possibly ZeRO-3 partitioned) in the diffusers
-    layout: config.json plus safetensors shards and their index. Returns, on the main process, a few
-    of the written tensors (for the load-back check).
+def save_transformer(
+    model: Any, out_dir: Path, *, is_main_process: bool, max_shard_size: str, metadata: dict[str, str]
+) -> dict[str, torch.Tensor]:
+    """*Collective under ZeRO-3.* Write `model` (a FluxTransformer2DModel, possibly ZeRO-3 partitioned) in the
+    diffusers layout: config.json plus safetensors shards (each carrying `metadata`) and their index, as
+    diffusers' `save_pretrained` writes them (which cannot add metadata). Returns, on the main process, a
+    few of the written tensors (for the load-back check).
 
     Parameters are gathered one at a time and each shard is written as soon as it is full, so the
     peak extra memory is one shard on the host and one parameter on the GPU, whatever the model size.
@@ -95,7 +98,7 @@ def save_transformer(model: Any, out_dir: Path, *, is_main_process: bool, max_sh
                 if is_main_process:
                     shard[name] = tensor.detach().to("cpu", copy=True).contiguous()
         if is_main_process:
-            save_file(shard, str(out_dir / file_name), metadata={"format": "pt"})
+            save_file(shard, str(out_dir / file_name), metadata=metadata)
             weight_map.update(dict.fromkeys(names, file_name))
             samples.update({name: shard[name] for name in names if name in wanted_samples})
         del shard
@@ -169,7 +172,7 @@ def write_safetensors_streaming(path: Path, tensors: list[PlannedTensor], metada
             file.write(built.view(torch.uint8).numpy().data)
 
 
-def export_single_file(transformer_folder: Path, out_file: Path) -> None:
+def export_single_file(transformer_folder: Path, out_file: Path, metadata: dict[str, str]) -> None:
     """The saved diffusers transformer → one safetensors file in the original FLUX layout (ComfyUI's
     diffusion_models folder, `FluxTransformer2DModel.from_single_file`). Streamed: each original tensor
     is read from the shards (memory-mapped), built, written and dropped, then checked the same way
@@ -190,7 +193,7 @@ def export_single_file(transformer_folder: Path, out_file: Path) -> None:
             shape = (sum(piece.get_shape()[0] for piece in slices), *slices[0].get_shape()[1:])
             dtype = _TORCH_DTYPES[slices[0].get_dtype()]
             planned.append(PlannedTensor(entry.name, dtype, shape, partial(_build_original, entry, read)))
-        write_safetensors_streaming(out_file, planned, {"format": "pt"})
+        write_safetensors_streaming(out_file, planned, metadata)
         written = stack.enter_context(safe_open(str(out_file), framework="pt", device="cpu"))
         if set(written.keys()) != {tensor.name for tensor in planned}:
             raise TrainerFailure("export_failed", f"{out_file.name} does not hold every tensor of the trained transformer")
