@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.s3server"]
+# s3server: the S3 fixtures; readme_citations: a run that skips a test the README or docs/ cite fails.
+pytest_plugins = ["tests.s3server", "tests.readme_citations"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

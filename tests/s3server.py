@@ -25,11 +25,11 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -85,10 +85,30 @@ def empty_and_delete_bucket(client: BaseClient, bucket: str) -> None:
 
 
 def free_tcp_port() -> int:
-    """A port nothing listens on right now (for 'endpoint down' tests and for subprocess servers)."""
+    """A port nothing listens on right now. Racy: another process may take it before it is used. A server
+    started for a test gets `listening_socket()` instead; an 'endpoint down' test, `refusing_port()`."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def listening_socket() -> socket.socket:
+    """A TCP socket on 127.0.0.1, bound to a free port and listening before anything is told its number: a
+    subprocess server inherits it (pass_fds), so no other process can take the port in between, and clients
+    that connect before the server runs wait in its backlog."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    return listener
+
+
+@contextmanager
+def refusing_port() -> Iterator[int]:
+    """A port that refuses connections for as long as the block runs: bound (so no other process can listen on
+    it) but not listening, so a connection attempt is refused at once (an 'endpoint down' test)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        yield int(held.getsockname()[1])
 
 
 def _unique_bucket_name() -> str:
@@ -386,16 +406,24 @@ class AuthenticatingS3Server:
 
 
 def _wait_until_serving(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"moto server exited early with status {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/moto-api/data.json", timeout=1):
-                return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            time.sleep(0.05)
-    raise RuntimeError(f"moto server at {url} did not start within {SERVER_START_TIMEOUT_SECONDS} s")
+    """One request: it waits in the inherited socket's backlog until the server accepts it (no polling)."""
+    try:
+        with urllib.request.urlopen(f"{url}/moto-api/data.json", timeout=SERVER_START_TIMEOUT_SECONDS):
+            return
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+        status = process.poll()
+        state = "is still starting" if status is None else f"exited with status {status}"
+        raise RuntimeError(f"moto server at {url} did not answer within {SERVER_START_TIMEOUT_SECONDS} s and {state}: {error}") from error
+
+
+def serve_moto_on(fd: int) -> None:
+    """moto's server (as `python -m moto.server` runs it) on an inherited listening socket."""
+    from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    application = DomainDispatcherApplication(create_backend_app)
+    port = int(os.environ["MOTO_PORT"])
+    make_server("127.0.0.1", port, application, threaded=True, request_handler=MotoRequestHandler, fd=fd).serve_forever()
 
 
 def _create_iam_key(url: str, user_name: str, policy: dict[str, object] | None) -> tuple[str, str]:
@@ -411,16 +439,18 @@ def _create_iam_key(url: str, user_name: str, policy: dict[str, object] | None) 
 @pytest.fixture(scope="session")
 def s3_auth_server() -> Iterator[AuthenticatingS3Server]:
     # A separate process: moto's auth switch is process-wide and would also lock the shared server.
-    port = free_tcp_port()
+    with listening_socket() as listener:
+        port = int(listener.getsockname()[1])
+        environment = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
+        process = subprocess.Popen(
+            [sys.executable, __file__, "--serve-moto-on-fd", str(listener.fileno())],
+            env={**environment, "MOTO_PORT": str(port)},
+            pass_fds=(listener.fileno(),),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
-    environment = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        env=environment,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
     try:
         _wait_until_serving(url, process)
         allowed_key = _create_iam_key(
@@ -444,3 +474,7 @@ def s3_auth_server() -> Iterator[AuthenticatingS3Server]:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--serve-moto-on-fd"]:
+    serve_moto_on(int(sys.argv[2]))

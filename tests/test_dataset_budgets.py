@@ -9,7 +9,9 @@ uncompressed PNGs at their own size (a dozen in a 1.6 MB zip wrote 1.8 GB).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import itertools
 import random
 import shutil
 import subprocess
@@ -30,6 +32,7 @@ from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import format_bytes
 from fluxbooth.request import parse_request
 from fluxbooth.settings import DatasetLimits, WorkerSettings
+from tests.conftest import mounted_tmpfs
 from tests.factories import dataset_members, make_image, make_oversized_png, make_zip, to_base64
 from tests.hostile_zips import (
     MiB,
@@ -336,7 +339,7 @@ def test_images_over_the_stored_bytes_budget_are_refused_before_decoding(tmp_pat
 
     assert error.code is ErrorCode.INVALID_DATASET
     assert error.message == (
-        f"dataset: the normalised images could take {format_bytes(bound)} of disk at 512x512, over the "
+        f"dataset: the normalised images could take {format_bytes(bound)} of disk at 512 px (aspect buckets), over the "
         f"{format_bytes(bound - 1)} budget (FLUXBOOTH_MAX_PREPARED_BYTES); use fewer images or a lower resolution"
     )
     assert not (tmp_path / "job" / "data").exists()
@@ -347,24 +350,17 @@ def test_images_over_the_stored_bytes_budget_are_refused_before_decoding(tmp_pat
 
 @pytest.fixture
 def small_filesystem(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
-    """Mount a real tmpfs of a given size (needs root, as in this project's CI container)."""
-    mounted: list[Path] = []
+    """Mount a real tmpfs of a given size (tests.conftest.mounted_tmpfs: root, as in this project's CI container,
+    where FLUXBOOTH_REQUIRE_TMPFS=1 makes a failed mount fail the test instead of skipping it)."""
+    numbers = itertools.count()
+    with contextlib.ExitStack() as mounted:
 
-    def mount(size_bytes: int) -> Path:
-        target = tmp_path / f"fs{len(mounted)}"
-        target.mkdir()
-        result = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(target)],
-            capture_output=True, text=True, check=False,
-        )
-        if result.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip()}); the full-disk tests need root")
-        mounted.append(target)
-        return target
+        def mount(size_bytes: int) -> Path:
+            target = tmp_path / f"fs{next(numbers)}"
+            target.mkdir()
+            return mounted.enter_context(mounted_tmpfs(target, size_bytes))
 
-    yield mount
-    for target in mounted:
-        subprocess.run(["umount", "-l", str(target)], check=False)
+        yield mount
 
 
 def fill(filesystem: Path) -> None:

@@ -12,7 +12,8 @@
 
 Each ends with the contract's code and exact message and nothing left in the work directory; the last
 test runs the next job on the same worker, which succeeds. The work disk is a real tmpfs, so the tests
-mount one: they need root (CAP_SYS_ADMIN), and say so when they cannot.
+mount one (tests.conftest.mounted_tmpfs): they need root (CAP_SYS_ADMIN), skip saying so when they cannot, and
+fail instead where FLUXBOOTH_REQUIRE_TMPFS=1 (CI).
 The trainer is the real one (`accelerate launch` + DeepSpeed, the tiny model); those tests are slow.
 """
 
@@ -24,7 +25,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +40,7 @@ from fluxbooth.hardware import format_bytes
 from fluxbooth.job import ensure_tiny_model, run_job
 from fluxbooth.launch import RUN_MARKER_ENV
 from fluxbooth.settings import DatasetLimits, WorkerSettings
+from tests.conftest import mounted_tmpfs
 from tests.factories import make_dataset_zip, make_image, make_zip, to_base64
 from tests.http_fixtures import LocalHTTPServer
 from tests.s3server import InjectedFault, S3FaultProxy, client_for_env
@@ -52,16 +53,6 @@ STEPS = 3
 SECRET_KEY = "fault-matrix-secret-key"
 
 ProgressHook = Callable[[dict[str, Any]], None]
-
-
-def mount_tmpfs(target: Path, size_bytes: int) -> str | None:
-    """Mount a tmpfs of `size_bytes` at `target`; the reason when that is impossible here."""
-    target.mkdir(parents=True, exist_ok=True)
-    completed = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "fault-matrix", str(target)],
-        capture_output=True, text=True, check=False,
-    )
-    return None if completed.returncode == 0 else completed.stderr.strip() or f"mount exited {completed.returncode}"
 
 
 @dataclass
@@ -107,9 +98,14 @@ def worker(
 ) -> Iterator[Worker]:
     root = tmp_path_factory.mktemp("fault-matrix")
     disk = root / "disk"
-    refusal = mount_tmpfs(disk, WORK_DISK_BYTES)
-    if refusal is not None:
-        pytest.skip(f"the fault matrix needs a tmpfs work disk and this process cannot mount one: {refusal}")
+    disk.mkdir()
+    with mounted_tmpfs(disk, WORK_DISK_BYTES):
+        yield from _worker_on(disk, root, model_cache_dir, torch_extensions_dir, moto_server_url)
+
+
+def _worker_on(
+    disk: Path, root: Path, model_cache_dir: Path, torch_extensions_dir: Path, moto_server_url: str
+) -> Iterator[Worker]:
     ensure_tiny_model(model_cache_dir)
     proxy = S3FaultProxy(upstream_url=moto_server_url).start()
     http = LocalHTTPServer().start()
@@ -129,7 +125,6 @@ def worker(
     finally:
         http.stop()
         proxy.stop()
-        subprocess.run(["umount", "--lazy", str(disk)], check=False)
 
 
 @pytest.fixture(autouse=True)

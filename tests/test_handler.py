@@ -147,24 +147,41 @@ def test_the_sdk_runs_one_job_at_a_time_with_this_worker_config(handler_env: dic
         return [{"id": f"sdk-{index}", "input": {"colour": "blue"}} for index in range(start, min(start + jobs_needed, jobs_to_offer))]
 
     async def no_stop_signals(session: object) -> list[str]:
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the pace of RunPod's long poll (not a synchronisation)
         return []
 
     async def scenario() -> None:
         config = worker_config()
         scaler: JobScaler
+        # The SDK's fetch loop asks the concurrency modifier at the start of every turn, then fetches if it has
+        # room: counting those calls tells when the loop has had its chance to take a second job.
+        loop_turns = [0]
+        turned = asyncio.Event()
+
+        def counted_modifier(current: int) -> int:
+            loop_turns[0] += 1
+            turned.set()
+            return config["concurrency_modifier"](current)
+
+        async def while_the_sdk_loop_turns(turns: int) -> None:
+            target = loop_turns[0] + turns
+            while loop_turns[0] < target:
+                turned.clear()
+                await turned.wait()
 
         async def run_through_the_handler(session: object, config: dict[str, Any], job: dict[str, Any]) -> None:
             in_flight[0] += 1
             peak[0] = max(peak[0], in_flight[0])
-            await asyncio.sleep(0.05)  # room for a second job to start, if the SDK allowed one
+            # Two turns: the one under way when the job started has then decided, with this job in flight,
+            # whether to fetch another.
+            await asyncio.wait_for(while_the_sdk_loop_turns(2), timeout=30)
             results.append(await config["handler"](job))
             in_flight[0] -= 1
             if len(results) == jobs_to_offer:
                 scaler.kill_worker()
 
-        scaler = JobScaler({**config, "jobs_fetcher": offer_jobs, "jobs_handler": run_through_the_handler,
-                            "stop_signals_fetcher": no_stop_signals})
+        scaler = JobScaler({**config, "concurrency_modifier": counted_modifier, "jobs_fetcher": offer_jobs,
+                            "jobs_handler": run_through_the_handler, "stop_signals_fetcher": no_stop_signals})
         await asyncio.wait_for(scaler.run(), timeout=60)
 
     asyncio.run(scenario())

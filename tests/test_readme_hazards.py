@@ -1,33 +1,83 @@
-"""The README's hazard table stays true: every test it cites as proof exists."""
+"""The README and docs/ cite tests as proof: every cited test exists, and a run that skips one fails
+(tests/readme_citations.py, registered in conftest)."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
-from tests.conftest import REPO_ROOT
-
-
-
-def cited_tests() -> list[tuple[str, str]]:
-    """(file, test) pairs; a bare `::test_x` refers to the file cited before it in the same cell."""
-    text = REPO_ROOT.joinpath("README.md").read_text()
-    table = text.split("## Hostile input and faults", 1)[1].split("\n## ", 1)[0]
-    pairs: list[tuple[str, str]] = []
-    for row in table.splitlines():
-        if not row.startswith("|"):
-            continue
-        current_file = ""
-        for match in re.finditer(r"`((test_\w+\.py)?::(test_\w+))(\[[^\]`]*\])?`", row):
-            current_file = match.group(2) or current_file
-            pairs.append((current_file, match.group(3)))
-    return pairs
+from tests.readme_citations import REPO_ROOT, cited_files, cited_tests, documents, file_and_test
 
 
-def test_every_test_the_hazard_table_cites_exists() -> None:
-    pairs = cited_tests()
-    assert len(pairs) > 50
+def test_the_readme_cites_its_hazard_tests() -> None:
+    assert len(cited_tests([(REPO_ROOT / "README.md").read_text()])) > 50
+
+
+def test_every_test_the_readme_and_docs_cite_exists() -> None:
+    pairs = cited_tests(path.read_text() for path in documents())
     missing = [
         f"{file}::{name}" for file, name in pairs
-        if not re.search(rf"def {name}\(", (REPO_ROOT / "tests" / file).read_text())
+        if not (REPO_ROOT / "tests" / file).is_file()
+        or not re.search(rf"def {name}\(", (REPO_ROOT / "tests" / file).read_text())
     ]
     assert missing == []
+
+
+def test_every_test_file_the_readme_and_docs_cite_exists() -> None:
+    files = cited_files(path.read_text() for path in documents())
+    assert [name for name in files if not (REPO_ROOT / "tests" / name).is_file()] == []
+
+
+def test_a_bare_citation_belongs_to_the_file_cited_before_it_on_the_line() -> None:
+    line = "| zip bombs | `test_dataset.py::test_a`, `::test_b[x]`; `tests/test_fault_matrix.py::test_c` |"
+    assert cited_tests([line]) == [("test_dataset.py", "test_a"), ("test_dataset.py", "test_b"), ("test_fault_matrix.py", "test_c")]
+
+
+def test_a_parametrised_node_is_the_test_it_belongs_to() -> None:
+    assert file_and_test("tests/test_cli.py::test_sizes[--gpu-memory]") == ("test_cli.py", "test_sizes")
+
+
+PROJECT_CONFTEST = """
+from tests_plugin import CitedTestsMustRun
+
+def pytest_configure(config):
+    config.pluginmanager.register(CitedTestsMustRun({("test_demo.py", "test_cited")}), "cited")
+"""
+DEMO_TESTS = """
+import os, pytest
+
+def test_cited():
+    if os.environ.get("SKIP_CITED") == "1":
+        pytest.skip("the environment lacks what this test needs")
+
+def test_not_cited():
+    pytest.skip("nobody cites this one")
+"""
+
+
+def run_demo_project(tmp_path: Path, skip_cited: bool) -> subprocess.CompletedProcess[str]:
+    """A small pytest project whose plugin cites test_demo.py::test_cited, run in a fresh pytest."""
+    (tmp_path / "tests_plugin.py").write_text((REPO_ROOT / "tests" / "readme_citations.py").read_text())
+    (tmp_path / "conftest.py").write_text(PROJECT_CONFTEST)
+    (tmp_path / "test_demo.py").write_text(DEMO_TESTS)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "addopts=", "-q",
+         "test_demo.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        env={"PATH": "/usr/bin:/bin", "SKIP_CITED": "1" if skip_cited else "0", "PYTHONPATH": str(tmp_path)},
+    )
+
+
+def test_a_run_that_skips_a_cited_test_fails_naming_it(tmp_path: Path) -> None:
+    completed = run_demo_project(tmp_path, skip_cited=True)
+    assert completed.returncode == 1
+    assert "tests the README or docs/ cite as proof were skipped: the run fails" in completed.stdout
+    assert "test_demo.py::test_cited: Skipped: the environment lacks what this test needs" in completed.stdout
+
+
+def test_a_run_that_skips_only_uncited_tests_passes(tmp_path: Path) -> None:
+    completed = run_demo_project(tmp_path, skip_cited=False)
+    assert completed.returncode == 0, completed.stdout
+    assert "cite as proof" not in completed.stdout
