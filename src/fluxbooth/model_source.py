@@ -30,25 +30,23 @@ from pathlib import Path
 from typing import Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.families import ALL_PIPELINE_FOLDERS, FLUX1, PIPELINE_FILE_KINDS, Family, family_of
 from fluxbooth.hardware import format_bytes, free_disk_bytes
 
 DEFAULT_RUNPOD_MODEL_CACHE = "/runpod-volume/huggingface-cache/hub"
 DEFAULT_BAKED_MODELS_DIR = "/models"
 DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
 
-# The folders of a diffusers FLUX pipeline and the file kinds in them. Anything else in the repo (the
-# original single-file checkpoints at the root, sample images) is never downloaded.
-PIPELINE_FOLDERS = ("scheduler", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "transformer", "vae")
-PIPELINE_FILE_KINDS = ("json", "safetensors", "txt", "model")
+# The folders of every FLUX family's diffusers pipeline and the file kinds in them (fluxbooth.families).
+# Anything else in the repo (the original single-file checkpoints at the root, sample images) is never
+# downloaded; a family's own folders are a subset, so one pattern list serves every family.
 PIPELINE_FILE_PATTERNS = ("model_index.json",) + tuple(
-    f"{folder}/*.{kind}" for folder in PIPELINE_FOLDERS for kind in PIPELINE_FILE_KINDS
+    f"{folder}/*.{kind}" for folder in ALL_PIPELINE_FOLDERS for kind in PIPELINE_FILE_KINDS
 )
-# What the planner reads to size the model (modelsize.model_size): fetched before the weights.
+# What the planner reads to size the model and tell its family (modelsize.model_size): fetched before the
+# weights. FLUX.2 has no text_encoder_2; its pattern then matches nothing.
 SIZING_FILE_PATTERNS = ("model_index.json", "transformer/config.json", "text_encoder/config.json",
                         "text_encoder_2/config.json", "vae/config.json")
-REQUIRED_FILES = ("model_index.json", "scheduler/scheduler_config.json", "transformer/config.json",
-                  "vae/config.json", "text_encoder/config.json", "text_encoder_2/config.json")
-WEIGHT_FOLDERS = ("transformer", "vae", "text_encoder", "text_encoder_2")
 
 ProgressSink = Callable[[int, int], None]
 # What a full or unwritable cache volume raises while the client writes.
@@ -159,10 +157,20 @@ class Look:
 # ------------------------------------------------------------------------------------------ pure core
 
 
+def _family_for_completeness(folder: Path) -> Family:
+    """The folder's family, or FLUX.1's layout when it names none or an unknown pipeline: the planner
+    refuses an unknown family with the supported ones; here only the files count."""
+    try:
+        return family_of(folder)
+    except FluxboothError:
+        return FLUX1
+
+
 def missing_pipeline_files(folder: Path) -> list[str]:
-    """What a diffusers FLUX folder lacks: configs, and safetensors weights per model component."""
-    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
-    for component in WEIGHT_FOLDERS:
+    """What a diffusers FLUX folder lacks: its family's configs, and safetensors weights per model component."""
+    family = _family_for_completeness(folder)
+    missing = [name for name in family.required_files if not (folder / name).is_file()]
+    for component in family.weight_folders:
         component_dir = folder / component
         if component_dir.is_dir() and not any(path.is_file() for path in component_dir.glob("*.safetensors")):
             missing.append(f"{component}/*.safetensors")

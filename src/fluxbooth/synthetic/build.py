@@ -19,12 +19,26 @@ from typing import Any
 
 from fluxbooth.synthetic.presets import Preset
 
-# (library, class, weights file stem) per component, as FluxPipeline's model_index.json names them.
+# (library, class, weights file stem) per component, as each family's model_index.json names them.
 COMPONENTS: dict[str, tuple[str, str, str]] = {
     "transformer": ("diffusers", "FluxTransformer2DModel", "diffusion_pytorch_model"),
     "vae": ("diffusers", "AutoencoderKL", "diffusion_pytorch_model"),
     "text_encoder": ("transformers", "CLIPTextModel", "model"),
     "text_encoder_2": ("transformers", "T5EncoderModel", "model"),
+}
+FLUX2_COMPONENTS: dict[str, tuple[str, str, str]] = {
+    "transformer": ("diffusers", "Flux2Transformer2DModel", "diffusion_pytorch_model"),
+    "vae": ("diffusers", "AutoencoderKLFlux2", "diffusion_pytorch_model"),
+    "text_encoder": ("transformers", "Mistral3ForConditionalGeneration", "model"),
+}
+FLUX2_KLEIN_COMPONENTS: dict[str, tuple[str, str, str]] = {
+    **FLUX2_COMPONENTS, "text_encoder": ("transformers", "Qwen3ForCausalLM", "model"),
+}
+FAMILY_COMPONENTS = {"flux1": COMPONENTS, "flux1-kontext": COMPONENTS, "flux2": FLUX2_COMPONENTS, "flux2-klein": FLUX2_KLEIN_COMPONENTS}
+# The transformers config class of each text encoder class.
+CONFIG_CLASSES = {
+    "CLIPTextModel": "CLIPTextConfig", "T5EncoderModel": "T5Config", "Qwen3ForCausalLM": "Qwen3Config",
+    "Mistral3ForConditionalGeneration": "Mistral3Config",
 }
 # Every component gets its own seed stream, so changing one component's shape never changes another's weights.
 _SEED_STRIDE = {"transformer": 0, "vae": 1, "text_encoder": 2, "text_encoder_2": 3}
@@ -40,36 +54,51 @@ class Shard:
     nbytes: int
 
 
-def text_encoder_configs(preset: Preset, tokenizers: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The CLIP and T5 configs; the tiny tokenizers size the tiny encoders' vocabularies."""
+def text_encoder_configs(preset: Preset, tokenizers: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The text encoders' configs by component; the tiny tokenizers size the tiny encoders' vocabularies."""
+    if preset.family.startswith("flux2"):
+        return {"text_encoder": _flux2_text_encoder_config(preset, tokenizers)}
     if preset.tokenizers == "tiny":
         from fluxbooth import tiny
 
         clip, t5 = tiny.text_encoder_configs(tokenizers or tiny.build_tokenizers())
-        return {**clip, **preset.text_encoder}, {**t5, **preset.text_encoder_2}
-    return dict(preset.text_encoder), dict(preset.text_encoder_2)
+        return {"text_encoder": {**clip, **preset.text_encoder}, "text_encoder_2": {**t5, **(preset.text_encoder_2 or {})}}
+    return {"text_encoder": dict(preset.text_encoder), "text_encoder_2": dict(preset.text_encoder_2 or {})}
+
+
+def _flux2_text_encoder_config(preset: Preset, tokenizers: dict[str, Any] | None) -> dict[str, Any]:
+    """The FLUX.2 text encoder's config; a tiny one's vocabulary and special ids come from its tokenizer."""
+    config = dict(preset.text_encoder)
+    if preset.tokenizers != "tiny":
+        return config
+    tokenizer = (tokenizers or build_tokenizers(preset))["tokenizer"]
+    ids = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+           "eos_token_id": tokenizer.eos_token_id}
+    if "text_config" in config:
+        return {**config, "text_config": {**config["text_config"], **ids}}
+    return {**config, **ids}
 
 
 def component_configs(preset: Preset, tokenizers: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    clip, t5 = text_encoder_configs(preset, tokenizers)
-    return {"transformer": preset.transformer, "vae": preset.vae, "text_encoder": clip, "text_encoder_2": t5}
+    return {"transformer": preset.transformer, "vae": preset.vae, **text_encoder_configs(preset, tokenizers)}
 
 
-def construct(component: str, config: dict[str, Any], device: Any, dtype: Any = None) -> Any:
-    """The component's class built from `config` under `device` (meta: shapes only, no memory), its
-    floating-point tensors created in `dtype` (default: float32)."""
+def construct(component: str, config: dict[str, Any], device: Any, dtype: Any = None, *, family: str = "flux1") -> Any:
+    """The family's class for `component` built from `config` under `device` (meta: shapes only, no memory),
+    its floating-point tensors created in `dtype` (default: float32)."""
     import diffusers
     import torch
     import transformers
 
-    library, class_name, _ = COMPONENTS[component]
+    library, class_name, _ = FAMILY_COMPONENTS[family][component]
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype or torch.float32)
     try:
         with torch.device(device):
             if library == "diffusers":
-                return getattr(diffusers, class_name)(**config)
-            config_class = {"CLIPTextModel": transformers.CLIPTextConfig, "T5EncoderModel": transformers.T5Config}[class_name]
+                # from_config: published configs carry keys no constructor takes (force_upcast).
+                return getattr(diffusers, class_name).from_config(config)
+            config_class = getattr(transformers, CONFIG_CLASSES[class_name])
             settings = {key: value for key, value in config.items() if key != "torch_dtype"}
             return getattr(transformers, class_name)(config_class(**settings))
     finally:
@@ -83,8 +112,16 @@ def parameter_count(model: Any) -> int:
 
 def count_parameters(preset: Preset) -> dict[str, int]:
     """Each component's parameter count, from meta-device models: nothing is allocated."""
-    configs = component_configs(preset)
-    return {component: parameter_count(construct(component, configs[component], "meta")) for component in COMPONENTS}
+    configs = component_configs(preset, _sizing_tokenizers(preset))
+    return {
+        component: parameter_count(construct(component, configs[component], "meta", family=preset.family))
+        for component in FAMILY_COMPONENTS[preset.family]
+    }
+
+
+def _sizing_tokenizers(preset: Preset) -> dict[str, Any] | None:
+    """Tiny FLUX.2 encoders are sized by their tokenizers; every other preset's configs are complete."""
+    return build_tokenizers(preset) if preset.tokenizers == "tiny" and preset.family.startswith("flux2") else None
 
 
 def unique_state_names(model: Any) -> list[str]:
@@ -174,20 +211,21 @@ def _streamable(model: Any) -> bool:
 
 
 def write_component(
-    component: str, config: dict[str, Any], folder: Path, *, max_shard_bytes: int, dtype_name: str, device: str, seed: int
+    component: str, config: dict[str, Any], folder: Path, *, max_shard_bytes: int, dtype_name: str, device: str, seed: int,
+    family: str = "flux1",
 ) -> dict[str, Any]:
     """Write `folder/config.json` and the weights shard by shard; returns a summary."""
     import torch
     from safetensors.torch import save_file
 
-    library, _, stem = COMPONENTS[component]
+    library, _, stem = FAMILY_COMPONENTS[family][component]
     dtype = getattr(torch, dtype_name)
     folder.mkdir(parents=True, exist_ok=True)
-    model = construct(component, config, "meta", dtype)
+    model = construct(component, config, "meta", dtype, family=family)
     streaming = _streamable(model)
     if not streaming:
         torch.manual_seed(seed * 1_000_003 + _SEED_STRIDE[component])
-        model = construct(component, config, device, dtype)
+        model = construct(component, config, device, dtype, family=family)
     _save_config(model, library, folder, dtype_name)
     names = unique_state_names(model)
     shards = plan_shards(model, names, max_shard_bytes, dtype)
@@ -219,12 +257,17 @@ def _save_config(model: Any, library: str, folder: Path, dtype_name: str) -> Non
     model.config.save_pretrained(folder)
 
 
-def _model_index(tokenizers: dict[str, Any]) -> dict[str, Any]:
+def _model_index(preset: Preset, tokenizers: dict[str, Any]) -> dict[str, Any]:
     import diffusers
 
-    index: dict[str, Any] = {"_class_name": "FluxPipeline", "_diffusers_version": diffusers.__version__}
+    from fluxbooth.families import family_named
+
+    family = family_named(preset.family)
+    index: dict[str, Any] = {"_class_name": family.pipeline_class, "_diffusers_version": diffusers.__version__}
+    if family.name == "flux2-klein":
+        index["is_distilled"] = preset.distilled
     index["scheduler"] = ["diffusers", "FlowMatchEulerDiscreteScheduler"]
-    for component, (library, class_name, _) in COMPONENTS.items():
+    for component, (library, class_name, _) in FAMILY_COMPONENTS[preset.family].items():
         index[component] = [library, class_name]
     for name, tokenizer in tokenizers.items():
         index[name] = ["transformers", type(tokenizer).__name__]
@@ -232,6 +275,13 @@ def _model_index(tokenizers: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_tokenizers(preset: Preset) -> dict[str, Any]:
+    """The preset's tokenizers by pipeline component: CLIP and T5 for FLUX.1, one chat tokenizer for FLUX.2."""
+    if preset.family.startswith("flux2"):
+        from fluxbooth.synthetic.chat_tokenizers import mistral_tokenizer, qwen_tokenizer
+
+        full_size = None if preset.tokenizers == "tiny" else _vocabulary_size(preset.text_encoder)
+        build = qwen_tokenizer if preset.family == "flux2-klein" else mistral_tokenizer
+        return {"tokenizer": build(full_size)}
     if preset.tokenizers == "tiny":
         from fluxbooth import tiny
 
@@ -239,6 +289,10 @@ def build_tokenizers(preset: Preset) -> dict[str, Any]:
     from fluxbooth.synthetic.vocab import full_size_tokenizers
 
     return full_size_tokenizers()
+
+
+def _vocabulary_size(config: dict[str, Any]) -> int:
+    return int(config.get("text_config", config)["vocab_size"])
 
 
 def is_complete(folder: Path, description: dict[str, Any]) -> bool:
@@ -266,32 +320,36 @@ def _write_all(preset: Preset, staging: Path, seed: int, device: str) -> None:
 
     tokenizers = build_tokenizers(preset)
     configs = component_configs(preset, tokenizers)
-    for component in COMPONENTS:
+    for component in FAMILY_COMPONENTS[preset.family]:
         write_component(
             component, configs[component], staging / component, max_shard_bytes=preset.max_shard_bytes[component],
-            dtype_name=preset.dtype, device=device, seed=seed,
+            dtype_name=preset.dtype, device=device, seed=seed, family=preset.family,
         )
     for name, tokenizer in tokenizers.items():
         tokenizer.save_pretrained(staging / name)
     FlowMatchEulerDiscreteScheduler(**preset.scheduler).save_pretrained(staging / "scheduler")
-    (staging / "model_index.json").write_text(json.dumps(_model_index(tokenizers), indent=2) + "\n")
+    (staging / "model_index.json").write_text(json.dumps(_model_index(preset, tokenizers), indent=2) + "\n")
 
 
-SHARED_ENTRIES = ("vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "scheduler", "model_index.json")
+def shared_entries(preset: Preset) -> tuple[str, ...]:
+    """What a reduced-depth variant links from a built pipeline: everything but the transformer."""
+    components = [component for component in FAMILY_COMPONENTS[preset.family] if component != "transformer"]
+    tokenizers = ("tokenizer",) if preset.family.startswith("flux2") else ("tokenizer", "tokenizer_2")
+    return (*components, *tokenizers, "scheduler", "model_index.json")
 
 
 def _write_transformer_beside(preset: Preset, staging: Path, seed: int, device: str, shared: Path) -> None:
     """Only the transformer is written; every other component links to `shared`'s (a reduced-depth
     variant of a full-size model needs no second 9.5 GB T5 encoder)."""
-    missing = [entry for entry in SHARED_ENTRIES if not (shared / entry).exists()]
+    entries = shared_entries(preset)
+    missing = [entry for entry in entries if not (shared / entry).exists()]
     if missing:
         raise ValueError(f"--share-encoders-with {shared}: not a complete pipeline folder (missing {missing})")
-    configs = component_configs(preset, build_tokenizers(preset) if preset.tokenizers == "tiny" else None)
     write_component(
-        "transformer", configs["transformer"], staging / "transformer", max_shard_bytes=preset.max_shard_bytes["transformer"],
-        dtype_name=preset.dtype, device=device, seed=seed,
+        "transformer", dict(preset.transformer), staging / "transformer", max_shard_bytes=preset.max_shard_bytes["transformer"],
+        dtype_name=preset.dtype, device=device, seed=seed, family=preset.family,
     )
-    for entry in SHARED_ENTRIES:
+    for entry in entries:
         (staging / entry).symlink_to(shared.absolute() / entry)
 
 

@@ -3,13 +3,17 @@
 The full-size configs are those black-forest-labs/FLUX.1-dev and FLUX.1-schnell ship (transformer/,
 text_encoder/ = CLIP ViT-L/14's text tower, text_encoder_2/ = google/t5-v1_1-xxl's encoder, vae/,
 scheduler/), written out field by field so nothing is downloaded. schnell differs from dev only in
-the transformer's guidance embedding and the scheduler's shift.
+the transformer's guidance embedding and the scheduler's shift. black-forest-labs/FLUX.1-Kontext-dev
+ships FLUX.1-dev's configs under FluxKontextPipeline; the FLUX.2 configs and their sources are in
+`flux2_presets`. Each preset names its family (fluxbooth.families), which decides its component classes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from fluxbooth.synthetic import flux2_presets as flux2
 
 GB = 1000**3
 
@@ -130,11 +134,13 @@ class Preset:
     name: str
     transformer: dict[str, Any]
     text_encoder: dict[str, Any]
-    text_encoder_2: dict[str, Any]
+    text_encoder_2: dict[str, Any] | None  # None: a FLUX.2 family (one text encoder)
     vae: dict[str, Any]
     scheduler: dict[str, Any]
     tokenizers: str
     dtype: str = "bfloat16"
+    family: str = "flux1"  # fluxbooth.families name
+    distilled: bool = False  # FLUX.2 [klein]: the step-distilled checkpoint (model_index.json is_distilled)
     max_shard_bytes: dict[str, int] = field(
         default_factory=lambda: {
             "transformer": DIFFUSERS_MAX_SHARD_BYTES,
@@ -168,15 +174,38 @@ def _tiny_preset_configs() -> dict[str, dict[str, Any]]:
     }
 
 
+def _flux2_preset(name: str, transformer: dict[str, Any], text_encoder: dict[str, Any], vae: dict[str, Any], tokenizers: str) -> Preset:
+    return Preset(
+        name=name, transformer=dict(transformer), text_encoder=dict(text_encoder), text_encoder_2=None, vae=dict(vae),
+        scheduler=dict(FLUX1_DEV_SCHEDULER), tokenizers=tokenizers, family="flux2" if "klein" not in name else "flux2-klein",
+        # The published [klein] 4B and 9B are the step-distilled checkpoints; the tiny one is a base (sampled
+        # with classifier-free guidance, so its validation path is the harder one).
+        distilled=name.startswith("flux2-klein"),
+        dtype="float32" if tokenizers == "tiny" else "bfloat16",
+    )
+
+
+FLUX2_PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any], str]] = {
+    "flux2-dev": (flux2.FLUX2_DEV_TRANSFORMER, flux2.MISTRAL_SMALL_3, flux2.FLUX2_VAE, "full"),
+    "flux2-klein-4b": (flux2.FLUX2_KLEIN_4B_TRANSFORMER, flux2.QWEN3_4B, flux2.FLUX2_VAE, "full"),
+    "flux2-klein-9b": (flux2.FLUX2_KLEIN_9B_TRANSFORMER, flux2.QWEN3_8B, flux2.FLUX2_VAE, "full"),
+    "tiny-flux2": ({**flux2.TINY_FLUX2_TRANSFORMER, "guidance_embeds": True}, flux2.TINY_MISTRAL3, flux2.TINY_FLUX2_VAE, "tiny"),
+    "tiny-flux2-klein": ({**flux2.TINY_FLUX2_TRANSFORMER, "guidance_embeds": False}, flux2.TINY_QWEN3, flux2.TINY_FLUX2_VAE, "tiny"),
+}
+
+
 def preset(name: str) -> Preset:
     """The preset called `name`; ValueError naming the choices otherwise."""
-    if name in ("tiny", "scaled"):
+    if name in ("tiny", "scaled", "tiny-kontext"):
         configs = _tiny_preset_configs()
         if name == "scaled":
             configs["transformer"] = {**configs["transformer"], **SCALED_TRANSFORMER_OVERRIDES}
-        return Preset(name=name, tokenizers="tiny", **configs)
-    if name in ("flux1-dev", "flux1-schnell"):
-        dev = name == "flux1-dev"
+        family = "flux1-kontext" if name == "tiny-kontext" else "flux1"
+        # fluxbooth.tiny's pipeline is float32; the tiny Kontext one matches it.
+        dtype = "float32" if name == "tiny-kontext" else "bfloat16"
+        return Preset(name=name, tokenizers="tiny", family=family, dtype=dtype, **configs)
+    if name in ("flux1-dev", "flux1-schnell", "flux1-kontext-dev"):
+        dev = name != "flux1-schnell"
         return Preset(
             name=name,
             transformer={**FLUX1_TRANSFORMER, "guidance_embeds": dev},
@@ -185,8 +214,14 @@ def preset(name: str) -> Preset:
             vae=dict(FLUX1_VAE),
             scheduler=dict(FLUX1_DEV_SCHEDULER if dev else FLUX1_SCHNELL_SCHEDULER),
             tokenizers="full",
+            family="flux1-kontext" if name == "flux1-kontext-dev" else "flux1",
         )
+    if name in FLUX2_PRESETS:
+        return _flux2_preset(name, *FLUX2_PRESETS[name])
     raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESET_NAMES)}")
 
 
-PRESET_NAMES = ("tiny", "scaled", "flux1-dev", "flux1-schnell")
+PRESET_NAMES = (
+    "tiny", "scaled", "flux1-dev", "flux1-schnell", "flux1-kontext-dev", "flux2-dev", "flux2-klein-4b", "flux2-klein-9b",
+    "tiny-kontext", "tiny-flux2", "tiny-flux2-klein",
+)
