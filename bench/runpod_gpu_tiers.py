@@ -1,12 +1,17 @@
-"""The README's GPU-tier tables, from the planner: `python bench/runpod_gpu_tiers.py [--guide] > tiers.md`.
+"""The README's GPU tables, from the planner: `python bench/runpod_gpu_tiers.py [--guide] > tiers.md`.
 
-Default: the README's "default request" table. For each card (GPU memory, the host RAM such workers have,
-its NVML name for the time model) the request without training_type (FLUX.1-dev, rank-16 LoRA, 1000 steps)
-at the card's resolution goes through `python -m fluxbooth plan --request … --json`; one Markdown row says
-what the job would run (base, ZeRO stage, offload, GPU and host peaks, s/step, whole job) or why it is
-refused and what to change. `--guide`: the guide's two example requests and the default one on the
-24/48/80 GiB tiers, against the default 55-minute deadline. Predictions from docs/memory.md, not
-measurements.
+One row per card: each card's request goes through `python -m fluxbooth plan --request … --json` on a
+hypothetical machine with that card's memory and its datasheet row (`--gpu-name`), at the worker's own
+deadline (plan's default: FLUXBOOTH_JOB_DEADLINE_SECONDS, 3,300 s unless the environment sets it). A row says
+what the job would run (base, ZeRO stage, offload, GPU and host peaks, s/step, the whole job) or why it is
+refused and what to change.
+
+Default: the request without training_type (FLUX.1-dev, rank-16 LoRA, 1000 steps at 1024²) on every card.
+`--guide`: the guide's Basic and Advanced requests, as written, on every card.
+
+RunPod does not publish the host RAM and CPUs a serverless worker gets with each card: HOSTS holds the values
+assumed here, by GPU memory. The host RAM decides only the offloading rows; the CPU count only the time of
+an offloaded optimizer. Predictions from docs/memory.md, not measurements.
 """
 
 from __future__ import annotations
@@ -19,11 +24,29 @@ from pathlib import Path
 from typing import Any
 
 GIB = 1024**3
-DEFAULT_DEADLINE_SECONDS = 3300  # FLUXBOOTH_JOB_DEADLINE_SECONDS's default
-TIERS = (
-    ("24 GB: RTX 4090, L4, A5000", "24GiB", "62GiB", "RTX 4090"),
-    ("48 GB: L40S, RTX A6000, A40", "48GiB", "94GiB", "L40S"),
-    ("80 GB: A100, H100", "80GiB", "188GiB", "H100"),
+# Assumed host of a RunPod worker by the card's memory (GiB): (host RAM, CPUs).
+HOSTS = {16: ("62GiB", 8), 24: ("62GiB", 8), 32: ("62GiB", 8), 48: ("94GiB", 8), 80: ("188GiB", 16),
+         94: ("188GiB", 16), 141: ("188GiB", 16)}
+# (the card as RunPod lists it, its memory in GiB, the name NVML reports), slowest tier first.
+CARDS = (
+    ("RTX A4000", 16, "NVIDIA RTX A4000"),
+    ("RTX A4500", 20, "NVIDIA RTX A4500"),
+    ("RTX A5000", 24, "NVIDIA RTX A5000"),
+    ("L4", 24, "NVIDIA L4"),
+    ("RTX 3090", 24, "NVIDIA GeForce RTX 3090"),
+    ("RTX 4090", 24, "NVIDIA GeForce RTX 4090"),
+    ("RTX 5090", 32, "NVIDIA GeForce RTX 5090"),
+    ("A40", 48, "NVIDIA A40"),
+    ("RTX A6000", 48, "NVIDIA RTX A6000"),
+    ("L40", 48, "NVIDIA L40"),
+    ("L40S", 48, "NVIDIA L40S"),
+    ("RTX 6000 Ada", 48, "NVIDIA RTX 6000 Ada Generation"),
+    ("A100 PCIe", 80, "NVIDIA A100 80GB PCIe"),
+    ("A100 SXM", 80, "NVIDIA A100-SXM4-80GB"),
+    ("H100 PCIe", 80, "NVIDIA H100 PCIe"),
+    ("H100 SXM", 80, "NVIDIA H100 80GB HBM3"),
+    ("H100 NVL", 94, "NVIDIA H100 NVL"),
+    ("H200", 141, "NVIDIA H200"),
 )
 GUIDE_BASIC = {
     "model_name": "my_dreambooth_model", "dataset": "base64_encoded_dataset_zip",
@@ -38,35 +61,24 @@ NO_TRAINING_TYPE = {
     "model_name": "my-flux", "dataset_url": "https://example.com/photos.zip",
     "instance_prompt": "a photo of sks person", "steps": 1000, "resolution": 1024,
 }
-REQUESTS = (
-    ("the guide's basic request", GUIDE_BASIC),
-    ("the guide's advanced request", GUIDE_ADVANCED),
-    ("no training_type, 1000 steps at 1024²", NO_TRAINING_TYPE),
-)
+# The deadline refusal's own words (plan/checks.py), and the changes it names after "; use ".
+_BEYOND_DEADLINE = "beyond the job deadline"
 
 
-# (row label, GPU memory, host RAM, NVML name for the time model, resolution) for the default request.
-CARDS = (
-    ("any 8 GiB card (timed as an A4000)", "8GiB", "32GiB", "NVIDIA RTX A4000", 512),
-    ("any 8 GiB card (timed as an A4000)", "8GiB", "62GiB", "NVIDIA RTX A4000", 512),
-    ("any 8 GiB card (timed as an A4000)", "8GiB", "62GiB", "NVIDIA RTX A4000", 1024),
-    ("RTX A4000", "16GiB", "62GiB", "NVIDIA RTX A4000", 1024),
-    ("L4", "24GiB", "62GiB", "NVIDIA L4", 1024),
-    ("RTX 4090", "24GiB", "62GiB", "NVIDIA GeForce RTX 4090", 1024),
-    ("RTX A6000", "48GiB", "94GiB", "NVIDIA RTX A6000", 1024),
-    ("L40S", "48GiB", "94GiB", "NVIDIA L40S", 1024),
-    ("A100 SXM 80GB", "80GiB", "188GiB", "NVIDIA A100-SXM4-80GB", 1024),
-    ("H100 80GB HBM3", "80GiB", "188GiB", "NVIDIA H100 80GB HBM3", 1024),
-)
+def host_for(gpu_gib: int) -> tuple[str, int]:
+    return HOSTS[min(size for size in HOSTS if size >= gpu_gib)]
 
 
-def plan(tier: tuple[str, str, str, str], request: dict[str, Any], folder: Path) -> dict[str, Any]:
+def plan(card: tuple[str, int, str], request: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """`plan --json` for the request on the card, at the worker's default deadline."""
+    _, gpu_gib, nvml_name = card
+    host_memory, cpus = host_for(gpu_gib)
     path = folder / "request.json"
     path.write_text(json.dumps(request))
-    _, gpu_memory, host_memory, gpu_name = tier
     completed = subprocess.run(
-        [sys.executable, "-m", "fluxbooth", "plan", "--gpu-memory", gpu_memory, "--host-memory", host_memory,
-         "--gpus", "1", "--disk", "200GiB", "--gpu-name", gpu_name, "--request", str(path), "--json"],
+        [sys.executable, "-m", "fluxbooth", "plan", "--gpus", "1", "--gpu-memory", f"{gpu_gib}GiB",
+         "--host-memory", host_memory, "--cpus", str(cpus), "--disk", "200GiB", "--gpu-name", nvml_name,
+         "--request", str(path), "--json"],
         capture_output=True, text=True, check=False,
     )
     try:
@@ -75,78 +87,61 @@ def plan(tier: tuple[str, str, str, str], request: dict[str, Any], folder: Path)
         return {"error": {"message": (completed.stderr or completed.stdout).strip().splitlines()[-1]}}
 
 
-def describe(chosen: dict[str, Any]) -> str:
-    kind = f"LoRA r{chosen['lora_rank']}" if chosen["training_type"] == "lora" else "full fine-tune"
-    offload = "/".join(value for value in (chosen["offload_optimizer"], chosen["offload_param"]))
-    return (
-        f"{kind}, {chosen['base_precision']} base, ZeRO-{chosen['zero_stage']}, offload {offload}: "
-        f"GPU ≈{chosen['gpu_bytes'] / GIB:.1f} GiB, host ≈{chosen['host_bytes'] / GIB:.1f} GiB, "
-        f"≈{chosen['total_seconds'] / 60:.0f} min"
-    )
-
-
-def outcome(result: dict[str, Any]) -> str:
-    chosen = result.get("chosen")
-    if chosen:
-        return describe(chosen)
-    error = result.get("error") or {}
-    message = error.get("message", "?") if isinstance(error, dict) else str(error)
-    return f"refused ({error.get('code', 'error') if isinstance(error, dict) else 'error'}): {message}"
-
-
-def deadline_note(result: dict[str, Any]) -> str:
-    """Whether the run fits the default deadline, and if not, the deadline it needs."""
-    chosen = result.get("chosen")
-    if not chosen:
-        return "–"
-    if chosen["total_seconds"] <= DEFAULT_DEADLINE_SECONDS:
-        return "yes"
-    needed_minutes = -(-chosen["total_seconds"] * 1.1 // 60)
-    return f"no: set the deadline and the execution timeout to ≈{needed_minutes:.0f} min, or fewer steps"
-
-
 def where(chosen: dict[str, Any]) -> str:
     base = f"{chosen['base_precision']} base"
-    if chosen["offload_param"] != "none":
-        placed = f"{base} offloaded to the {chosen['offload_param'].upper()}"
-    else:
-        placed = f"{base} on the GPU"
+    placed = f"{base} offloaded to the {chosen['offload_param'].upper()}" if chosen["offload_param"] != "none" else f"{base} on the GPU"
     optimizer = f", optimizer on the {chosen['offload_optimizer'].upper()}" if chosen["offload_optimizer"] != "none" else ""
     return f"{placed}, ZeRO-{chosen['zero_stage']}{optimizer}"
 
 
-def card_row(card: tuple[str, str, str, str, int], folder: Path) -> str:
-    label, gpu_memory, host_memory, gpu_name, resolution = card
-    result = plan((label, gpu_memory, host_memory, gpu_name), {**NO_TRAINING_TYPE, "resolution": resolution}, folder)
-    memory = f"{gpu_memory.replace('GiB', ' GiB')} / {host_memory.replace('GiB', ' GiB')}"
-    chosen = result.get("chosen")
-    if not chosen:
-        refusal = outcome(result).replace("|", "\\|")
-        return f"| {label} | {memory} | {resolution}² | {refusal} | – | – | – | – |"
+def answer(result: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """(what the worker answers, the strategy whose numbers the row shows): the chosen plan; or, refused for
+    the deadline, the fastest strategy that fits memory and the change that would let it run."""
+    if result.get("chosen"):
+        close = any("the run may time out" in warning for warning in result.get("warnings", []))
+        verdict = f"starts, warned it is close to the {result['deadline_seconds'] / 60:.0f}-min deadline" if close else "trains"
+        return verdict, result["chosen"]
+    error = result.get("error") or {}
+    message = str(error.get("message", "?"))
+    fitting = [c for c in result.get("candidates", []) if c["fits"] and c["honours_request"]]
+    if _BEYOND_DEADLINE in message and fitting:
+        remedy = message.split("; use ", 1)[-1].replace(" (and an endpoint execution timeout above it)", "")
+        fastest = max(fitting, key=lambda candidate: candidate["relative_speed"])
+        return f"refused at the {result['deadline_seconds'] / 60:.0f}-min deadline; use {remedy}", fastest
+    return f"refused ({error.get('code', 'error')}): {message}".replace("|", "\\|"), None
+
+
+def row(card: tuple[str, int, str], request: dict[str, Any], folder: Path) -> str:
+    label, gpu_gib, _ = card
+    host_memory, cpus = host_for(gpu_gib)
+    verdict, shown = answer(plan(card, request, folder))
+    machine = f"{label} | {gpu_gib} GiB | {host_memory.replace('GiB', ' GiB')}, {cpus} CPUs"
+    if shown is None:
+        return f"| {machine} | {verdict} | – | – | – | – | – |"
     return (
-        f"| {label} | {memory} | {resolution}² | {where(chosen)} | {chosen['gpu_bytes'] / GIB:.1f} GiB | "
-        f"{chosen['host_bytes'] / GIB:.1f} GiB | {chosen['seconds_per_step']:.1f} | {chosen['total_seconds'] / 60:.0f} min |"
+        f"| {machine} | {verdict} | {where(shown)} | {shown['gpu_bytes'] / GIB:.1f} GiB | "
+        f"{shown['host_bytes'] / GIB:.1f} GiB | {shown['seconds_per_step']:.1f} | {shown['total_seconds'] / 60:.0f} min |"
     )
 
 
-def default_request_table() -> None:
-    print("| GPU | GPU / host RAM | resolution | chosen | GPU peak | host peak | s/step | whole job |")
-    print("|---|---|---|---|---:|---:|---:|---:|")
+HEADER = (
+    "| GPU | GPU memory | host (assumed) | the worker's answer | strategy | GPU peak | host peak | s/step | whole job |\n"
+    "|---|---:|---|---|---|---:|---:|---:|---:|"
+)
+
+
+def table(request: dict[str, Any]) -> None:
+    print(HEADER)
     with tempfile.TemporaryDirectory() as temporary:
         for card in CARDS:
-            print(card_row(card, Path(temporary)))
-
-
-def guide_table() -> None:
-    print("| GPU (host RAM) | request | the planner's answer | within the default 55-min deadline |")
-    print("|---|---|---|---|")
-    with tempfile.TemporaryDirectory() as temporary:
-        for tier in TIERS:
-            for label, request in REQUESTS:
-                result = plan(tier, request, Path(temporary))
-                answer = outcome(result).replace("|", "\\|")
-                print(f"| {tier[0]} ({tier[2].replace('GiB', ' GiB')}) | {label} | {answer} | {deadline_note(result)} |")
+            print(row(card, request, Path(temporary)))
 
 
 if __name__ == "__main__":
-    guide_table() if "--guide" in sys.argv[1:] else default_request_table()
+    if "--guide" in sys.argv[1:]:
+        for title, request in (("The guide's basic request", GUIDE_BASIC), ("The guide's advanced request", GUIDE_ADVANCED)):
+            print(f"{title}:\n")
+            table(request)
+            print()
+    else:
+        table(NO_TRAINING_TYPE)
