@@ -109,7 +109,7 @@ def test_plan_table_lists_candidates_and_the_choice(cli_env: dict[str, str]) -> 
 def test_plan_table_explains_a_refusal(cli_env: dict[str, str]) -> None:
     code, output = run_cli(["plan", *EIGHT_GIB_CARD, *FLUX_DEV_FULL_1024], cli_env)
     assert code == EXIT_FAILED
-    assert "nothing fits:" in output and "Would fit: LoRA rank 16" in output
+    assert "\nrefused (does_not_fit): " in output and "Would fit: LoRA rank 16" in output
 
 
 def test_lora_rank_flag_changes_the_trainable_parameters(cli_env: dict[str, str]) -> None:
