@@ -1,5 +1,6 @@
 """The checkpoint layout, shared by the trainer (which writes checkpoint-N folders) and the worker
-(which uploads, prunes and fetches them). Torch-free: the worker imports it.
+(which uploads, prunes and fetches them), and where the validation renders go (the worker's report reads
+them). Torch-free: the worker imports it.
 
     <checkpoint root>/checkpoint-<step>/          accelerate/DeepSpeed state (save_state)
     <checkpoint root>/checkpoint-<step>/fluxbooth_state.json   step, settings to match on resume, schedule
@@ -18,6 +19,10 @@ EMA_STATE_NAME = "ema.pt"
 # The trainer's own default when train.json names no checkpoint_dir: beside the output folder.
 DEFAULT_CHECKPOINT_FOLDER = "checkpoints"
 _CHECKPOINT_NAME = re.compile(r"checkpoint-(\d{1,9})")
+# Under the output folder: the final renders at the top of VALIDATION_FOLDER, those made during training in its
+# step-NNNNNN/ folders, every one indexed (prompt, seed, training step) in VALIDATION_INDEX_NAME.
+VALIDATION_FOLDER = "validation"
+VALIDATION_INDEX_NAME = "validation.json"
 
 
 def checkpoint_folder_name(step: int) -> str:

@@ -14,6 +14,7 @@ import torch
 from fluxbooth.train.cache import decoding_device, load_vae
 from fluxbooth.train.export.lora import LORA_WEIGHTS_NAME
 from fluxbooth.train.export.stage import TRANSFORMER_FOLDER, lora_for_rendering
+from fluxbooth.train.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
 from fluxbooth.train.loop import release_prefetched_partitions
 from fluxbooth.train.quantize import QuantisedLinear, quantised_transformer_for, residency
 from fluxbooth.train.runtime import free_accelerator_memory
@@ -27,8 +28,6 @@ from fluxbooth.train.state import (
     write_json,
 )
 
-VALIDATION_FOLDER = "validation"
-INDEX_NAME = "validation.json"
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,7 @@ def render_prompts(state: TrainerState, pipeline: Any, target: RenderTarget, *, 
         )
     if writes:
         write_json(
-            output_dir / VALIDATION_FOLDER / INDEX_NAME,
+            output_dir / VALIDATION_FOLDER / VALIDATION_INDEX_NAME,
             {"images": state.validation.records, "guidance_scale": config.validation_guidance_scale},
         )
 
@@ -156,7 +155,7 @@ def render_final(state: TrainerState) -> list[Artifact]:
                 writes=True,
             )
             artifacts = [*state.validation.artifacts]
-            artifacts.append(Artifact(name="validation_index", path=f"{VALIDATION_FOLDER}/{INDEX_NAME}", kind="validation_index"))
+            artifacts.append(Artifact(name="validation_index", path=f"{VALIDATION_FOLDER}/{VALIDATION_INDEX_NAME}", kind="validation_index"))
             del pipeline
             free_accelerator_memory()
         accelerator.wait_for_everyone()

@@ -1,0 +1,116 @@
+"""The training report, made in the worker after training and uploaded with the weights (stage `report`).
+
+    report/history.json       every step's loss and learning rate, the checkpoint and validation steps
+    report/loss.png           loss per step, smoothed, the learning rate on a second axis, checkpoint and
+                              validation marks (matplotlib, Agg canvas)
+    report/samples.png        the validation renders: a row per round and the final one, a column per prompt
+                              (only with validation prompts)
+    report/dataset.png        the training images as trained, with captions and the dataset check's flags
+    report/tensorboard/       the same run as TensorBoard event files
+
+Each part is made on its own: a part that fails is left out and named in a warning, and the job goes on
+(the report never costs a user the weights). Torch-free, like everything the worker imports.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fluxbooth.artifacts import LocalArtifact, sha256_file
+from fluxbooth.events import TrainerEvent
+from fluxbooth.report.history import TrainingHistory, history_from
+from fluxbooth.report.loss import draw_loss
+from fluxbooth.report.sheets import SheetImage, TrainingShape, draw_dataset, draw_samples
+from fluxbooth.report.tensorboard import write_events
+
+if TYPE_CHECKING:
+    from fluxbooth.dataset import PreparedDataset
+
+REPORT_FOLDER = "report"
+REPORT_KIND = "report"
+CAPTION_SUFFIX = ".txt"
+
+__all__ = ["REPORT_FOLDER", "Report", "ReportInputs", "SheetImage", "make_report", "report_artifacts", "sheet_images"]
+
+
+@dataclass(frozen=True)
+class ReportInputs:
+    title: str  # the model name
+    events: Sequence[TrainerEvent]
+    output_dir: Path  # the trainer's output folder: validation/ is read there, report/ is written there
+    dataset: Sequence[SheetImage]
+    training_shape: TrainingShape
+
+
+@dataclass(frozen=True)
+class Report:
+    files: tuple[Path, ...]
+    warnings: tuple[str, ...]
+
+
+def sheet_images(dataset: PreparedDataset, default_prompt: str, flags: Mapping[str, Sequence[str]]) -> list[SheetImage]:
+    """The prepared instance images in upload order, each with the caption it trains with (its `.txt`
+    file, else the instance prompt) and the dataset check's flags for it."""
+    images = []
+    for prepared, uploaded in dataset.uploaded_names.items():
+        path = dataset.instance_dir / prepared
+        caption_file = path.with_suffix(CAPTION_SUFFIX)
+        caption = caption_file.read_text(encoding="utf-8").strip() if caption_file.is_file() else ""
+        images.append(SheetImage(uploaded, path, caption or default_prompt, tuple(flags.get(uploaded, ()))))
+    return images
+
+
+def _parts(inputs: ReportInputs, history: TrainingHistory) -> list[tuple[str, Callable[[Path], object]]]:
+    parts: list[tuple[str, Callable[[Path], object]]] = [
+        ("history.json", lambda path: path.write_text(json.dumps(history.to_json(), indent=1) + "\n", encoding="utf-8")),
+        ("loss.png", lambda path: draw_loss(history, path, f"{inputs.title}: training loss")),
+    ]
+    if history.validation:
+        parts.append(("samples.png", lambda path: draw_samples(history, path, f"{inputs.title}: validation renders")))
+    parts.append(("dataset.png", lambda path: draw_dataset(inputs.dataset, inputs.training_shape, path, f"{inputs.title}: dataset as trained")))
+    parts.append(("tensorboard", lambda path: write_events(history, path)))
+    return parts
+
+
+def make_report(inputs: ReportInputs) -> Report:
+    """Every part that can be made, under `output_dir/report/`; a warning for each that cannot."""
+    folder = inputs.output_dir / REPORT_FOLDER
+    warnings: list[str] = []
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        history = history_from(inputs.events, inputs.output_dir)
+        parts = _parts(inputs, history)
+    except Exception as error:  # a report is never worth the weights: every failure becomes a warning
+        return Report((), (f"report: not made ({type(error).__name__}: {error}); the weights are unaffected",))
+    for name, make in parts:
+        target = folder / name
+        try:
+            make(target)
+        except Exception as error:  # see above
+            warnings.append(f"report: {REPORT_FOLDER}/{name} was not made ({type(error).__name__}: {error})")
+            _remove(target)
+    files = tuple(sorted(path for path in folder.rglob("*") if path.is_file()))
+    return Report(files, tuple(warnings))
+
+
+def _remove(path: Path) -> None:
+    """What a failed part left behind."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def report_artifacts(report: Report, output_dir: Path) -> list[LocalArtifact]:
+    """The report's files as artifacts, named by their place under the output folder (`report/loss.png`)."""
+    return [
+        LocalArtifact(
+            name=path.relative_to(output_dir).as_posix(), path=path, bytes=path.stat().st_size, sha256=sha256_file(path), kind=REPORT_KIND
+        )
+        for path in report.files
+    ]

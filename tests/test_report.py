@@ -1,0 +1,177 @@
+"""The training report from a run's events, validation renders and dataset: each file valid of its type,
+small at any size, and a part that cannot be drawn left out with a warning (the job never fails for it).
+
+Fast: the events and renders are built here, as the trainer writes them (tests/test_report_job.py runs
+the real trainer)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fluxbooth.events import CheckpointEvent, StageEvent, StepEvent, TrainerEvent
+from fluxbooth.report import ReportInputs, SheetImage, make_report, report_artifacts
+from fluxbooth.report.history import history_from, smoothed
+from fluxbooth.report.sheets import MAX_SAMPLE_ROWS, MAX_SHEET_IMAGES, dataset_size, sample_rows, samples_size
+from fluxbooth.train.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
+from tests.photos import textured_photo
+
+PROMPTS = ("a photo of sks dog", "a sks dog in the snow")
+MAX_PNG_BYTES = 4 * 1024 * 1024
+
+
+def step_events(steps: int, *, first: int = 1) -> list[TrainerEvent]:
+    return [
+        StepEvent(step=step, total=steps, loss=1.0 / step, lr=1e-4 * min(1.0, step / 3), seconds_per_step=0.5)
+        for step in range(first, steps + 1)
+    ]
+
+
+def write_renders(output_dir: Path, rounds: list[int], final_step: int, *, side: int = 64, noise: bool = False) -> None:
+    """validation/ as train/validation.py writes it: step-NNNNNN/ folders, the final renders, the index."""
+    folder = output_dir / VALIDATION_FOLDER
+    records = []
+    generator = np.random.default_rng(0)
+    for step in [*rounds, final_step]:
+        subfolder = f"step-{step:06d}/" if step in rounds else ""
+        (folder / subfolder).mkdir(parents=True, exist_ok=True)
+        for index, prompt in enumerate(PROMPTS):
+            file = f"{subfolder}validation_{index:02d}.png"
+            pixels = generator.integers(0, 256, (side, side, 3), dtype=np.uint8) if noise else None
+            image = Image.fromarray(pixels) if noise else textured_photo(step * 10 + index, (side, side))
+            image.save(folder / file)
+            records.append({"file": file, "prompt": prompt, "seed": index, "steps": 2, "training_step": step})
+    (folder / VALIDATION_INDEX_NAME).write_text(json.dumps({"images": records, "guidance_scale": 3.5}))
+
+
+def sheet_of(folder: Path, count: int, *, side: int = 96, noise: bool = False) -> list[SheetImage]:
+    folder.mkdir(parents=True, exist_ok=True)
+    generator = np.random.default_rng(1)
+    images = []
+    for index in range(count):
+        path = folder / f"photo{index}.png"
+        pixels = generator.integers(0, 256, (side, side, 3), dtype=np.uint8) if noise else None
+        (Image.fromarray(pixels) if noise else textured_photo(index, (side, side))).save(path)
+        images.append(SheetImage(f"photo{index}.jpg", path, "a photo of sks dog", ("blurry",) if index == 1 else ()))
+    return images
+
+
+def report_of(tmp_path: Path, events: list[TrainerEvent], images: list[SheetImage]) -> tuple[Path, list[str], list[str]]:
+    output_dir = tmp_path / "output"
+    output_dir.mkdir(exist_ok=True)
+    report = make_report(ReportInputs("sks-dog", events, output_dir, images, lambda width, height: (64, 64)))
+    names = [artifact.name for artifact in report_artifacts(report, output_dir)]
+    return output_dir / "report", names, list(report.warnings)
+
+
+@pytest.fixture
+def validated_run(tmp_path: Path) -> tuple[Path, list[str], list[str]]:
+    write_renders(tmp_path / "output", rounds=[2, 4], final_step=5)
+    events = [*step_events(5), CheckpointEvent(step=3, path="checkpoint-3"), StageEvent("validate", {"step": 2})]
+    return report_of(tmp_path, events, sheet_of(tmp_path / "instance", 5))
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    with Image.open(path) as image:
+        image.load()
+        assert image.format == "PNG"
+        return image.size
+
+
+def test_every_part_is_an_artifact_under_report(validated_run: tuple[Path, list[str], list[str]]) -> None:
+    _, names, warnings = validated_run
+    (event_file,) = [name for name in names if name.startswith("report/tensorboard/")]
+    assert sorted(set(names) - {event_file}) == ["report/dataset.png", "report/history.json", "report/loss.png", "report/samples.png"]
+    assert Path(event_file).name.startswith("events.out.tfevents.") and Path(event_file).name.endswith(".fluxbooth")
+    assert warnings == []
+
+
+def test_history_json_holds_every_steps_loss_and_learning_rate_and_the_marks(validated_run: tuple[Path, list[str], list[str]]) -> None:
+    history = json.loads((validated_run[0] / "history.json").read_text())
+    assert [(entry["step"], entry["loss"], entry["lr"]) for entry in history["steps"]] == [
+        (step, 1.0 / step, 1e-4 * min(1.0, step / 3)) for step in range(1, 6)
+    ]
+    assert (history["checkpoints"], history["validation_steps"], history["validation_prompts"]) == ([3], [2, 4, 5], list(PROMPTS))
+
+
+def test_samples_png_has_a_row_per_validation_round_and_the_final_one(validated_run: tuple[Path, list[str], list[str]]) -> None:
+    width, height, _ = samples_size(rows=3, columns=len(PROMPTS))
+    assert png_size(validated_run[0] / "samples.png") == (width, height)
+
+
+def test_loss_and_dataset_pngs_are_images(validated_run: tuple[Path, list[str], list[str]]) -> None:
+    assert png_size(validated_run[0] / "loss.png") == (990, 495)
+    width, height, _, _ = dataset_size(5)
+    assert png_size(validated_run[0] / "dataset.png") == (width, height)
+
+
+def test_the_event_file_reads_back_in_tensorboard(validated_run: tuple[Path, list[str], list[str]]) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(validated_run[0] / "tensorboard"), size_guidance={"images": 0, "scalars": 0})
+    accumulator.Reload()
+    assert [(event.step, event.value) for event in accumulator.Scalars("train/loss")] == [
+        (step, pytest.approx(1.0 / step)) for step in range(1, 6)
+    ]
+    assert [event.step for event in accumulator.Scalars("train/learning_rate")] == [1, 2, 3, 4, 5]
+    assert [event.step for event in accumulator.Images("validation/prompt_01")] == [2, 4]
+    (final,) = accumulator.Images("validation_final/prompt_01")
+    assert (final.step, final.width, final.height) == (5, 64, 64)
+
+
+def test_without_validation_prompts_there_is_no_samples_grid_and_no_warning(tmp_path: Path) -> None:
+    folder, names, warnings = report_of(tmp_path, step_events(4), sheet_of(tmp_path / "instance", 3))
+    assert "report/samples.png" not in names and warnings == []
+    assert not (folder / "samples.png").exists()
+
+
+def test_a_part_that_cannot_be_drawn_is_left_out_with_a_warning_and_the_rest_is_made(tmp_path: Path) -> None:
+    write_renders(tmp_path / "output", rounds=[2], final_step=3)
+    (tmp_path / "output" / VALIDATION_FOLDER / "validation_00.png").write_bytes(b"not a png")
+    folder, names, warnings = report_of(tmp_path, step_events(3), sheet_of(tmp_path / "instance", 2))
+
+    assert [warning.split(" was not made")[0] for warning in warnings] == ["report: report/samples.png", "report: report/tensorboard"]
+    assert all("UnidentifiedImageError" in warning for warning in warnings)
+    assert sorted(names) == ["report/dataset.png", "report/history.json", "report/loss.png"]
+    assert sorted(path.name for path in folder.iterdir()) == ["dataset.png", "history.json", "loss.png"]
+
+
+def test_a_run_without_steps_gets_no_loss_curve_and_says_why(tmp_path: Path) -> None:
+    _, names, warnings = report_of(tmp_path, [], sheet_of(tmp_path / "instance", 1))
+    assert warnings == ["report: report/loss.png was not made (ValueError: the trainer reported no optimizer step)"]
+    assert "report/loss.png" not in names
+
+
+def test_the_pngs_stay_small_for_a_large_run_of_incompressible_images(tmp_path: Path) -> None:
+    write_renders(tmp_path / "output", rounds=list(range(50, 2000, 50)), final_step=2000, side=512, noise=True)
+    folder, _, warnings = report_of(tmp_path, step_events(2000), sheet_of(tmp_path / "instance", 120, side=512, noise=True))
+
+    assert warnings == []
+    for name in ("samples.png", "dataset.png", "loss.png"):
+        assert (folder / name).stat().st_size < MAX_PNG_BYTES, name
+    assert png_size(folder / "samples.png") == samples_size(MAX_SAMPLE_ROWS, len(PROMPTS))[:2]
+    assert png_size(folder / "dataset.png") == dataset_size(MAX_SHEET_IMAGES)[:2]
+
+
+def test_thinned_sample_rows_keep_the_first_and_last_rounds_and_the_final_render(tmp_path: Path) -> None:
+    write_renders(tmp_path, rounds=list(range(10, 400, 10)), final_step=400)
+    rows = sample_rows(history_from([], tmp_path))
+    assert len(rows) == MAX_SAMPLE_ROWS
+    assert (rows[0], rows[-2], rows[-1]) == (("step 10", 10), ("step 390", 390), ("final\nstep 400", 400))
+
+
+def test_a_resumed_run_reports_the_steps_it_trained(tmp_path: Path) -> None:
+    history = history_from(step_events(6, first=4), tmp_path)
+    assert [record.step for record in history.steps] == [4, 5, 6]
+
+
+def test_the_smoothed_line_follows_a_long_run_and_leaves_a_short_one_as_it_is() -> None:
+    assert smoothed([3.0, 1.0, 2.0]) == [3.0, 1.0, 2.0]
+    noisy = [1.0 + (0.5 if step % 2 else -0.5) for step in range(1000)]
+    tail = smoothed(noisy)[500:]
+    assert all(math.isclose(value, 1.0, abs_tol=0.05) for value in tail)
