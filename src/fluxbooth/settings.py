@@ -70,6 +70,20 @@ def _ratio(environ: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _price(environ: Mapping[str, str], name: str) -> float | None:
+    """A price like "0.69" (per hour of one worker), more than 0; None when unset."""
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError as error:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number") from error
+    if not 0 < value < float("inf"):
+        raise ValueError(f"environment variable {name}={raw!r} must be a price above 0, like 0.69")
+    return value
+
+
 @dataclass(frozen=True)
 class BucketSettings:
     """S3-compatible object storage, named as RunPod names it."""
@@ -86,6 +100,7 @@ class BucketSettings:
 # Set by RunPod inside its pods and serverless workers.
 RUNPOD_PRESENCE_VARIABLES = ("RUNPOD_POD_ID", "RUNPOD_ENDPOINT_ID")
 ALLOW_LOCAL_OUTPUT_VARIABLE = "FLUXBOOTH_ALLOW_LOCAL_OUTPUT"
+PRICE_VARIABLE = "FLUXBOOTH_PRICE_PER_HOUR"
 BUCKET_VARIABLES = ("BUCKET_ENDPOINT_URL", "BUCKET_ACCESS_KEY_ID", "BUCKET_SECRET_ACCESS_KEY", "BUCKET_NAME")
 DEFAULT_BUCKET_REGION = "us-east-1"
 DEFAULT_BUCKET_PREFIX = "fluxbooth"
@@ -256,6 +271,8 @@ class WorkerSettings:
     on_runpod: bool = False
     # The operator's explicit choice to keep weights on the worker's disk on RunPod (no bucket).
     allow_local_output: bool = False
+    # What one hour of this worker costs (FLUXBOOTH_PRICE_PER_HOUR, any currency): a dry run's quote.
+    price_per_hour: float | None = None
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -302,5 +319,6 @@ class WorkerSettings:
             dataset_limits=limits,
             on_runpod=any(env.get(name) for name in RUNPOD_PRESENCE_VARIABLES),
             allow_local_output=_flag(env.get(ALLOW_LOCAL_OUTPUT_VARIABLE)),
+            price_per_hour=_price(env, PRICE_VARIABLE),
             environ=env,
         )

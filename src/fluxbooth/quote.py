@@ -1,0 +1,104 @@
+"""The plan report: what `python -m fluxbooth plan --json` prints and a `dry_run` job answers. Every candidate
+strategy, the chosen one with each phase's predicted memory and time, the deadline check, and, when the
+endpoint sets a price per hour, the predicted cost. One owner for the CLI and the worker; no torch here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.hardware import Hardware, format_bytes
+from fluxbooth.modelsize import ModelSize
+from fluxbooth.plan import JobShape, as_job, check_job, choose_plan, evaluate_candidates, pick
+
+SECONDS_PER_HOUR = 3600
+COST_DECIMALS = 4  # a tiny job costs fractions of a cent
+
+
+def describe_hardware(hardware: Hardware) -> str:
+    if hardware.gpus:
+        gpu = f"{hardware.gpu_count}x {hardware.gpus[0].name} ({format_bytes(hardware.gpu_memory_bytes)})"
+    else:
+        gpu = "no GPU"
+    return (
+        f"{gpu}, {format_bytes(hardware.host_available_bytes)} host RAM, {hardware.cpu_count} CPUs, "
+        f"{format_bytes(hardware.disk_free_bytes)} disk [{hardware.source}]"
+    )
+
+
+def job_summary(job: JobShape) -> dict[str, Any]:
+    return {
+        "training_type": job.training_type,
+        "lora_rank": job.lora_rank,
+        "base_precision": job.base_precision,
+        "resolution": list(job.resolution),
+        "batch_size": job.batch_size,
+        "gradient_accumulation_steps": job.gradient_accumulation_steps,
+        "steps": job.steps,
+        "instance_images": job.num_instance_images,
+        "class_images": job.num_class_images,
+        "mixed_precision": job.mixed_precision,
+        "gradient_checkpointing": job.gradient_checkpointing,
+        "zero_stage": job.zero_stage,
+        "offload": job.offload,
+        "use_deepspeed": job.use_deepspeed,
+    }
+
+
+def predicted_cost(predicted_seconds: float, price_per_hour: float) -> dict[str, float]:
+    """The whole job's predicted time at the endpoint's price per worker-hour, in the price's currency."""
+    return {
+        "price_per_hour": price_per_hour,
+        "predicted_seconds": round(predicted_seconds, 1),
+        "predicted_cost": round(predicted_seconds / SECONDS_PER_HOUR * price_per_hour, COST_DECIMALS),
+    }
+
+
+def plan_report(
+    request: Any,
+    *,
+    hardware: Hardware,
+    model: ModelSize,
+    instance_images: int,
+    deadline_seconds: int,
+    deadline_source: str,
+    price_per_hour: float | None = None,
+    gpu_name_given: str | None = None,
+) -> dict[str, Any]:
+    """Every strategy for `request` (a validated TrainingRequest) on `hardware`, and the chosen plan: the
+    phases' peaks and times, the estimated run, the cost when `price_per_hour` is set. A job nothing fits, or
+    one the deadline check refuses, has `plan` None and the `does_not_fit` error in `error`."""
+    job = as_job(request, instance_images)
+    check_job(job, model)
+    candidates = evaluate_candidates(job, hardware, model)
+    report: dict[str, Any] = {
+        "chosen": None,
+        "plan": None,
+        "error": None,
+        "accelerator": hardware.accelerator,
+        "hardware": hardware.to_dict(),
+        "hardware_summary": describe_hardware(hardware),
+        "gpu_name": {"given": gpu_name_given, "matched": hardware.gpus[0].name} if gpu_name_given else None,
+        "model": model.to_dict(),
+        "job": job_summary(job),
+        "deadline_seconds": deadline_seconds,
+        "deadline_source": deadline_source,
+        "candidates": [candidate.to_dict() for candidate in candidates],
+        "warnings": list(request.warnings()),
+    }
+    try:
+        plan = choose_plan(job, hardware, model, deadline_seconds=deadline_seconds)
+    except FluxboothError as error:
+        if error.code is not ErrorCode.DOES_NOT_FIT:
+            raise
+        report["error"] = {"code": error.code.value, "message": error.message}
+        return report
+    report["plan"] = plan.to_dict()
+    report["warnings"] += list(plan.warnings)
+    report["estimated_run_seconds"] = round((plan.predicted_seconds_per_step or 0) * job.steps)
+    chosen = pick(candidates)
+    report["chosen"] = chosen.to_dict() if chosen is not None else None
+    if price_per_hour is not None:
+        report["cost"] = predicted_cost(plan.predicted_total_seconds or 0.0, price_per_hour)
+    return report
