@@ -284,17 +284,6 @@ def _hardware_from(arguments: argparse.Namespace, settings: WorkerSettings, envi
     return probe_hardware(settings.work_root, probe_env)
 
 
-def _describe_hardware(hardware: Hardware) -> str:
-    if hardware.gpus:
-        gpu = f"{hardware.gpu_count}x {hardware.gpus[0].name} ({format_bytes(hardware.gpu_memory_bytes)})"
-    else:
-        gpu = "no GPU"
-    return (
-        f"{gpu}, {format_bytes(hardware.host_available_bytes)} host RAM, {hardware.cpu_count} CPUs, "
-        f"{format_bytes(hardware.disk_free_bytes)} disk [{hardware.source}]"
-    )
-
-
 def _count(value: int) -> str:
     for divisor, suffix in ((1e9, " B"), (1e6, " M")):
         if value >= divisor:
@@ -366,7 +355,12 @@ def _chosen_summary(report: dict[str, Any], out: TextIO) -> None:
         f"optimizer {plan['optimizer']}\n"
         f"time:   ≈{plan['predicted_seconds_per_step']:.2f} s/step, ≈{report['estimated_run_seconds'] / 60:.0f} min "
         f"for {report['job']['steps']} steps, ≈{(plan['predicted_total_seconds'] or 0) / 60:.0f} min for the whole job "
-        "(a rough estimate, see docs/memory.md)\n\n"
+        "(a rough estimate, see docs/memory.md)\n"
+        + (
+            f"cost:   ≈{report['cost']['predicted_cost']:.2f} at {report['cost']['price_per_hour']:g} per hour "
+            "(FLUXBOOTH_PRICE_PER_HOUR)\n" if "cost" in report else ""
+        )
+        + "\n"
     )
     rows = [("phase", "GPU peak", "host peak", "time")]
     for name, phase in plan["phases"].items():
@@ -391,63 +385,26 @@ def _deadline(request: Any, settings: WorkerSettings) -> tuple[int, str]:
     return settings.job_deadline_seconds, "the worker's FLUXBOOTH_JOB_DEADLINE_SECONDS"
 
 
-def _job_summary(job: Any) -> dict[str, Any]:
-    return {
-        "training_type": job.training_type,
-        "lora_rank": job.lora_rank,
-        "base_precision": job.base_precision,
-        "resolution": list(job.resolution),
-        "batch_size": job.batch_size,
-        "gradient_accumulation_steps": job.gradient_accumulation_steps,
-        "steps": job.steps,
-        "instance_images": job.num_instance_images,
-        "class_images": job.num_class_images,
-        "mixed_precision": job.mixed_precision,
-        "gradient_checkpointing": job.gradient_checkpointing,
-        "zero_stage": job.zero_stage,
-        "offload": job.offload,
-        "use_deepspeed": job.use_deepspeed,
-    }
-
-
 def run_plan_command(arguments: argparse.Namespace, environ: Mapping[str, str], out: TextIO) -> int:
-    from fluxbooth.plan import as_job, check_job, choose_plan, evaluate_candidates, model_size, pick
+    from fluxbooth.plan import model_size
+    from fluxbooth.quote import plan_report
 
     settings = WorkerSettings.from_environ(environ)
     request = _validated_request(arguments)
-    job = as_job(request, _instance_images(arguments, settings))
+    instance_images = _instance_images(arguments, settings)
     hardware = _hardware_from(arguments, settings, environ)
     model = model_size(_base_model_from(request, settings))
     deadline, deadline_source = _deadline(request, settings)
-    check_job(job, model)
-    candidates = evaluate_candidates(job, hardware, model)
-    report: dict[str, Any] = {
-        "chosen": None,
-        "plan": None,
-        "error": None,
-        "accelerator": hardware.accelerator,
-        "hardware": hardware.to_dict(),
-        "hardware_summary": _describe_hardware(hardware),
-        "gpu_name": {"given": arguments.gpu_name, "matched": hardware.gpus[0].name} if arguments.gpu_name else None,
-        "model": model.to_dict(),
-        "job": _job_summary(job),
-        "deadline_seconds": deadline,
-        "deadline_source": deadline_source,
-        "candidates": [candidate.to_dict() for candidate in candidates],
-        "warnings": list(request.warnings()),
-    }
-    try:
-        plan = choose_plan(job, hardware, model, deadline_seconds=deadline)
-    except FluxboothError as error:
-        if error.code is not ErrorCode.DOES_NOT_FIT:
-            raise
-        report["error"] = {"code": error.code.value, "message": error.message}
-    else:
-        report["plan"] = plan.to_dict()
-        report["warnings"] += list(plan.warnings)
-        report["estimated_run_seconds"] = round((plan.predicted_seconds_per_step or 0) * job.steps)
-        chosen = pick(candidates)
-        report["chosen"] = chosen.to_dict() if chosen is not None else None
+    report = plan_report(
+        request,
+        hardware=hardware,
+        model=model,
+        instance_images=instance_images,
+        deadline_seconds=deadline,
+        deadline_source=deadline_source,
+        price_per_hour=settings.price_per_hour,
+        gpu_name_given=arguments.gpu_name,
+    )
     if arguments.json:
         out.write(json.dumps(report, indent=2) + "\n")
     else:
