@@ -1,4 +1,9 @@
-"""How big a FLUX.1 pipeline is, computed from its configs without loading any weights.
+"""How big a FLUX pipeline is, computed from its configs without loading any weights.
+
+The family (fluxbooth.families) decides which formulas apply: FLUX.1 and FLUX.1 Kontext share the
+formulas below; FLUX.2's transformer and text encoders are in `modelsize_flux2`. For FLUX.2,
+`text_encoder_2_params` (the role of FLUX.1's T5: the encoder whose hidden states are the prompt sequence)
+holds its one text encoder, and `text_encoder_params` (the pooled-embedding role of CLIP) is 0.
 
 Parameter counts are analytic: each formula mirrors the layer layout of the diffusers /
 transformers class that the config instantiates (FluxTransformer2DModel, CLIPTextModel,
@@ -19,10 +24,23 @@ from pathlib import Path
 from typing import Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.synthetic.presets import CLIP_L_TEXT, FLUX1_TRANSFORMER, FLUX1_VAE, T5_XXL_ENCODER
+from fluxbooth.families import FLUX1, Family, family_named, family_of
+from fluxbooth.synthetic.presets import CLIP_L_TEXT, FLUX1_TRANSFORMER, FLUX1_VAE, T5_XXL_ENCODER, preset
 
 FLUX_DEV_NAME = "black-forest-labs/FLUX.1-dev"
 FLUX_SCHNELL_NAME = "black-forest-labs/FLUX.1-schnell"
+# Hub ids the planner sizes without their files: each maps to the synthetic preset with its published configs.
+PRESET_OF_MODEL: dict[str, str] = {
+    FLUX_DEV_NAME: "flux1-dev",
+    FLUX_SCHNELL_NAME: "flux1-schnell",
+    "black-forest-labs/FLUX.1-Krea-dev": "flux1-dev",  # FLUX.1-dev's configs unchanged
+    "black-forest-labs/FLUX.1-Kontext-dev": "flux1-kontext-dev",
+    "black-forest-labs/FLUX.2-dev": "flux2-dev",
+    "black-forest-labs/FLUX.2-klein-4B": "flux2-klein-4b",
+    "black-forest-labs/FLUX.2-klein-base-4B": "flux2-klein-4b",
+    "black-forest-labs/FLUX.2-klein-9B": "flux2-klein-9b",
+    "black-forest-labs/FLUX.2-klein-base-9B": "flux2-klein-9b",
+}
 
 # The published FLUX.1 configs have one owner, the synthetic presets (pure data, no torch); sizing reads
 # only these fields of each.
@@ -57,6 +75,11 @@ class LinearLayer:
     name: str
     in_features: int
     out_features: int
+    bias: bool = True
+
+    @property
+    def params(self) -> int:
+        return self.in_features * self.out_features + (self.out_features if self.bias else 0)
 
 
 @dataclass(frozen=True)
@@ -97,6 +120,9 @@ class ModelSize:
     text_encoder_2_hidden_size: int
     linear_layers: tuple[LinearLayer, ...] = field(repr=False, default=())
     source: str = "preset"
+    family: str = FLUX1.name
+    # The LoRA targets when a request names none: the family's (fluxbooth.families), for this config.
+    default_lora_targets: tuple[str, ...] = field(repr=False, default=())
 
     @property
     def encoder_params(self) -> int:
@@ -119,6 +145,7 @@ class ModelSize:
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "family": self.family,
             "source": self.source,
             "transformer_params": self.transformer_params,
             "largest_layer_params": self.largest_layer_params,
@@ -230,11 +257,14 @@ def _norm_params_per_module(shape: TransformerShape) -> dict[str, int]:
     return norms
 
 
-def transformer_params(shape: TransformerShape, layers: tuple[LinearLayer, ...]) -> tuple[int, int]:
+def transformer_params(
+    shape: TransformerShape, layers: tuple[LinearLayer, ...], norms: dict[str, int] | None = None
+) -> tuple[int, int]:
     """(total parameters, parameters of the largest single module) — as DeepSpeed's
-    `model_to_params` counts them: a module's own parameters, not its children's."""
-    linear_sizes = [layer.in_features * layer.out_features + layer.out_features for layer in layers]
-    norm_sizes = list(_norm_params_per_module(shape).values())
+    `model_to_params` counts them: a module's own parameters, not its children's. `norms`: the
+    parameters outside Linears by module (default: FLUX.1's q/k RMS norms)."""
+    linear_sizes = [layer.params for layer in layers]
+    norm_sizes = list((_norm_params_per_module(shape) if norms is None else norms).values())
     total = sum(linear_sizes) + sum(norm_sizes)
     return total, max(linear_sizes + norm_sizes)
 
@@ -351,7 +381,9 @@ def model_size_from_configs(
     vae_config: Mapping[str, Any],
     *,
     source: str,
+    family: Family = FLUX1,
 ) -> ModelSize:
+    """A FLUX.1-layout model (FLUX.1, FLUX.1 Kontext) from its components' configs."""
     shape = transformer_shape(transformer_config)
     layers = transformer_linear_layers(shape)
     total, largest = transformer_params(shape, layers)
@@ -366,19 +398,55 @@ def model_size_from_configs(
         text_encoder_2_hidden_size=int(text_encoder_2_config.get("d_model", 4096)),
         linear_layers=layers,
         source=source,
+        family=family.name,
+        default_lora_targets=family.default_lora_targets(transformer_config),
+    )
+
+
+def flux2_model_size(
+    name: str, family: Family, transformer_config: Mapping[str, Any], text_encoder_config: Mapping[str, Any],
+    vae_config: Mapping[str, Any], *, source: str,
+) -> ModelSize:
+    """A FLUX.2 model ([dev], [klein]) from its components' configs."""
+    from fluxbooth.modelsize_flux2 import flux2_linear_layers, flux2_norm_params, flux2_text_encoder_params, flux2_transformer_shape
+
+    shape = flux2_transformer_shape(transformer_config)
+    layers = flux2_linear_layers(shape, transformer_config)
+    total, largest = transformer_params(shape, layers, flux2_norm_params(shape))
+    return ModelSize(
+        name=name,
+        transformer_params=total,
+        largest_layer_params=largest,
+        text_encoder_params=0,
+        text_encoder_2_params=flux2_text_encoder_params(text_encoder_config),
+        vae_params=vae_params(vae_config),
+        transformer=shape,
+        # The cached prompt sequence: three of the text encoder's hidden states side by side.
+        text_encoder_2_hidden_size=shape.joint_attention_dim,
+        linear_layers=layers,
+        source=source,
+        family=family.name,
+        default_lora_targets=family.default_lora_targets(transformer_config),
+    )
+
+
+def _sized(name: str, family: Family, configs: Mapping[str, Mapping[str, Any]], source: str) -> ModelSize:
+    if family.is_flux2:
+        return flux2_model_size(name, family, configs["transformer"], configs["text_encoder"], configs["vae"], source=source)
+    return model_size_from_configs(
+        name, configs["transformer"], configs["text_encoder"], configs["text_encoder_2"], configs["vae"], source=source, family=family,
     )
 
 
 def _preset(name: str) -> ModelSize | None:
-    if name == FLUX_DEV_NAME:
-        transformer = dict(_FLUX_TRANSFORMER_CONFIG)
-    elif name == FLUX_SCHNELL_NAME:
-        transformer = {**_FLUX_TRANSFORMER_CONFIG, "guidance_embeds": False}
-    else:
+    """A known hub id sized from its published configs (the synthetic preset that holds them)."""
+    preset_name = PRESET_OF_MODEL.get(name)
+    if preset_name is None:
         return None
-    return model_size_from_configs(
-        name, transformer, _CLIP_L_CONFIG, _T5_XXL_CONFIG, _FLUX_VAE_CONFIG, source="preset"
-    )
+    chosen = preset(preset_name)
+    configs = {"transformer": chosen.transformer, "text_encoder": chosen.text_encoder, "text_encoder_2": chosen.text_encoder_2 or {},
+               "vae": chosen.vae}
+    return _sized(name, family_named(chosen.family), configs, "preset")
 
 
 def _read_config(folder: Path, component: str) -> dict[str, Any]:
@@ -388,8 +456,7 @@ def _read_config(folder: Path, component: str) -> dict[str, Any]:
     except FileNotFoundError as error:
         raise FluxboothError(
             ErrorCode.INVALID_INPUT,
-            f"base_model: {path} is missing; point base_model at a diffusers FLUX folder "
-            "(transformer/, text_encoder/, text_encoder_2/, vae/)",
+            f"base_model: {path} is missing; point base_model at a complete diffusers pipeline folder",
         ) from error
     except (OSError, ValueError) as error:
         raise FluxboothError(
@@ -401,32 +468,21 @@ def _read_config(folder: Path, component: str) -> dict[str, Any]:
 
 
 def model_size(base_model_path_or_name: str) -> ModelSize:
-    """Size a FLUX model by preset name (FLUX.1-dev, FLUX.1-schnell: no download) or from the
-    configs of a local diffusers folder."""
+    """Size a FLUX model by a known hub id (PRESET_OF_MODEL: no download) or from the configs of a local
+    diffusers folder, after telling its family from its own files (an unknown one is `invalid_input`)."""
     folder = Path(base_model_path_or_name).expanduser()
     if folder.is_dir():
-        transformer = _read_config(folder, "transformer")
-        if "num_single_layers" not in transformer:
-            raise FluxboothError(
-                ErrorCode.INVALID_INPUT,
-                f"base_model: {folder / 'transformer' / 'config.json'} is not a FLUX transformer "
-                "(no num_single_layers); only FLUX.1-architecture models are supported",
-            )
-        return model_size_from_configs(
-            str(folder),
-            transformer,
-            _read_config(folder, "text_encoder"),
-            _read_config(folder, "text_encoder_2"),
-            _read_config(folder, "vae"),
-            source="config",
-        )
-    preset = _preset(base_model_path_or_name)
-    if preset is not None:
-        return preset
+        family = family_of(folder)
+        components = ("transformer", "vae", *family.text_encoders)
+        configs = {component: _read_config(folder, component) for component in components}
+        return _sized(str(folder), family, configs, "config")
+    sized = _preset(base_model_path_or_name)
+    if sized is not None:
+        return sized
     raise FluxboothError(
         ErrorCode.INVALID_INPUT,
         f"base_model: {base_model_path_or_name!r} is neither a local diffusers folder nor a known "
-        f"model ({FLUX_DEV_NAME}, {FLUX_SCHNELL_NAME}); bake the model into the image or mount it "
+        f"model ({', '.join(PRESET_OF_MODEL)}); bake the model into the image or mount it "
         "and pass its path",
     )
 
