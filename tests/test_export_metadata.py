@@ -11,13 +11,8 @@ import pytest
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from fluxbooth.train.export.metadata import (
-    FileLayout,
-    TrainingRecord,
-    modelspec_architecture,
-    safetensors_metadata,
-    tag_frequency,
-)
+from fluxbooth.families import FLUX1, FLUX1_KONTEXT, FLUX2, FLUX2_KLEIN, Family
+from fluxbooth.train.export.metadata import FileLayout, TrainingRecord, safetensors_metadata, tag_frequency
 from fluxbooth.trainer_config import TrainerConfig
 from tests.trainer_jobs import (
     LORA_FORMATS,
@@ -46,6 +41,7 @@ def record_of(config: TrainerConfig, **overrides: object) -> TrainingRecord:
     values: dict[str, object] = {
         "config": config,
         "architecture": "flux-1-dev",
+        "base_model_version": "flux1",
         "started_at": STARTED_AT,
         "finished_at": FINISHED_AT,
         "optimizer": "DeepSpeedCPUAdam",
@@ -77,9 +73,17 @@ def test_full_model_files_are_the_base_architecture_without_adapter_suffix(tmp_p
     }
 
 
-def test_the_architecture_is_schnell_when_the_transformer_embeds_no_guidance() -> None:
-    assert modelspec_architecture({"guidance_embeds": False}) == "flux-1-schnell"
-    assert modelspec_architecture({"guidance_embeds": True}) == "flux-1-dev"
+def test_a_flux_1_base_is_schnell_when_its_transformer_embeds_no_guidance() -> None:
+    assert FLUX1.modelspec_architecture({"guidance_embeds": False}) == "flux-1-schnell"
+    assert FLUX1.modelspec_architecture({"guidance_embeds": True}) == "flux-1-dev"
+
+
+@pytest.mark.parametrize(
+    ("family", "architecture", "version"),
+    [(FLUX1_KONTEXT, "flux-1-kontext-dev", "flux1"), (FLUX2, "flux-2-dev", "flux2"), (FLUX2_KLEIN, "flux-2-klein", "flux2")],
+)
+def test_each_family_names_its_architecture_and_kohyas_base_model_version(family: Family, architecture: str, version: str) -> None:
+    assert (family.modelspec_architecture({}), family.kohya_base_model_version) == (architecture, version)
 
 
 def test_modelspec_keys_name_the_model_its_resolution_date_and_trigger_phrase(tmp_path: Path) -> None:

@@ -55,6 +55,10 @@ KONTEXT_LORA_TARGETS: tuple[str, ...] = (
 FLUX2_LORA_BLOCK_TARGETS: tuple[str, ...] = ("to_k", "to_q", "to_v", "to_out.0", "to_qkv_mlp_proj")
 
 
+# Model spec ids of the families sd-scripts has none for, spelled as its FLUX.1 ones ("flux-1-dev").
+MODELSPEC_ARCHITECTURES = {"flux1-kontext": "flux-1-kontext-dev", "flux2": "flux-2-dev", "flux2-klein": "flux-2-klein"}
+
+
 @dataclass(frozen=True)
 class Family:
     """What differs between the FLUX families, as data."""
@@ -106,6 +110,18 @@ class Family:
             return FLUX2_DISTILLED_SAMPLING if model_index.get("is_distilled", False) else FLUX2_SAMPLING
         # FLUX.1-dev and Krea embed the guidance scale; schnell is timestep-distilled (no guidance embedding).
         return GUIDANCE_DISTILLED_SAMPLING if transformer_config.get("guidance_embeds", True) else TIMESTEP_DISTILLED_SAMPLING
+
+    def modelspec_architecture(self, transformer_config: Mapping[str, Any]) -> str:
+        """The base model's id in the Stability AI model spec, which every exported file's metadata names
+        (`modelspec.architecture`): FLUX.1's as kohya's sd-scripts writes them, the others after them."""
+        if self.name == "flux1":
+            return "flux-1-dev" if transformer_config.get("guidance_embeds", True) else "flux-1-schnell"
+        return MODELSPEC_ARCHITECTURES[self.name]
+
+    @property
+    def kohya_base_model_version(self) -> str:
+        """kohya's `ss_base_model_version` (sd-scripts writes "flux1" for every FLUX.1 model)."""
+        return "flux2" if self.is_flux2 else "flux1"
 
 
 FLUX1 = Family(

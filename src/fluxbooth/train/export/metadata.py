@@ -26,10 +26,6 @@ MODELSPEC_VERSION = "1.0.1"
 DIFFUSERS_IMPLEMENTATION = "diffusers"
 ORIGINAL_FLUX_IMPLEMENTATION = "https://github.com/black-forest-labs/flux"
 LORA_ADAPTER = "lora"
-FLUX_1_DEV = "flux-1-dev"
-FLUX_1_SCHNELL = "flux-1-schnell"
-# kohya's ss_base_model_version per ModelSpec architecture (sd-scripts' flux_utils.MODEL_VERSION_FLUX_V1).
-KOHYA_BASE_MODEL_VERSIONS = {FLUX_1_DEV: "flux1", FLUX_1_SCHNELL: "flux1"}
 # The kohya network module whose key layout (`lora_unet_...`) the ComfyUI LoRA file follows.
 KOHYA_FLUX_LORA_MODULE = "networks.lora_flux"
 TRAINER_NAME = "fluxbooth"
@@ -54,18 +50,13 @@ class FileLayout(Enum):
         return ORIGINAL_FLUX_IMPLEMENTATION
 
 
-def modelspec_architecture(transformer_config: dict[str, object]) -> str:
-    """The base model's ModelSpec architecture, told apart as `names.sampling_defaults` does: FLUX.1-dev
-    embeds the guidance scale (`guidance_embeds`), schnell does not."""
-    return FLUX_1_DEV if transformer_config.get("guidance_embeds", True) else FLUX_1_SCHNELL
-
-
 @dataclass(frozen=True)
 class TrainingRecord:
     """One training run as its files describe it: the trainer's config and what the stages found."""
 
     config: TrainerConfig
-    architecture: str  # ModelSpec architecture of the base model, e.g. "flux-1-dev"
+    architecture: str  # the base model's ModelSpec architecture, e.g. "flux-1-dev" (its family says)
+    base_model_version: str  # kohya's name of the base model's kind, e.g. "flux1" (its family says)
     started_at: float  # unix time
     finished_at: float
     optimizer: str  # the optimizer class that stepped
@@ -110,7 +101,7 @@ def kohya_keys(record: TrainingRecord, layout: FileLayout) -> dict[str, str]:
     keys = {
         "ss_output_name": config.model_name,
         "ss_sd_model_name": _model_name_for_metadata(config.base_model_name),
-        "ss_base_model_version": KOHYA_BASE_MODEL_VERSIONS.get(record.architecture, record.architecture),
+        "ss_base_model_version": record.base_model_version,
         "ss_training_started_at": str(record.started_at),
         "ss_training_finished_at": str(record.finished_at),
         "ss_steps": str(config.steps),

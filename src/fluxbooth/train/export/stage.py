@@ -9,8 +9,9 @@ from pathlib import Path
 
 import torch
 
+from fluxbooth.families import family_of
 from fluxbooth.train.export.lora import LORA_WEIGHTS_NAME, lora_state_dict, save_lora_comfyui, save_lora_diffusers
-from fluxbooth.train.export.metadata import FileLayout, TrainingRecord, modelspec_architecture, safetensors_metadata
+from fluxbooth.train.export.metadata import FileLayout, TrainingRecord, safetensors_metadata
 from fluxbooth.train.export.transformer import export_single_file, save_transformer, verify_saved_transformer
 from fluxbooth.train.runtime import free_accelerator_memory
 from fluxbooth.train.state import Artifact, EncodedImages, Session, TrainerState, TrainingRun
@@ -61,10 +62,12 @@ def training_record(state: TrainerState) -> TrainingRecord:
     """The run as every exported file describes it (train/export/metadata), taken when training ends."""
     session, run, data = state.session, state.training(), state.cached()
     config = session.config
+    family = family_of(config.base_model)
     image_sets = {"instance": data.instance_set, "class": data.class_set}
     return TrainingRecord(
         config=config,
-        architecture=modelspec_architecture(session.transformer_config),
+        architecture=family.modelspec_architecture(session.transformer_config),
+        base_model_version=family.kohya_base_model_version,
         started_at=session.started_at,
         finished_at=time.time(),
         optimizer=run.optimizer_class,
