@@ -30,16 +30,6 @@ SAMPLE_TENSORS_TO_COMPARE = 6
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*$", re.IGNORECASE)
 
 
-@dataclass(frozen=True)
-class Artifact:
-    name: str
-    path: str  # relative to the output directory
-    kind: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"name": self.name, "path": self.path, "kind": self.kind}
-
-
 def parse_size(size: str | int) -> int:
     """"5GB" → 5 * 1000**3 (diffusers' and huggingface_hub's convention); ints pass through."""
     if isinstance(size, int):
