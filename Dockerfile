@@ -46,27 +46,31 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     && pip install -r "requirements-torch-$TORCH_VARIANT.txt" \
     && python builder/image_checks.py torch "$TORCH_VARIANT"
 
-# Every other pinned dependency except DeepSpeed (built below with its ops) and the project itself (its
-# source is copied last, into the final stage). torch==2.13.0 in requirements.txt is already met by the
-# variant's 2.13.0+<label>; the check proves nothing replaced it.
-COPY requirements.txt ./
-RUN --mount=type=cache,target=/root/.cache/pip \
-    grep -v -e '^deepspeed==' -e '^-e ' requirements.txt > requirements-image.txt \
-    && pip install -r requirements-image.txt \
-    && python builder/image_checks.py torch "$TORCH_VARIANT"
-
 # DeepSpeed with its ops compiled into the package (ds_report: installed [YES]), so no cold start compiles
 # them: the CPU optimizers for offload and async_io for NVMe offload, plus, for cuda, the fused GPU
 # optimizers for every GPU generation RunPod rents (Ampere 8.0/8.6, Ada 8.9, Hopper 9.0, Blackwell
 # 10.0/12.0; nvcc 13.0 builds them all without a GPU). builder/portable-cxx replaces DeepSpeed's hard-coded
-# -march=native (and the build host's AVX-512) with portable x86-64-v3 flags.
+# -march=native (and the build host's AVX-512) with portable x86-64-v3 flags. Before the other dependencies,
+# from a requirements file of its own: changing any other pin does not recompile the ops.
+COPY requirements-deepspeed.txt ./
 COPY builder/portable-cxx builder/verify_ds_ops.py ./builder/
 ENV TORCH_CUDA_ARCH_LIST="8.0;8.6;8.9;9.0;10.0;12.0"
 RUN --mount=type=cache,target=/root/.cache/pip \
-    env $(python builder/verify_ds_ops.py build-env "$TORCH_VARIANT") CXX=/build/builder/portable-cxx MAX_JOBS=4 \
-        pip install --no-build-isolation "$(grep '^deepspeed==' requirements.txt)" \
+    grep -v '^deepspeed==' requirements-deepspeed.txt > deepspeed-needs.txt \
+    && pip install -r deepspeed-needs.txt \
+    && env $(python builder/verify_ds_ops.py build-env "$TORCH_VARIANT") CXX=/build/builder/portable-cxx MAX_JOBS=4 \
+        pip install --no-build-isolation --no-deps "$(grep '^deepspeed==' requirements-deepspeed.txt)" \
     && env $(python builder/verify_ds_ops.py accelerator-env "$TORCH_VARIANT") ds_report > /tmp/ds_report.txt \
     && python builder/verify_ds_ops.py check "$TORCH_VARIANT" /tmp/ds_report.txt
+
+# Every other pinned dependency, but not the project itself (its source is copied last, into the final
+# stage). torch==2.13.0 in requirements.txt is already met by the variant's 2.13.0+<label>, and DeepSpeed's
+# pins by the layer above; the check proves nothing replaced torch.
+COPY requirements.txt ./
+RUN --mount=type=cache,target=/root/.cache/pip \
+    grep -v '^-e ' requirements.txt > requirements-image.txt \
+    && pip install -r requirements-image.txt \
+    && python builder/image_checks.py torch "$TORCH_VARIANT"
 
 # ------------------------------------------------------------------------------------------------------------
 FROM ${RUNTIME_BASE}

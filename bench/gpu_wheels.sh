@@ -27,7 +27,7 @@ packages=(
 )
 
 pin() {
-    # The `name==version` line of requirements.txt for a package, matching - and _ alike.
+    # The `name==version` line of requirements.txt (or the DeepSpeed pins it includes) for a package, - and _ alike.
     local wanted
     wanted="$(echo "$1" | tr '_' '-' | tr '[:upper:]' '[:lower:]')"
     while IFS= read -r line; do
@@ -36,7 +36,7 @@ pin() {
             echo "$line"
             return 0
         fi
-    done < "$requirements"
+    done < <(cat "$requirements" "$root/requirements-deepspeed.txt")
     echo "no pin for $1 in $requirements" >&2
     return 1
 }

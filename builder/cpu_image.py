@@ -45,7 +45,8 @@ class PipSettings:
 
     def config_text(self) -> str:
         """The settings as the build's /etc/pip.conf; the CA bundle is read where it is mounted."""
-        values = dict(self.values)
+        # No progress bars: a build log is a file, not a terminal.
+        values = {**self.values, "progress-bar": "off"}
         if "cert" in values:
             values["cert"] = BUILD_CA_BUNDLE
         lines = ["[global]"] + [f"{name} = {value}" for name, value in sorted(values.items())]

@@ -169,12 +169,17 @@ def requirement_lines(name: str) -> list[str]:
     ("cpu", "https://download.pytorch.org/whl/cpu", "torch==2.13.0+cpu"),
 ])
 def test_each_variant_pins_torchs_build_of_requirements_release(variant: str, index: str, pin: str) -> None:
-    assert requirement_lines(f"requirements-torch-{variant}.txt") == [f"--extra-index-url {index}", pin]
+    assert requirement_lines(f"requirements-torch-{variant}.txt")[:2] == [f"--extra-index-url {index}", pin]
     assert "torch==2.13.0" in requirement_lines("requirements.txt")
 
 
+def test_the_cuda_variant_pins_what_deepspeed_adds_on_cuda() -> None:
+    # DeepSpeed's setup.py requires nvidia-ml-py when it builds for CUDA; unpinned, pip would take the newest.
+    assert requirement_lines("requirements-torch-cuda.txt")[2:] == ["nvidia-ml-py==13.580.126"]
+
+
 def test_the_cuda_torch_pin_is_published_on_its_index_for_the_images_python() -> None:
-    index, pin = requirement_lines("requirements-torch-cuda.txt")
+    index, pin = requirement_lines("requirements-torch-cuda.txt")[:2]
     version = pin.removeprefix("torch==")
     wheels = CUDA_PINS["indexes"][index.removeprefix("--extra-index-url ")]["torch"][version]
     python = CUDA_PINS["python"]["ubuntu24.04"].replace(".", "")
@@ -183,7 +188,7 @@ def test_the_cuda_torch_pin_is_published_on_its_index_for_the_images_python() ->
 
 def test_the_readme_names_the_cuda_pins_and_their_index() -> None:
     readme = (REPO_ROOT / "README.md").read_text()
-    index, pin = requirement_lines("requirements-torch-cuda.txt")
+    index, pin = requirement_lines("requirements-torch-cuda.txt")[:2]
     assert index.removeprefix("--extra-index-url ") in readme and f"`{pin.removeprefix('torch==')}`" in readme
     for tag in CUDA_PINS["images"]["nvidia/cuda"]:
         assert f"nvidia/cuda:{tag}" in readme
@@ -198,16 +203,14 @@ def test_torch_is_installed_first_and_checked_against_its_pin(stages: list[list[
     build = stages[1]
     copy_torch = index_of(build, "COPY", "requirements-torch-cuda.txt requirements-torch-cpu.txt")
     install_torch = index_of(build, "RUN", 'pip install -r "requirements-torch-$TORCH_VARIANT.txt"')
-    copy_rest = index_of(build, "COPY", "requirements.txt ./")
-    assert copy_torch < install_torch < copy_rest
+    copy_deepspeed = index_of(build, "COPY", "requirements-deepspeed.txt ./")
+    assert copy_torch < install_torch < copy_deepspeed
     assert 'python builder/image_checks.py torch "$TORCH_VARIANT"' in build[install_torch].arguments
     install_rest = index_of(build, "RUN", "pip install -r requirements-image.txt")
     assert 'python builder/image_checks.py torch "$TORCH_VARIANT"' in build[install_rest].arguments
 
 
-def test_the_build_stage_installs_no_editable_project_and_not_deepspeed(
-    stages: list[list[Instruction]], tmp_path: Path
-) -> None:
+def test_the_build_stage_installs_no_editable_project(stages: list[list[Instruction]], tmp_path: Path) -> None:
     # requirements.txt ends with `-e .` for the README's commands; the build stage has no project to install
     # (the source is copied last, into the final stage), so pip would stop there.
     build = stages[1]
@@ -218,8 +221,18 @@ def test_the_build_stage_installs_no_editable_project_and_not_deepspeed(
     subprocess.run(["sh", "-c", filtering[1]], cwd=tmp_path, check=True)
     installed = (tmp_path / "requirements-image.txt").read_text().splitlines()
     assert "-e ." in requirement_lines("requirements.txt")
-    assert not [line for line in installed if line.startswith(("-e", "deepspeed=="))]
-    assert "accelerate==1.15.0" in installed
+    assert not [line for line in installed if line.startswith("-e")]
+    assert "accelerate==1.15.0" in installed and "-r requirements-deepspeed.txt" in installed
+
+
+def test_deepspeed_and_its_pins_are_installed_before_the_other_dependencies(stages: list[list[Instruction]]) -> None:
+    build = stages[1]
+    copy_deepspeed = index_of(build, "COPY", "requirements-deepspeed.txt ./")
+    install_deepspeed = index_of(build, "RUN", "pip install --no-build-isolation --no-deps")
+    copy_rest = index_of(build, "COPY", "requirements.txt ./")
+    assert copy_deepspeed < install_deepspeed < copy_rest
+    assert "-r requirements-deepspeed.txt" in requirement_lines("requirements.txt")
+    assert not [line for line in requirement_lines("requirements.txt") if line.startswith("deepspeed==")]
 
 
 @pytest.mark.parametrize("arguments", [["variant", "rocm"], ["torch", "gpu"]])
@@ -318,9 +331,10 @@ def test_the_cpu_variant_builds_no_cuda_op() -> None:
 
 
 def test_deepspeed_installs_with_the_variants_build_variables(stages: list[list[Instruction]]) -> None:
-    assert deepspeed_install(stages).arguments.startswith(
-        "--mount=type=cache,target=/root/.cache/pip env $(python builder/verify_ds_ops.py build-env \"$TORCH_VARIANT\") "
-    )
+    assert (
+        'env $(python builder/verify_ds_ops.py build-env "$TORCH_VARIANT") CXX=/build/builder/portable-cxx MAX_JOBS=4 '
+        "pip install --no-build-isolation --no-deps"
+    ) in deepspeed_install(stages).arguments
 
 
 def test_ds_report_checks_the_ops_in_the_same_layer(stages: list[list[Instruction]]) -> None:
