@@ -220,7 +220,7 @@ def test_junk_is_skipped_and_counted_by_kind(job_dir: Path) -> None:
         ("readme.md", b"# my dog"),
         ("more.zip", make_dataset_zip(count=1)),
         ("backup.tar.gz", b"\x1f\x8b"),
-        ("IMG_0001.HEIC", b"ftypheic"),
+        ("IMG_0001.JXL", b"\xff\x0a"),
         ("folder/", b""),
     )
 
@@ -496,7 +496,7 @@ def test_archive_with_only_junk_is_refused_listing_what_was_skipped(job_dir: Pat
 
     assert message == (
         "dataset: no usable instance images in the archive; skipped: 1 macos_metadata, 1 nested_archive, "
-        "1 not_image. Put JPEG, PNG, WEBP, BMP, GIF, TIFF files in the zip"
+        "1 not_image. Put JPEG, PNG, WEBP, BMP, GIF, TIFF, HEIF, AVIF files in the zip"
     )
 
 
@@ -567,7 +567,7 @@ def test_file_that_only_claims_to_be_an_image_is_refused(job_dir: Path) -> None:
     message = dataset_refusal(job_dir, with_images(("fake.jpg", b"this is text")))
 
     assert message == (
-        "dataset: image 'fake.jpg' is not a readable JPEG/PNG/WEBP/BMP/GIF/TIFF file; re-export it as JPEG or PNG"
+        "dataset: image 'fake.jpg' is not a readable JPEG/PNG/WEBP/BMP/GIF/TIFF/HEIF/AVIF file; re-export it as JPEG or PNG"
     )
 
 
@@ -575,7 +575,7 @@ def test_image_format_outside_the_allowed_list_is_not_opened(job_dir: Path) -> N
     # Pillow reads PPM fine; the worker must not even try.
     message = dataset_refusal(job_dir, with_images(("sneaky.png", make_image("PPM", size=(96, 96)))))
 
-    assert "image 'sneaky.png' is not a readable JPEG/PNG/WEBP/BMP/GIF/TIFF file" in message
+    assert "image 'sneaky.png' is not a readable JPEG/PNG/WEBP/BMP/GIF/TIFF/HEIF/AVIF file" in message
 
 
 def test_image_declaring_too_many_pixels_is_refused_before_decoding(

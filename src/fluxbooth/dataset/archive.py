@@ -31,10 +31,10 @@ from fluxbooth.hardware import format_bytes
 from fluxbooth.settings import DatasetLimits
 
 IMAGE_EXTENSIONS = frozenset(
-    {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
+    {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".heic", ".heif", ".hif", ".avif"}
 )
 UNSUPPORTED_IMAGE_EXTENSIONS = frozenset(
-    {".heic", ".heif", ".avif", ".jxl", ".svg", ".psd", ".raw", ".dng", ".cr2", ".cr3", ".nef", ".arw",
+    {".jxl", ".svg", ".psd", ".raw", ".dng", ".cr2", ".cr3", ".nef", ".arw",
      ".orf", ".rw2", ".ico", ".tga", ".jp2", ".exr", ".hdr"}
 )
 ARCHIVE_EXTENSIONS = frozenset(

@@ -3,6 +3,7 @@ EXIF-transposed, converted to 8-bit sRGB and stored no larger than training need
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 import struct
@@ -19,7 +20,8 @@ from fluxbooth.dataset.guards import dataset_error, quoted
 from fluxbooth.hardware import format_bytes
 from fluxbooth.settings import DatasetLimits
 
-ALLOWED_IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")
+# HEIF is the iPhone's HEIC (read through pillow-heif's plugin); Pillow reads AVIF itself.
+ALLOWED_IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "HEIF", "AVIF")
 MAX_CAPTION_CHARS = 2000
 
 # zlib's fastest level with run-length matching only, because it costs less than the disk it saves: about
@@ -167,10 +169,21 @@ class ImageHeader:
         return self.width * self.height
 
 
+@functools.cache
+def register_heif_decoder() -> None:
+    """pillow-heif's Pillow plugin, once per process, decoding only the primary picture (no thumbnails, depth
+    maps or auxiliary images: nothing the trainer uses is worth their decode time). libheif applies the
+    file's rotation and mirroring itself and resets the EXIF orientation, so a photo is turned once."""
+    from pillow_heif import register_heif_opener
+
+    register_heif_opener(thumbnails=False, depth_images=False, aux_images=False)
+
+
 @contextmanager
 def _opened_image(source: Path, shown: str, limits: DatasetLimits) -> Iterator[Image.Image]:
     """`source` opened (its header read, nothing decoded) and checked against the per-image caps; Pillow's
     own pixel cap is set to ours while it is open."""
+    register_heif_decoder()
     previous_cap = Image.MAX_IMAGE_PIXELS
     Image.MAX_IMAGE_PIXELS = limits.max_image_pixels
     try:
