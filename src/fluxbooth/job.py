@@ -423,14 +423,12 @@ class PlannedJob:
 
 
 async def _plan_job(
-    job_input: Any, job_id: str, settings: WorkerSettings, reporter: ProgressReporter, job_dir: Path
+    request: TrainingRequest, job_id: str, settings: WorkerSettings, reporter: ProgressReporter, job_dir: Path
 ) -> PlannedJob:
-    """Request, base model, resume point, hardware and plan: every check that needs no dataset."""
-    from fluxbooth.request import parse_request
+    """Base model, resume point, hardware and plan: every check that needs no dataset."""
     from fluxbooth.storage import require_usable_storage
 
     started = time.monotonic()
-    request = parse_request(job_input)
     warnings = list(request.warnings())
     for warning in warnings:
         logger.warning("job %s: %s", job_id, warning)
@@ -466,6 +464,30 @@ async def _plan_job(
     planned = PlannedJob(request, model, hardware, plan, deadline, started, resume_checkpoint, warnings)
     planned.seconds["plan"] = _elapsed(started)
     return planned
+
+
+def quote_job(request: TrainingRequest, settings: WorkerSettings, job_dir: Path) -> dict[str, Any]:
+    """A dry run: the report `plan --json` prints, for this request on this worker, with the endpoint's price,
+    before anything is fetched or launched. The dataset's size is unknown, so it is planned for the most images
+    the worker accepts (as the CLI plans by default). A job that nothing fits, or that the deadline check
+    refuses, gets that `does_not_fit`, the report in its details."""
+    from fluxbooth.quote import plan_report
+
+    model = resolve_base_model(request.base_model, settings, request.base_model_revision)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    report = plan_report(
+        request,
+        hardware=probe_hardware(job_dir, settings.environ),
+        model=model_size(str(model.folder)),
+        instance_images=settings.dataset_limits.max_images,
+        deadline_seconds=request.timeout_seconds or settings.job_deadline_seconds,
+        deadline_source="timeout_seconds" if request.timeout_seconds else "FLUXBOOTH_JOB_DEADLINE_SECONDS",
+        price_per_hour=settings.price_per_hour,
+    )
+    refusal = report.pop("error")
+    if refusal is not None:
+        raise FluxboothError(ErrorCode.DOES_NOT_FIT, refusal["message"], details={"plan_report": report})
+    return {"model_name": request.model_name, "dry_run": True, **report}
 
 
 async def _trainer_config(
@@ -553,9 +575,13 @@ async def _run(
     job_input: Any, job_id: str, settings: WorkerSettings, reporter: ProgressReporter, job_dir: Path
 ) -> dict[str, Any]:
     from fluxbooth.dataset import prepare_dataset
+    from fluxbooth.request import parse_request
     from fluxbooth.storage import local_output_warning
 
-    job = await _plan_job(job_input, job_id, settings, reporter, job_dir)
+    request = parse_request(job_input)
+    if request.dry_run:
+        return await _in_thread(quote_job, request, settings, job_dir)
+    job = await _plan_job(request, job_id, settings, reporter, job_dir)
 
     reporter.stage("dataset")
     stage_started = time.monotonic()

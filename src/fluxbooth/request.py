@@ -156,6 +156,8 @@ class TrainingRequest(BaseModel):
     output_formats: list[OutputFormat] | None = Field(default=None, min_length=1, max_length=3)
     timeout_seconds: int | None = Field(default=None, ge=60, le=MAX_TIMEOUT_SECONDS)
     debug: bool = False
+    # Plan and quote only: nothing fetched, no trainer started (job.py answers with the plan report).
+    dry_run: bool = False
     # fluxbooth.dataset.checks: its findings become warnings, or (strict) refuse the job.
     dataset_checks: DatasetCheckMode = "warn"
 
