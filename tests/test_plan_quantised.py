@@ -99,9 +99,9 @@ def test_an_8_gib_card_at_1024_beyond_the_deadline_is_refused_naming_only_change
         choose_plan(lora(), card(8, "NVIDIA RTX A4000"), flux_dev, deadline_seconds=3300)
     assert caught.value.code is ErrorCode.DOES_NOT_FIT
     assert caught.value.message == (
-        "steps: 1000 steps at ≈17.1 s/step with LoRA rank 16 with ZeRO-3, offload optimizer to cpu and parameters "
-        "to cpu, with every phase (training ≈285 min), take ≈4.8 h, beyond the job deadline of "
-        "0.9 h; use about 190 steps, or timeout_seconds 21420 (and an endpoint execution timeout above it), "
+        "steps: 1000 steps at ≈10.6 s/step with LoRA rank 16 with ZeRO-3, offload optimizer to cpu and parameters "
+        "to cpu, with every phase (training ≈176 min), take ≈2.9 h, beyond the job deadline of "
+        "0.9 h; use about 308 steps, or timeout_seconds 13260 (and an endpoint execution timeout above it), "
         "or a faster GPU"
     )
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 TERA = 1e12
 GB = 1e9
-# PCIe x16, one direction, theoretical: gen4 32 GB/s, gen5 64 GB/s (datasheets quote both directions).
+# PCIe x16, one direction, theoretical: gen3 16 GB/s, gen4 32 GB/s, gen5 64 GB/s (datasheets quote both directions).
+PCIE3_X16 = 16 * GB
 PCIE4_X16 = 32 * GB
 PCIE5_X16 = 64 * GB
 
@@ -45,6 +46,10 @@ GPU_TABLE: tuple[tuple[tuple[str, ...], GpuSpec], ...] = (
     (("L40",), GpuSpec("L40", 181.05 * TERA, 864 * GB, PCIE4_X16)),
     # NVIDIA L4 datasheet: BF16 tensor 242 TFLOPS with sparsity, 300 GB/s, PCIe 4.0 x16.
     (("L4",), GpuSpec("L4", 121 * TERA, 300 * GB, PCIE4_X16)),
+    # NVIDIA T4 datasheet: no bf16 (Turing; the planner trains in fp16 there), mixed-precision FP16/FP32 tensor
+    # 65 TFLOPS, 320 GB/s, PCIe 3.0 x16. In the table for the published FLUX QLoRA timing on a T4
+    # (docs/published_timings.md); the peak stands in for the fp16 one.
+    (("T4",), GpuSpec("T4", 65 * TERA, 320 * GB, PCIE3_X16)),
     # NVIDIA Ampere GA102 whitepaper (GeForce RTX 3090): BF16 tensor with FP32 accumulate 71 TFLOPS
     # (142 with sparsity), 936 GB/s, PCIe 4.0 x16.
     (("3090",), GpuSpec("GeForce RTX 3090", 71 * TERA, 936 * GB, PCIE4_X16)),

@@ -1,7 +1,8 @@
 """The time model: seconds per optimizer step and seconds per phase (rough, for ranking and deadlines).
 
-docs/memory.md "Time" writes the formulas down. GPU numbers are datasheet peaks times an efficiency
-factor, not measurements; CPU numbers were measured on the CI machine by bench/. No torch here.
+docs/memory.md "Time" writes the formulas down. GPU numbers are datasheet peaks times efficiency factors
+fitted to other trainers' published FLUX.1 LoRA step times (docs/published_timings.md), not measurements of
+fluxbooth; CPU numbers were measured on the CI machine by bench/. No torch here.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec
 from fluxbooth.plan.memory import compute_dtype_bytes, image_tokens
 from fluxbooth.plan.types import JobShape, Strategy
 
-# Sustained share of the datasheet's dense bf16 peak a FLUX step reaches (large matmuls, flash attention).
-GPU_EFFICIENCY = 0.40
+# Sustained share of the datasheet's dense bf16 peak a FLUX step reaches (large matmuls, flash attention),
+# and share of the datasheet memory bandwidth the dequantising element-wise ops reach: fitted by
+# bench/fit_gpu_timing.py to published FLUX.1 LoRA step times (docs/published_timings.md).
+GPU_EFFICIENCY = 0.78
+DEQUANTISE_BANDWIDTH_EFFICIENCY = 0.36
 # Pinned host-to-GPU copies reach about 20 of PCIe gen4 x16's 32 GB/s per direction.
 PCIE_EFFICIENCY = 0.625
 # bf16 training on this CI machine's cores: 50-70 GFLOP/s per core in the least disturbed runs of
@@ -38,10 +42,12 @@ HOST_MEMORY_BYTES_PER_SECOND = 40e9
 TORCH_ADAM_CPU_SLOWDOWN = 10.0
 GPU_ADAM_PARAMS_PER_SECOND = 20e9
 ZERO3_HOOK_OVERHEAD = 0.10  # per-module gather/release hooks on one GPU
-# GPU memory traffic per quantised weight and pass to dequantise it for a bf16 matmul (not measured: the
-# GPU-evidence work measures it): fp8 reads 1 byte, writes 2, the matmul reads the 2 again; NF4 reads half
-# a byte and writes 2 through a lookup table and a per-block rescale, counted at half the bandwidth.
-DEQUANTISE_TRAFFIC_BYTES = {"fp8": 5.0, "nf4": 9.0}
+# GPU memory traffic per quantised weight and pass to rebuild it for a bf16 matmul, counted from
+# fluxbooth.train.quantize's ops (each op reads its inputs from and writes its output to GPU memory):
+# fp8: cast the codes (read 1, write 2), multiply by the row scales (read 2, write 2), the matmul reads the
+# 2 again: 9 bytes. nf4: widen the packed bytes to int32 (read 0.5, write 2), look up the value pairs (read
+# 2, write 2), multiply by the block absmax (read 2, write 2), the matmul reads the 2 again: 12.5 bytes.
+DEQUANTISE_TRAFFIC_BYTES = {"fp8": 9.0, "nf4": 12.5}
 # The FLUX VAE (AutoencoderKL, 128-256-512-512 channels): its 3x3 convolutions cost about 4 MFLOP per
 # pixel to encode and 9 MFLOP per pixel to decode, counted layer by layer from the config's layout.
 VAE_ENCODE_FLOPS_PER_PIXEL = 4e6
@@ -87,21 +93,34 @@ def quantised_elements(model: ModelSize) -> int:
     return sum(layer.in_features * layer.out_features for layer in model.linear_layers if is_quantised_layer(layer.name))
 
 
+def dequantise_pass_seconds(strategy: Strategy, model: ModelSize, hardware: Hardware) -> float:
+    """Seconds one pass over a quantised base spends rebuilding its weights in the compute dtype: memory
+    bound, at DEQUANTISE_BANDWIDTH_EFFICIENCY of the datasheet bandwidth."""
+    if not strategy.quantised:
+        return 0.0
+    if hardware.gpus:
+        bandwidth = gpu_spec_for(hardware)[0].memory_bytes_per_second * DEQUANTISE_BANDWIDTH_EFFICIENCY
+    else:
+        bandwidth = HOST_MEMORY_BYTES_PER_SECOND
+    return quantised_elements(model) * DEQUANTISE_TRAFFIC_BYTES[strategy.base_precision] / bandwidth
+
+
+def streaming_pass_seconds(strategy: Strategy, model: ModelSize, hardware: Hardware, width: int, trainable: int) -> float:
+    """Seconds one pass spends streaming offloaded weights to the GPU (ZeRO-3 parameter offload)."""
+    frozen = model.transformer_params if strategy.training_type == "lora" else 0
+    if strategy.offload_param == "cpu":
+        return (trainable + frozen) * width / host_link_bytes_per_second(hardware)
+    if strategy.offload_param == "nvme":
+        return (trainable + frozen) * width / NVME_BYTES_PER_SECOND
+    return 0.0
+
+
 def base_pass_seconds(strategy: Strategy, model: ModelSize, hardware: Hardware, width: int, trainable: int) -> float:
     """Seconds one pass over the frozen base costs beyond the matmuls: dequantising a quantised base, and
     streaming offloaded weights to the GPU."""
-    seconds = 0.0
-    link = host_link_bytes_per_second(hardware)
-    if strategy.quantised:
-        bandwidth = gpu_spec_for(hardware)[0].memory_bytes_per_second if hardware.gpus else HOST_MEMORY_BYTES_PER_SECOND
-        seconds += quantised_elements(model) * DEQUANTISE_TRAFFIC_BYTES[strategy.base_precision] / bandwidth
-    if strategy.offload_param == "cpu":
-        frozen = model.transformer_params if strategy.training_type == "lora" else 0
-        seconds += (trainable + frozen) * width / link
-    elif strategy.offload_param == "nvme":
-        frozen = model.transformer_params if strategy.training_type == "lora" else 0
-        seconds += (trainable + frozen) * width / NVME_BYTES_PER_SECOND
-    return seconds
+    return dequantise_pass_seconds(strategy, model, hardware) + streaming_pass_seconds(
+        strategy, model, hardware, width, trainable
+    )
 
 
 def optimizer_seconds(strategy: Strategy, hardware: Hardware, trainable: int, width: int) -> float:
@@ -120,24 +139,33 @@ def optimizer_seconds(strategy: Strategy, hardware: Hardware, trainable: int, wi
     return cpu_adam + transfer
 
 
-def seconds_per_step(
+def step_terms(
     strategy: Strategy, model: ModelSize, job: JobShape, hardware: Hardware, trainable: int, width: int
-) -> float:
-    """Estimated wall time of one optimizer step (gradient_accumulation_steps micro-steps)."""
+) -> dict[str, float]:
+    """The seconds of one optimizer step (gradient_accumulation_steps micro-steps), term by term: fixed
+    overhead, the matmuls and attention, the optimizer, dequantising a quantised base, streaming offloaded
+    weights. bench/fit_gpu_timing.py fits GPU_EFFICIENCY and DEQUANTISE_BANDWIDTH_EFFICIENCY on these terms."""
     micro_steps = job.gradient_accumulation_steps
     compute = micro_steps * job.samples_per_micro_step * training_flops_per_sample(
         model, job, strategy.training_type
     ) / sustained_flops(hardware)
     if strategy.use_deepspeed and strategy.zero_stage == 3:
         compute *= 1 + ZERO3_HOOK_OVERHEAD
-    passes = 3 if job.gradient_checkpointing else 2  # forward, (recompute,) backward
-    base = micro_steps * passes * base_pass_seconds(strategy, model, hardware, width, trainable)
-    return (
-        STEP_OVERHEAD_SECONDS[hardware.accelerator]
-        + compute
-        + optimizer_seconds(strategy, hardware, trainable, width)
-        + base
-    )
+    passes = micro_steps * (3 if job.gradient_checkpointing else 2)  # forward, (recompute,) backward
+    return {
+        "overhead": STEP_OVERHEAD_SECONDS[hardware.accelerator],
+        "compute": compute,
+        "optimizer": optimizer_seconds(strategy, hardware, trainable, width),
+        "dequantise": passes * dequantise_pass_seconds(strategy, model, hardware),
+        "streaming": passes * streaming_pass_seconds(strategy, model, hardware, width, trainable),
+    }
+
+
+def seconds_per_step(
+    strategy: Strategy, model: ModelSize, job: JobShape, hardware: Hardware, trainable: int, width: int
+) -> float:
+    """Estimated wall time of one optimizer step (gradient_accumulation_steps micro-steps)."""
+    return sum(step_terms(strategy, model, job, hardware, trainable, width).values())
 
 
 def render_seconds(
