@@ -22,12 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.train.names import (
-    DEFAULT_LORA_TARGET_MODULES,
-    GUIDANCE_DISTILLED_SAMPLING,
-    TIMESTEP_DISTILLED_SAMPLING,
-    SamplingDefaults,
-)
+from fluxbooth.train.names import DEFAULT_LORA_TARGET_MODULES, SamplingDefaults
+from fluxbooth.train.names import sampling_defaults as flux1_sampling_defaults
 
 # The file kinds of a diffusers pipeline's component folders (tokenizers add merges.txt, sentencepiece
 # models and chat templates). Anything else in a repository (single-file checkpoints, sample images) is
@@ -109,7 +105,7 @@ class Family:
         if self.name == "flux2-klein":
             return FLUX2_DISTILLED_SAMPLING if model_index.get("is_distilled", False) else FLUX2_SAMPLING
         # FLUX.1-dev and Krea embed the guidance scale; schnell is timestep-distilled (no guidance embedding).
-        return GUIDANCE_DISTILLED_SAMPLING if transformer_config.get("guidance_embeds", True) else TIMESTEP_DISTILLED_SAMPLING
+        return flux1_sampling_defaults(dict(transformer_config))
 
     def modelspec_architecture(self, transformer_config: Mapping[str, Any]) -> str:
         """The base model's id in the Stability AI model spec, which every exported file's metadata names

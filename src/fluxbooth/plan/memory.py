@@ -329,7 +329,9 @@ def estimate_memory(
     width = compute_dtype_bytes(mixed_precision)
     on_cpu = hardware.accelerator == "cpu"
     processes = 1 if on_cpu else max(1, hardware.gpu_count)
-    trainable = trainable_params(model, strategy.training_type, job.lora_rank, job.lora_targets)
+    # A request without targets gets its model family's (FLUX.2 names its layers differently from FLUX.1).
+    targets = job.lora_target_modules or model.default_lora_targets or job.lora_targets
+    trainable = trainable_params(model, strategy.training_type, job.lora_rank, targets)
     state = optimizer_state_bytes(job.optimizer)
     device, host, disk = model_state_bytes(strategy, model, trainable, processes, width, on_cuda=not on_cpu, state=state)
     device.update(activation_bytes(model, job, mixed_precision))

@@ -23,6 +23,7 @@ import torch
 from fluxbooth.train.class_images import class_images
 from fluxbooth.train.data import TrainingImage, discover_images, pixel_batch
 from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.train.family_ops import ops_for, posterior_spread
 from fluxbooth.train.runtime import ReleaseTracker, free_accelerator_memory
 from fluxbooth.train.state import CachedData, EncodedImages, EncodedPrompts, Session, without_transformers_zero3_init
 
@@ -97,12 +98,14 @@ def _image_sets(session: Session) -> dict[str, list[TrainingImage]]:
 
 
 def _prompt_sets(session: Session) -> dict[str, list[str]]:
-    """The prompts encoded for later without images: validation prompts, and caption dropout's empty prompt."""
+    """The prompts encoded for later without images: validation prompts, and the empty prompt for caption
+    dropout and for renders with true classifier-free guidance (FLUX.2 [klein] base checkpoints)."""
     config = session.config
     sets = {}
     if config.validation_prompts:
         sets[VALIDATION_SET] = list(config.validation_prompts)
-    if config.caption_dropout > 0:
+    guided = bool(config.validation_prompts) and ops_for(config.base_model).needs_negative_prompt(float(config.validation_guidance_scale or 0.0))
+    if config.caption_dropout > 0 or guided:
         sets[EMPTY_PROMPT_SET] = [""]
     return sets
 
@@ -219,15 +222,15 @@ def encode_prompts(
     loading_context: Callable[[], contextlib.AbstractContextManager[Any]],
     tracker: ReleaseTracker,
 ) -> EncodedPrompts:
-    """T5 sequence embeddings [P, L, D] and CLIP pooled embeddings [P, D] of each prompt, on the CPU; the
-    text encoders are loaded for this call only."""
-    from diffusers import FluxPipeline
-
+    """Sequence embeddings [P, L, D] and pooled embeddings [P, D] of each prompt, as the model's family
+    encodes them (FLUX.1: T5's and CLIP's; FLUX.2: stacked hidden states of its one encoder, no pooled
+    embedding: [P, 0]), on the CPU; the text encoders are loaded for this call only."""
+    ops = ops_for(base_model)
     with loading_context():
-        pipeline = FluxPipeline.from_pretrained(base_model, transformer=None, vae=None, torch_dtype=dtype)
-    encoders = [pipeline.text_encoder, pipeline.text_encoder_2]
-    tracker.track("text_encoder", pipeline.text_encoder)
-    tracker.track("text_encoder_2", pipeline.text_encoder_2)
+        pipeline = ops.text_pipeline(dtype)
+    encoders = ops.text_encoders(pipeline)
+    for name, encoder in zip(ops.family.text_encoders, encoders, strict=True):
+        tracker.track(name, encoder)
     encoding_device = pick_encoding_device(device, sum(_parameter_bytes(encoder) for encoder in encoders))
     sequences, pooled = [], []
     try:
@@ -236,11 +239,9 @@ def encode_prompts(
         with torch.no_grad():
             for start in range(0, len(prompts), TEXT_BATCH):
                 chunk = list(prompts[start : start + TEXT_BATCH])
-                prompt_embeds, pooled_prompt_embeds, _ = pipeline.encode_prompt(
-                    prompt=chunk, prompt_2=chunk, device=encoding_device, max_sequence_length=max_sequence_length
-                )
-                sequences.append(prompt_embeds.to("cpu"))
-                pooled.append(pooled_prompt_embeds.to("cpu"))
+                prompt_embeds, pooled_prompt_embeds = ops.encode(pipeline, chunk, encoding_device, max_sequence_length)
+                sequences.append(prompt_embeds)
+                pooled.append(pooled_prompt_embeds)
     finally:
         del encoders, pipeline
         free_accelerator_memory()
@@ -250,11 +251,9 @@ def encode_prompts(
 def load_vae(
     base_model: str, loading_context: Callable[[], contextlib.AbstractContextManager[Any]], dtype: torch.dtype = torch.float32
 ) -> Any:
-    from diffusers import AutoencoderKL
-
     with loading_context():
         # float32 by default: the VAE is small (84 M parameters for FLUX) and its latents are the training targets.
-        return AutoencoderKL.from_pretrained(base_model, subfolder="vae", torch_dtype=dtype).eval()
+        return ops_for(base_model).load_vae(dtype)
 
 
 def decoding_device(preferred: torch.device, vae: Any, resolution: tuple[int, int]) -> torch.device:
@@ -285,15 +284,6 @@ def load_encoded_prompts(path: Path) -> EncodedPrompts:
     return EncodedPrompts(prompts=list(data["prompts"]), prompt_embeds=data["prompt_embeds"], pooled_prompt_embeds=data["pooled_prompt_embeds"])
 
 
-def vae_normalisation(base_model: str) -> VaeNormalisation:
-    from diffusers import AutoencoderKL
-
-    config = AutoencoderKL.load_config(base_model, subfolder="vae")
-    return VaeNormalisation(
-        shift_factor=float(config.get("shift_factor") or 0.0), scaling_factor=float(config["scaling_factor"])
-    )
-
-
 def encode_images(
     vae: Any, paths: Sequence[Path], resolution: tuple[int, int], *, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -305,7 +295,7 @@ def encode_images(
             pixels = pixel_batch(list(paths[start : start + IMAGE_BATCH]), resolution).to(vae_device)
             posterior = on_device.encode(pixels).latent_dist
             means.append(posterior.mean.float().cpu())
-            stds.append(posterior.std.float().cpu())
+            stds.append(posterior_spread(on_device, posterior))
     return torch.cat(means), torch.cat(stds)
 
 

@@ -56,8 +56,7 @@ def generate_class_images(session: Session, folder: Path, count: int) -> None:
     """Render the missing ones of `count` class images from class_prompt with the base pipeline, each seeded
     by its index, shared out among the processes of this machine. Finished images are kept (written under
     a temporary name and renamed), so an interrupted job resumes generation where it stopped."""
-    from diffusers import FluxPipeline
-
+    from fluxbooth.train.family_ops import ops_for
     from fluxbooth.train.quantize import quantised_transformer_for, residency
 
     config, accelerator = session.config, session.accelerator
@@ -71,19 +70,18 @@ def generate_class_images(session: Session, folder: Path, count: int) -> None:
     if mine:
         with without_transformers_zero3_init():
             quantised = quantised_transformer_for(config, accelerator.device, session.precision.text_dtype)
-            pipeline = FluxPipeline.from_pretrained(config.base_model, torch_dtype=session.precision.text_dtype, **quantised)
+            pipeline = ops_for(config.base_model).pipeline(session.precision.text_dtype, **quantised)
         if accelerator.device.type == "cuda":
             pipeline.enable_model_cpu_offload(device=accelerator.device)
         pipeline.set_progress_bar_config(disable=True)
         session.reporter.stage("cache", status="rendering", what="class_images", transformer=residency(pipeline.transformer))
-        width, height = config.resolution
+        size_arguments = ops_for(config.base_model).size_arguments(tuple(config.resolution))
         for index in mine:
             target = folder / class_image_name(index)
             generator = torch.Generator("cpu").manual_seed(seed_for(config.seed, "class_image", index))
             image = pipeline(
                 prompt=config.class_prompt,
-                width=width,
-                height=height,
+                **size_arguments,
                 num_inference_steps=config.class_image_inference_steps,
                 guidance_scale=config.validation_guidance_scale,
                 generator=generator,

@@ -1,9 +1,12 @@
-"""FLUX's rectified-flow training objective, as diffusers' `train_dreambooth_flux.py` computes it.
+"""FLUX's rectified-flow training objective, as diffusers' DreamBooth LoRA scripts compute it for each family.
 
-x0: normalised VAE latents; noise ~ N(0, I); sigma sampled per sample from the scheduler's training
-sigmas by `compute_density_for_timestep_sampling`; the model sees (1 - sigma) x0 + sigma noise, packed
-into 2x2 patches, with timestep = sigma (the transformer multiplies by 1000 itself), and predicts the
-velocity noise - x0. The loss is the (optionally weighted) mean squared error.
+x0: normalised VAE latents (the family's normalisation: train.family_ops); noise ~ N(0, I); sigma sampled
+per sample from the scheduler's training sigmas by `compute_density_for_timestep_sampling`; the model sees
+(1 - sigma) x0 + sigma noise, packed into tokens as the family lays them out (FLUX.1: 2x2 patches; FLUX.2:
+one token per patched latent pixel), with timestep = sigma (the transformer multiplies by 1000 itself), and
+predicts the velocity noise - x0. FLUX.1 Kontext also sees the clean control latents' tokens after the
+target's and its prediction is cut back to the target's tokens. The loss is the (optionally weighted) mean
+squared error.
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from diffusers import FluxPipeline
 from diffusers.training_utils import compute_density_for_timestep_sampling, compute_loss_weighting_for_sd3
+
+from fluxbooth.train.family_ops import FamilyOps
 
 
 @dataclass(frozen=True)
@@ -54,13 +58,14 @@ class SigmaSampler:
 class FlowInputs:
     """One micro-batch, ready for the transformer and the loss."""
 
-    hidden_states: torch.Tensor  # packed noisy latents [B, h/2 * w/2, 4C]
+    hidden_states: torch.Tensor  # packed noisy latents [B, tokens, C'] (then the control's tokens, Kontext)
     timestep: torch.Tensor  # [B]
     guidance: torch.Tensor | None  # [B]
-    img_ids: torch.Tensor  # [h/2 * w/2, 3]
+    img_ids: torch.Tensor  # the tokens' position ids, as the family's transformer takes them
     target: torch.Tensor  # noise - x0, unpacked [B, C, h, w], float32
     weighting: torch.Tensor  # [B, 1, 1, 1]
     latent_shape: tuple[int, int, int, int]
+    target_tokens: int = 0  # how many of the tokens are the target's (the rest are the control's)
 
 
 def build_flow_inputs(
@@ -71,18 +76,25 @@ def build_flow_inputs(
     guidance_scale: float | None,
     device: torch.device,
     dtype: torch.dtype,
+    layout: FamilyOps,
     sigmas: torch.Tensor | None = None,
+    control: torch.Tensor | None = None,
 ) -> FlowInputs:
-    """`latents`: normalised x0 [B, C, h, w] float32 on the CPU. Randomness comes only from `generator`;
-    `sigmas` [B] fixes the noise levels instead of sampling them (for a repeatable evaluation)."""
+    """`latents`: normalised x0 [B, C, h, w] float32 on the CPU, laid out into tokens by the family's
+    `layout`. Randomness comes only from `generator`; `sigmas` [B] fixes the noise levels instead of sampling
+    them (for a repeatable evaluation). `control`: normalised latents of the control images (Kontext pairs)."""
     batch_size, channels, height, width = latents.shape
     noise = torch.randn(latents.shape, generator=generator, dtype=torch.float32)
     if sigmas is None:
         sigmas = sampler.sample(batch_size, generator)
     sigmas_b = sigmas.view(batch_size, 1, 1, 1)
     noisy = (1.0 - sigmas_b) * latents + sigmas_b * noise
-    packed = FluxPipeline._pack_latents(noisy, batch_size, channels, height, width)
-    img_ids = FluxPipeline._prepare_latent_image_ids(batch_size, height // 2, width // 2, device, dtype)
+    packed = layout.pack(noisy)
+    img_ids = layout.image_ids(noisy, device, dtype)
+    target_tokens = packed.shape[1]
+    if control is not None:
+        control_packed, control_ids = layout.control_tokens(control, device, dtype)
+        packed, img_ids = torch.cat([packed, control_packed], dim=1), torch.cat([img_ids, control_ids], dim=-2)
     guidance = None
     if guidance_scale is not None:
         guidance = torch.full((batch_size,), float(guidance_scale), device=device, dtype=torch.float32)
@@ -94,15 +106,13 @@ def build_flow_inputs(
         target=(noise - latents).to(device),
         weighting=sampler.loss_weighting(sigmas_b).float().to(device),
         latent_shape=(batch_size, channels, height, width),
+        target_tokens=target_tokens,
     )
 
 
-def unpack_prediction(prediction: torch.Tensor, latent_shape: tuple[int, int, int, int]) -> torch.Tensor:
-    """Packed [B, tokens, 4C] → [B, C, h, w] (the inverse of FluxPipeline._pack_latents)."""
-    batch_size, channels, height, width = latent_shape
-    prediction = prediction.view(batch_size, height // 2, width // 2, channels, 2, 2)
-    prediction = prediction.permute(0, 3, 1, 4, 2, 5)
-    return prediction.reshape(batch_size, channels, height, width)
+def unpack_prediction(prediction: torch.Tensor, inputs: FlowInputs, layout: FamilyOps) -> torch.Tensor:
+    """The prediction for the target's tokens, back in the latents' shape [B, C, h, w]."""
+    return layout.unpack(prediction[:, : inputs.target_tokens], inputs.latent_shape)
 
 
 def per_sample_loss(prediction: torch.Tensor, inputs: FlowInputs) -> torch.Tensor:

@@ -22,8 +22,8 @@ def start_training(session: Session, data: CachedData, transformer: Any) -> Trai
     when asked, and the fixed-noise loss before the first step when measured."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from fluxbooth.train.cache import vae_normalisation
     from fluxbooth.train.checkpointing import resume
+    from fluxbooth.train.family_ops import ops_for
     from fluxbooth.train.flow import SigmaSampler
     from fluxbooth.train.model import trainable_parameters
     from fluxbooth.train.optim import (
@@ -54,7 +54,7 @@ def start_training(session: Session, data: CachedData, transformer: Any) -> Trai
         optimizer_class=optimizer_class_name(optimizer),
         ema=None,
         sampler=SigmaSampler.from_scheduler(noise_scheduler, config.weighting_scheme, config.logit_mean, config.logit_std, config.mode_scale),
-        normalisation=vae_normalisation(config.base_model),
+        normalisation=ops_for(config.base_model).latent_normalisation(),
         guidance_scale=config.guidance_scale if accelerator.unwrap_model(engine).config.guidance_embeds else None,
     )
     run.engine_references.track("engine", engine)
@@ -151,24 +151,17 @@ def _optimizer_step(session: Session, run: TrainingRun, data: CachedData, step: 
 
 def per_sample_losses(session: Session, run: TrainingRun, batch: dict[str, Any], generator: torch.Generator, sigmas: Any = None) -> torch.Tensor:
     """The rectified-flow loss of each sample in `batch` [B], float32."""
+    from fluxbooth.train.family_ops import ops_for
     from fluxbooth.train.flow import build_flow_inputs, per_sample_loss, unpack_prediction
 
     device, dtype = session.accelerator.device, session.precision.input_dtype
+    layout = ops_for(session.config.base_model)
     inputs = build_flow_inputs(
-        batch["latents"], sampler=run.sampler, generator=generator, guidance_scale=run.guidance_scale, device=device, dtype=dtype, sigmas=sigmas
+        batch["latents"], sampler=run.sampler, generator=generator, guidance_scale=run.guidance_scale, device=device,
+        dtype=dtype, layout=layout, sigmas=sigmas, control=batch.get("control_latents"),
     )
-    text_ids = torch.zeros(batch["prompt_embeds"].shape[1], 3, device=device, dtype=dtype)
-    prediction = run.engine(
-        hidden_states=inputs.hidden_states,
-        timestep=inputs.timestep,
-        guidance=inputs.guidance,
-        pooled_projections=batch["pooled_prompt_embeds"].to(device=device, dtype=dtype),
-        encoder_hidden_states=batch["prompt_embeds"].to(device=device, dtype=dtype),
-        txt_ids=text_ids,
-        img_ids=inputs.img_ids,
-        return_dict=False,
-    )[0]
-    return per_sample_loss(unpack_prediction(prediction, inputs.latent_shape), inputs)
+    prediction = run.engine(**layout.transformer_inputs(inputs, batch, device, dtype))[0]
+    return per_sample_loss(unpack_prediction(prediction, inputs, layout), inputs)
 
 
 def fixed_noise_loss(

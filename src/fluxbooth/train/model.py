@@ -1,4 +1,4 @@
-"""Loading the FLUX transformer for training: plain, or partitioned under ZeRO-3; LoRA adapters."""
+"""Loading the FLUX transformer for training (its family's class): plain, or partitioned under ZeRO-3; LoRA adapters."""
 
 from __future__ import annotations
 
@@ -53,9 +53,9 @@ def resolve_model_folder(base_model: str) -> Path:
 
 def load_transformer_config(base_model: str) -> dict[str, Any]:
     """The base transformer's config.json (read, never its weights)."""
-    from diffusers import FluxTransformer2DModel
+    from fluxbooth.train.family_ops import ops_for
 
-    return dict(FluxTransformer2DModel.load_config(str(resolve_model_folder(base_model)), subfolder=TRANSFORMER_SUBFOLDER))
+    return ops_for(base_model).transformer_config()
 
 
 def load_trainable_transformer(session: Session) -> tuple[Any, dict[str, Any]]:
@@ -94,9 +94,9 @@ def load_trainable_transformer(session: Session) -> tuple[Any, dict[str, Any]]:
 
 
 def load_transformer(base_model: str, dtype: torch.dtype) -> Any:
-    from diffusers import FluxTransformer2DModel
+    from fluxbooth.train.family_ops import ops_for
 
-    return FluxTransformer2DModel.from_pretrained(
+    return ops_for(base_model).transformer_class.from_pretrained(
         str(resolve_model_folder(base_model)), subfolder=TRANSFORMER_SUBFOLDER, torch_dtype=dtype
     )
 
@@ -109,10 +109,11 @@ def load_transformer_zero3(base_model: str, dtype: torch.dtype, deepspeed_config
     the whole model never exists on one GPU or in one process.
     """
     import deepspeed
-    from diffusers import FluxTransformer2DModel
 
-    folder = resolve_model_folder(base_model)
-    config = FluxTransformer2DModel.load_config(str(folder), subfolder=TRANSFORMER_SUBFOLDER)
+    from fluxbooth.train.family_ops import ops_for
+
+    transformer_class = ops_for(base_model).transformer_class
+    config = ops_for(base_model).transformer_config()
     remote_device = deepspeed_config.get("zero_optimization", {}).get("offload_param", {}).get("device")
     # No `dtype=`: zero.Init then takes it from the JSON's bf16/fp16 sections, as the engine will. (An explicit
     # dtype is also ignored on accelerators without fp16, which then get bf16: an operator-precedence slip in
@@ -121,7 +122,7 @@ def load_transformer_zero3(base_model: str, dtype: torch.dtype, deepspeed_config
         config_dict_or_path=deepspeed_config,
         remote_device=remote_device if remote_device in ("cpu", "nvme") else None,
     ):
-        model = FluxTransformer2DModel.from_config(config)
+        model = transformer_class.from_config(config)
     if next(model.parameters()).dtype != dtype:
         raise TrainerFailure(
             "trainer_failed", f"zero.Init built {next(model.parameters()).dtype} parameters, the DeepSpeed JSON asks for {dtype}"
@@ -217,8 +218,8 @@ def add_lora_adapter(transformer: Any, settings: LoraSettings) -> None:
     if not any(parameter.requires_grad for parameter in transformer.parameters()):
         raise TrainerFailure(
             "invalid_config",
-            f"lora_target_modules {list(settings.target_modules)} match no layer of the FLUX transformer; "
-            "use names like to_q, to_k, to_v, to_out.0, proj_mlp",
+            f"lora_target_modules {list(settings.target_modules)} match no layer of the transformer; "
+            "use names of its Linear layers, like to_q, to_k, to_v",
         )
 
 

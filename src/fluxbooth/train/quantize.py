@@ -282,20 +282,22 @@ def check_base_precision(base_precision: str, training_type: str, zero_stage: in
 def load_quantised_transformer(
     transformer_folder: Path, weight_files: list[Path], precision: str, device: torch.device, dtype: torch.dtype
 ) -> Any:
-    """FluxTransformer2DModel with its block Linears quantised, built layer by layer on `device`.
+    """The transformer (the class its config names: FLUX.1's or FLUX.2's) with its block Linears quantised,
+    built layer by layer on `device`.
 
     The skeleton is built on the meta device (no memory); the safetensors files are read one tensor at a
     time (memory-mapped), each moved to `device` and, for a block Linear, quantised there before the next
     is read. So the host holds at most one layer's bf16 weight beside the quantised model, and the device
     never holds more than one bf16 layer either.
     """
-    from diffusers import FluxTransformer2DModel
+    from fluxbooth.train.family_ops import transformer_class_in
 
     if precision not in QUANTISED_PRECISIONS:
         raise TrainerFailure("invalid_config", f"base_precision {precision!r} is not quantised")
-    config = FluxTransformer2DModel.load_config(str(transformer_folder))
+    transformer_class = transformer_class_in(transformer_folder)
+    config = transformer_class.load_config(str(transformer_folder))
     with torch.device("meta"):
-        model = FluxTransformer2DModel.from_config(config)
+        model = transformer_class.from_config(config)
     with _tensor_reader(weight_files) as read:
         for name, module in list(model.named_modules()):
             _fill_module(model, name, module, read, precision, device, dtype)

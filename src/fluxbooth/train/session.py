@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.names import FULL_EXPORT_FORMATS, LORA_EXPORT_FORMATS, SUPPORTED_WEIGHTING_SCHEMES, sampling_defaults
+from fluxbooth.train.names import FULL_EXPORT_FORMATS, LORA_EXPORT_FORMATS, SUPPORTED_WEIGHTING_SCHEMES
 from fluxbooth.train.runtime import EventReporter, StageClock
 from fluxbooth.train.state import Precision, Session
 from fluxbooth.trainer_config import TrainerConfig
@@ -39,7 +39,7 @@ def open_session(config: TrainerConfig, reporter: EventReporter) -> Session:
         reporter.enabled = accelerator.is_main_process
         transformer_config = load_transformer_config(config.base_model)
         # schnell is sampled differently from dev: the fields train.json leaves open follow the model.
-        config = config.with_sampling_defaults(sampling_defaults(transformer_config)).with_trigger_word()
+        config = config.with_sampling_defaults(model_sampling_defaults(config.base_model, transformer_config)).with_trigger_word()
         deepspeed_config = _completed_deepspeed_config(accelerator, config, transformer_config)
         zero_stage = int((deepspeed_config or {}).get("zero_optimization", {}).get("stage", 0))
         _check_batch_sizes(config, deepspeed_config)
@@ -63,6 +63,15 @@ def open_session(config: TrainerConfig, reporter: EventReporter) -> Session:
         transformer_config=transformer_config,
         cuda_memory_fraction=cuda_memory_fraction,
     )
+
+
+def model_sampling_defaults(base_model: str, transformer_config: dict[str, Any]) -> Any:
+    """How the base model is prompted and sampled when train.json leaves it open: its family's defaults
+    (schnell and [klein]'s distilled checkpoints are sampled in a few steps), from its own files."""
+    from fluxbooth.train.family_ops import ops_for
+
+    ops = ops_for(base_model)
+    return ops.family.sampling_defaults(transformer_config, ops.model_index)
 
 
 def limit_cuda_memory(environ: Any) -> float | None:

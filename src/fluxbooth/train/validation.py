@@ -14,6 +14,7 @@ import torch
 from fluxbooth.train.cache import decoding_device, load_vae
 from fluxbooth.train.export.lora import LORA_WEIGHTS_NAME
 from fluxbooth.train.export.stage import TRANSFORMER_FOLDER, lora_for_rendering
+from fluxbooth.train.family_ops import FamilyOps, ops_for
 from fluxbooth.train.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
 from fluxbooth.train.loop import release_prefetched_partitions
 from fluxbooth.train.quantize import QuantisedLinear, quantised_transformer_for, residency
@@ -52,13 +53,19 @@ def render_prompts(state: TrainerState, pipeline: Any, target: RenderTarget, *, 
     width, height = config.resolution
     output_dir = Path(config.output_dir)
     target.folder.mkdir(parents=True, exist_ok=True)
+    ops = ops_for(config.base_model)
+    negative = _negative_embeddings(state, ops, device, dtype)
     for index, prompt in enumerate(config.validation_prompts):
         seed = validation_seed(config.seed, index)
+        prompt_arguments = ops.render_arguments(
+            embeddings.prompt_embeds[index : index + 1].to(device=device, dtype=dtype),
+            embeddings.pooled_prompt_embeds[index : index + 1].to(device=device, dtype=dtype),
+            negative,
+            _control_image(config, index),
+        )
         rendered = pipeline(
-            prompt_embeds=embeddings.prompt_embeds[index : index + 1].to(device=device, dtype=dtype),
-            pooled_prompt_embeds=embeddings.pooled_prompt_embeds[index : index + 1].to(device=device, dtype=dtype),
-            width=width,
-            height=height,
+            **prompt_arguments,
+            **ops.size_arguments((width, height)),
             num_inference_steps=config.validation_inference_steps,
             guidance_scale=config.validation_guidance_scale,
             generator=torch.Generator("cpu").manual_seed(seed),
@@ -89,22 +96,35 @@ def _embeddings(state: TrainerState) -> EncodedPrompts:
     return embeddings
 
 
+def _negative_embeddings(state: TrainerState, ops: FamilyOps, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
+    """The empty prompt's embeddings when the family renders with true classifier-free guidance (FLUX.2 [klein]
+    base checkpoints): encoded in the cache stage, so no text encoder is loaded here."""
+    if not ops.needs_negative_prompt(float(state.session.config.validation_guidance_scale or 0.0)):
+        return None
+    empty = state.cached().empty_prompt
+    if empty is None:
+        raise RuntimeError("the empty prompt was not encoded in the cache stage")
+    return empty.prompt_embeds[:1].to(device=device, dtype=dtype)
+
+
+def _control_image(config: Any, index: int) -> Any:
+    """The validation prompt's control image (FLUX.1 Kontext), at the render size; None without one."""
+    images = getattr(config, "validation_images", ())
+    if index >= len(images):
+        return None
+    from fluxbooth.train.data import load_image, resize_and_center_crop
+
+    return resize_and_center_crop(load_image(Path(images[index])), tuple(config.resolution))
+
+
 def render_during_training(state: TrainerState, step: int) -> None:
     """*Collective under ZeRO-3*, where every rank holds a slice of each layer and the forward gathers
     them together; below it only the main process renders. Written to validation/step-NNNNNN/."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
+    from diffusers import FlowMatchEulerDiscreteScheduler
 
     session, run = state.session, state.training()
     config, accelerator = session.config, session.accelerator
     device = accelerator.device
-
-    class PipelineOnDevice(FluxPipeline):
-        """The pipeline guesses where to compute from its modules' parameters; under ZeRO-3 those are empty
-        partitions that may sit on the CPU (offload) while the forward gathers them on the accelerator."""
-
-        @property
-        def _execution_device(self) -> torch.device:
-            return device
 
     with session.clock.stage("validate", step=step, prompts=len(config.validation_prompts)):
         if session.is_main or session.zero_stage == 3:
@@ -113,13 +133,10 @@ def render_during_training(state: TrainerState, step: int) -> None:
             vae = load_vae(config.base_model, without_transformers_zero3_init, dtype=dtype)
             if session.is_main:
                 vae.to(decoding_device(session.encoder_device, vae, config.resolution))
-            pipeline = PipelineOnDevice(
+            pipeline = ops_for(config.base_model).pipeline_on(
+                device,
                 scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(config.base_model, subfolder="scheduler"),
                 vae=vae,
-                text_encoder=None,
-                tokenizer=None,
-                text_encoder_2=None,
-                tokenizer_2=None,
                 transformer=accelerator.unwrap_model(run.engine),
             )
             pipeline.set_progress_bar_config(disable=True)
@@ -164,19 +181,18 @@ def render_final(state: TrainerState) -> list[Artifact]:
 
 def _exported_pipeline(session: Session) -> Any:
     """The base pipeline (without text encoders: prompts come embedded) with the exported weights."""
-    from diffusers import FluxPipeline, FluxTransformer2DModel
-
     config = session.config
     output_dir = Path(config.output_dir)
     dtype = session.precision.text_dtype
-    no_text_encoders: dict[str, Any] = {"text_encoder": None, "tokenizer": None, "text_encoder_2": None, "tokenizer_2": None}
+    ops = ops_for(config.base_model)
+    no_text_encoders = ops.no_text_encoders()
     with without_transformers_zero3_init():
         if config.training_type == "full":
-            transformer = FluxTransformer2DModel.from_pretrained(str(output_dir / TRANSFORMER_FOLDER), torch_dtype=dtype)
-            pipeline = FluxPipeline.from_pretrained(config.base_model, transformer=transformer, torch_dtype=dtype, **no_text_encoders)
+            transformer = ops.transformer_class.from_pretrained(str(output_dir / TRANSFORMER_FOLDER), torch_dtype=dtype)
+            pipeline = ops.pipeline_class.from_pretrained(config.base_model, transformer=transformer, torch_dtype=dtype, **no_text_encoders)
         else:
             quantised = quantised_transformer_for(config, session.accelerator.device, dtype)
-            pipeline = FluxPipeline.from_pretrained(config.base_model, torch_dtype=dtype, **no_text_encoders, **quantised)
+            pipeline = ops.pipeline_class.from_pretrained(config.base_model, torch_dtype=dtype, **no_text_encoders, **quantised)
             _load_exported_lora(pipeline, str(lora_for_rendering(session)))
     if session.accelerator.device.type == "cuda":
         pipeline.enable_model_cpu_offload(device=session.accelerator.device)

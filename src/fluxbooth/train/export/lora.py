@@ -22,6 +22,7 @@ from fluxbooth.train.export.key_layouts import (
     fused_split_sizes,
 )
 from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.train.family_ops import FamilyOps
 from fluxbooth.train.state import gathered
 from fluxbooth.trainer_config import LoraSettings
 
@@ -46,30 +47,27 @@ def lora_state_dict(model: Any, *, is_main_process: bool) -> dict[str, torch.Ten
     return state
 
 
-def save_lora_diffusers(state: dict[str, torch.Tensor], out_dir: Path, alpha: float, metadata: dict[str, str]) -> Path:
-    """diffusers/peft format (`transformer.<module>.lora_A.weight`, ...) with each module's alpha stored
-    as a `transformer.<module>.alpha` tensor beside it. Both loaders read alpha from there: diffusers'
-    `load_lora_weights` (as network alphas, giving the adapter lora_alpha) and ComfyUI (which scales by
-    alpha/rank only when that key exists, else by 1). Adapter metadata is not written: diffusers refuses
-    a file with both. `metadata` (the file's own description) goes in through our save function; diffusers'
-    default one writes only "format". Checked by parsing it back with diffusers' own
-    `FluxPipeline.lora_state_dict`."""
-    from diffusers import FluxPipeline
-
-    modules = sorted({key.rsplit(".lora_", 1)[0] for key in state})
-    alphas = {f"{module}.alpha": torch.tensor(float(alpha)) for module in modules}
-    FluxPipeline.save_lora_weights(
-        str(out_dir), transformer_lora_layers={**state, **alphas}, safe_serialization=True, save_function=partial(save_file, metadata=metadata)
+def save_lora_diffusers(state: dict[str, torch.Tensor], out_dir: Path, alpha: float, metadata: dict[str, str], ops: FamilyOps) -> Path:
+    """diffusers/peft format (`transformer.<module>.lora_A.weight`, ...) written by the family's pipeline class,
+    with alpha where the family's loader reads it (`ops.lora_file_contents`: FLUX.1's loader and ComfyUI read a
+    `transformer.<module>.alpha` tensor beside each module; FLUX.2's loader, adapter metadata). `metadata` (the
+    file's own description) goes in through our save function; diffusers' default one writes only "format".
+    Checked by parsing it back with the family pipeline's own `lora_state_dict`."""
+    tensors, adapter_metadata = ops.lora_file_contents(state, alpha)
+    ops.pipeline_class.save_lora_weights(
+        str(out_dir), transformer_lora_layers=tensors, safe_serialization=True,
+        save_function=partial(save_file, metadata={**metadata, **adapter_metadata}),
     )
     path = out_dir / LORA_WEIGHTS_NAME
     try:
-        parsed_state, parsed_alphas = FluxPipeline.lora_state_dict(str(out_dir), weight_name=LORA_WEIGHTS_NAME, return_alphas=True)
+        parsed_state, parsed_alphas = ops.read_lora_file(out_dir, LORA_WEIGHTS_NAME)
     except Exception as error:  # whatever diffusers raises, the export is unusable
         raise TrainerFailure("export_failed", f"{path.name} does not parse in diffusers: {error}") from error
     expected = {f"transformer.{key}": value for key, value in state.items()}
     if set(parsed_state) != set(expected) or any(not torch.equal(parsed_state[key], expected[key]) for key in expected):
         raise TrainerFailure("export_failed", f"{path.name} does not read back as the trained LoRA weights")
-    if {key: float(value) for key, value in (parsed_alphas or {}).items()} != {f"transformer.{key}": float(alpha) for key in alphas}:
+    modules = {key.rsplit(".lora_", 1)[0] for key in expected}
+    if parsed_alphas != dict.fromkeys(modules, float(alpha)):
         raise TrainerFailure("export_failed", f"{path.name} does not read back with alpha {alpha} for every module")
     return path
 

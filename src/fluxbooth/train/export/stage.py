@@ -13,6 +13,7 @@ from fluxbooth.families import family_of
 from fluxbooth.train.export.lora import LORA_WEIGHTS_NAME, lora_state_dict, save_lora_comfyui, save_lora_diffusers
 from fluxbooth.train.export.metadata import FileLayout, TrainingRecord, safetensors_metadata
 from fluxbooth.train.export.transformer import export_single_file, save_transformer, verify_saved_transformer
+from fluxbooth.train.family_ops import ops_for
 from fluxbooth.train.runtime import free_accelerator_memory
 from fluxbooth.train.state import Artifact, EncodedImages, Session, TrainerState, TrainingRun
 
@@ -51,7 +52,10 @@ def save_and_export(state: TrainerState) -> list[Artifact]:
                 if config.validation_prompts and "diffusers" not in config.export_formats:
                     rendering_folder = lora_for_rendering(session)
                     rendering_folder.mkdir(parents=True, exist_ok=True)
-                    save_lora_diffusers(lora_state, rendering_folder, config.lora.alpha, safetensors_metadata(record, FileLayout.LORA_DIFFUSERS))
+                    save_lora_diffusers(
+                        lora_state, rendering_folder, config.lora.alpha, safetensors_metadata(record, FileLayout.LORA_DIFFUSERS),
+                        ops_for(config.base_model),
+                    )
             if run.ema is not None:
                 artifacts += _export_ema(session, run.ema.export_state(), output_dir, record)
         accelerator.wait_for_everyone()
@@ -125,7 +129,9 @@ def export_lora(
     folder.mkdir(parents=True, exist_ok=True)
     artifacts = []
     if "diffusers" in config.export_formats:
-        save_lora_diffusers(lora_state, folder, config.lora.alpha, safetensors_metadata(record, FileLayout.LORA_DIFFUSERS, ema=ema))
+        save_lora_diffusers(
+            lora_state, folder, config.lora.alpha, safetensors_metadata(record, FileLayout.LORA_DIFFUSERS, ema=ema), ops_for(config.base_model)
+        )
         artifacts.append(Artifact(name=f"{prefix}lora", path=f"{folder_name}/{LORA_WEIGHTS_NAME}", kind=f"{prefix}lora_diffusers"))
     if "comfyui" in config.export_formats:
         metadata = safetensors_metadata(record, FileLayout.LORA_KOHYA, ema=ema)
@@ -138,11 +144,9 @@ def _export_ema(session: Session, ema_state: dict[str, torch.Tensor], output_dir
     """The EMA weights (on the main process's CPU) in the same formats as the trained ones."""
     if session.config.training_type == "lora":
         return export_lora(session, output_dir, ema_state, record, ema=True)
-    from diffusers import FluxTransformer2DModel
-
     folder = output_dir / "ema_transformer"
     with torch.device("meta"):
-        skeleton = FluxTransformer2DModel.from_config(session.transformer_config)
+        skeleton = ops_for(session.config.base_model).transformer_class.from_config(session.transformer_config)
     skeleton.load_state_dict(ema_state, assign=True)
     metadata = safetensors_metadata(record, FileLayout.TRANSFORMER_DIFFUSERS, ema=True)
     samples = save_transformer(skeleton, folder, is_main_process=True, max_shard_size=session.config.max_shard_size, metadata=metadata)

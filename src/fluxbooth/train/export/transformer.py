@@ -106,11 +106,12 @@ def sample_names(names: list[str]) -> list[str]:
 
 
 def verify_saved_transformer(folder: Path, samples: dict[str, torch.Tensor]) -> None:
-    """Load `folder` with FluxTransformer2DModel.from_pretrained and compare the sampled tensors exactly."""
-    from diffusers import FluxTransformer2DModel
+    """Load `folder` with its class's from_pretrained (the class its config names: FLUX.1's or FLUX.2's)
+    and compare the sampled tensors exactly."""
+    from fluxbooth.train.family_ops import transformer_class_in
 
     try:
-        reloaded = FluxTransformer2DModel.from_pretrained(str(folder), torch_dtype=None)
+        reloaded = transformer_class_in(folder).from_pretrained(str(folder), torch_dtype=None)
     except Exception as error:  # any failure to load is an export failure, whatever diffusers raises
         raise TrainerFailure("export_failed", f"the saved transformer in {folder.name}/ does not load in diffusers: {error}") from error
     state = reloaded.state_dict()
