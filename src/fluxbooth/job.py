@@ -467,27 +467,13 @@ async def _plan_job(
 
 
 def quote_job(request: TrainingRequest, settings: WorkerSettings, job_dir: Path) -> dict[str, Any]:
-    """A dry run: the report `plan --json` prints, for this request on this worker, with the endpoint's price,
-    before anything is fetched or launched. The dataset's size is unknown, so it is planned for the most images
-    the worker accepts (as the CLI plans by default). A job that nothing fits, or that the deadline check
-    refuses, gets that `does_not_fit`, the report in its details."""
-    from fluxbooth.quote import plan_report
+    """A dry run (fluxbooth.quote): planned from the base model's configs on this machine, before anything is
+    fetched or launched."""
+    from fluxbooth.quote import dry_run_answer
 
     model = resolve_base_model(request.base_model, settings, request.base_model_revision)
     job_dir.mkdir(parents=True, exist_ok=True)
-    report = plan_report(
-        request,
-        hardware=probe_hardware(job_dir, settings.environ),
-        model=model_size(str(model.folder)),
-        instance_images=settings.dataset_limits.max_images,
-        deadline_seconds=request.timeout_seconds or settings.job_deadline_seconds,
-        deadline_source="timeout_seconds" if request.timeout_seconds else "FLUXBOOTH_JOB_DEADLINE_SECONDS",
-        price_per_hour=settings.price_per_hour,
-    )
-    refusal = report.pop("error")
-    if refusal is not None:
-        raise FluxboothError(ErrorCode.DOES_NOT_FIT, refusal["message"], details={"plan_report": report})
-    return {"model_name": request.model_name, "dry_run": True, **report}
+    return dry_run_answer(request, settings, hardware=probe_hardware(job_dir, settings.environ), model=model_size(str(model.folder)))
 
 
 async def _trainer_config(

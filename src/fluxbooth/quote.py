@@ -11,6 +11,7 @@ from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import Hardware, format_bytes
 from fluxbooth.modelsize import ModelSize
 from fluxbooth.plan import JobShape, as_job, check_job, choose_plan, evaluate_candidates, pick
+from fluxbooth.settings import WorkerSettings
 
 SECONDS_PER_HOUR = 3600
 COST_DECIMALS = 4  # a tiny job costs fractions of a cent
@@ -102,3 +103,23 @@ def plan_report(
     if price_per_hour is not None:
         report["cost"] = predicted_cost(plan.predicted_total_seconds or 0.0, price_per_hour)
     return report
+
+
+def dry_run_answer(request: Any, settings: WorkerSettings, *, hardware: Hardware, model: ModelSize) -> dict[str, Any]:
+    """What a `dry_run` job answers: the report above for this worker, with the endpoint's price. The dataset's
+    size is unknown before it is fetched, so the job is planned for the most images the worker accepts (as
+    `plan` does by default). A job that nothing fits, or that the deadline check refuses, is refused as the
+    real job would be (`does_not_fit`), the report in its details."""
+    report = plan_report(
+        request,
+        hardware=hardware,
+        model=model,
+        instance_images=settings.dataset_limits.max_images,
+        deadline_seconds=request.timeout_seconds or settings.job_deadline_seconds,
+        deadline_source="timeout_seconds" if request.timeout_seconds else "FLUXBOOTH_JOB_DEADLINE_SECONDS",
+        price_per_hour=settings.price_per_hour,
+    )
+    refusal = report.pop("error")
+    if refusal is not None:
+        raise FluxboothError(ErrorCode.DOES_NOT_FIT, refusal["message"], details={"plan_report": report})
+    return {"model_name": request.model_name, "dry_run": True, **report}
