@@ -92,6 +92,9 @@ class TrainerConfig:
     # Also put in front of every caption, the instance prompt and the validation prompts that lack it, and in
     # place of `[trigger]` (fluxbooth.captions).
     trigger_word: str | None = None
+    # A full fine-tune on bf16 weights, stepped by Adafactor per parameter inside the backward pass, without
+    # DeepSpeed (train/fused_adafactor.py; kohya's --fused_backward_pass --full_bf16; Plan.fused_backward_pass).
+    fused_backward_pass: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))

@@ -134,7 +134,9 @@ def _optimizer_step(session: Session, run: TrainingRun, data: CachedData, step: 
             else:
                 loss = per_sample.mean()
             accelerator.backward(loss)
-            if accelerator.sync_gradients and session.deepspeed_config is None and config.max_grad_norm > 0:
+            # The fused pass has already clipped (per parameter), stepped and freed every gradient.
+            fused = config.fused_backward_pass
+            if accelerator.sync_gradients and session.deepspeed_config is None and config.max_grad_norm > 0 and not fused:
                 accelerator.clip_grad_norm_(trainable_parameters(run.engine), config.max_grad_norm)
             run.optimizer.step()
             run.optimizer.zero_grad(set_to_none=True)

@@ -73,7 +73,12 @@ def build_optimizer(
     name: str, parameters: Sequence[torch.nn.Parameter], config: TrainerConfig, deepspeed_config: dict[str, Any] | None
 ) -> Any:
     """`accelerate.utils.DummyOptim` when the DeepSpeed JSON has an optimizer block (DeepSpeed then builds
-    it, as DeepSpeedCPUAdam when the optimizer is offloaded), else a torch optimizer."""
+    it, as DeepSpeedCPUAdam when the optimizer is offloaded), else a torch optimizer; Adafactor fused into
+    the backward pass when train.json asks for it (train/fused_adafactor.py)."""
+    if config.fused_backward_pass:
+        from fluxbooth.train.fused_adafactor import build_fused_adafactor
+
+        return build_fused_adafactor(parameters, config)
     if deepspeed_config is not None and "optimizer" in deepspeed_config:
         from accelerate.utils import DummyOptim
 

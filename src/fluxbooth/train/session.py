@@ -28,6 +28,7 @@ def open_session(config: TrainerConfig, reporter: EventReporter) -> Session:
     from accelerate.utils import set_seed
 
     from fluxbooth.train.model import load_transformer_config
+    from fluxbooth.train.fused_adafactor import check_fused_backward_pass
     from fluxbooth.train.optim import validated_optimizer_name
 
     validate_config(config)
@@ -47,6 +48,7 @@ def open_session(config: TrainerConfig, reporter: EventReporter) -> Session:
         precision = _precision(config, deepspeed_config, accelerator)
         # Checked before the slow stages, so a bad name fails in seconds.
         optimizer_name = validated_optimizer_name(config, deepspeed_config)
+        check_fused_backward_pass(config, deepspeed_config, accelerator.num_processes)
         set_seed(config.seed)
         Path(config.output_dir).mkdir(parents=True, exist_ok=True)
         Path(config.cache_dir).mkdir(parents=True, exist_ok=True)
@@ -277,6 +279,7 @@ def _precision(config: TrainerConfig, deepspeed_config: dict[str, Any] | None, a
             )
         return Precision(load_dtype=dtypes[name], input_dtype=dtypes[name], text_dtype=dtypes[name], name=name)
     name = accelerator.mixed_precision if accelerator.mixed_precision in dtypes else "no"
-    # Without DeepSpeed: trainable weights stay fp32 under autocast; a frozen LoRA base can live in half precision.
-    frozen_base = dtypes[name] if config.training_type == "lora" else torch.float32
+    # Without DeepSpeed: trainable weights stay fp32 under autocast; a frozen LoRA base can live in half precision,
+    # and so does every weight of the fused pass (bf16, no fp32 master copy).
+    frozen_base = dtypes[name] if config.training_type == "lora" or config.fused_backward_pass else torch.float32
     return Precision(load_dtype=frozen_base, input_dtype=frozen_base, text_dtype=dtypes[name], name=name)
