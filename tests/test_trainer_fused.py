@@ -82,3 +82,67 @@ def test_a_fused_run_with_gradient_accumulation_is_refused_before_training(tiny_
     run = fused_job(tmp_path / "job", tiny_base, gradient_accumulation_steps=2).launch()
 
     assert_refused(run, "invalid_config", "fused_backward_pass: gradient_accumulation_steps must be 1, not 2")
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoints and resume
+# --------------------------------------------------------------------------------------------------
+# The checkpoint holds the bf16 weights and Adafactor's state (float32 factored second moments, each
+# parameter's step count); the stochastic rounding draws from (seed, parameter, step count), and the batch,
+# noise and sigmas of a step from (seed, step). So, unlike DeepSpeedCPUAdam's resume (tests/
+# test_trainer_checkpoints.py), a resumed fused run replays the uninterrupted one bit for bit.
+
+RESUME_SETTINGS = {"steps": 4, "checkpointing_steps": 2, "lr_scheduler": "cosine", "lr_warmup_steps": 1}
+
+
+@pytest.fixture(scope="module")
+def fused_resume(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[TrainerRun, TrainerRun]:
+    root = tmp_path_factory.mktemp("fused-resume")
+    uninterrupted = fused_job(root / "uninterrupted", tiny_base, **RESUME_SETTINGS).launch()
+    assert_succeeded(uninterrupted)
+    (checkpoint,) = [event["path"] for event in uninterrupted.of_kind("checkpoint")]
+    resumed = fused_job(root / "resumed", tiny_base, resume_from=checkpoint, **RESUME_SETTINGS).launch()
+    assert_succeeded(resumed)
+    return uninterrupted, resumed
+
+
+def test_a_resumed_fused_run_continues_with_the_uninterrupted_runs_losses_and_rates(
+    fused_resume: tuple[TrainerRun, TrainerRun],
+) -> None:
+    uninterrupted, resumed = fused_resume
+    assert resumed.metrics["resumed_from_step"] == 2
+    replayed = [(event["step"], event["loss"], event["lr"]) for event in uninterrupted.of_kind("step")][2:]
+    assert [(event["step"], event["loss"], event["lr"]) for event in resumed.of_kind("step")] == replayed
+
+
+def test_a_resumed_fused_run_ends_on_the_uninterrupted_runs_weights(fused_resume: tuple[TrainerRun, TrainerRun]) -> None:
+    uninterrupted, resumed = fused_resume
+    name = "diffusion_pytorch_model.safetensors"
+    a = load_file(uninterrupted.artifact("diffusers_transformer") / name)
+    b = load_file(resumed.artifact("diffusers_transformer") / name)
+    assert a.keys() == b.keys()
+    assert [key for key in a if not torch.equal(a[key], b[key])] == []
+
+
+def test_the_fused_checkpoint_holds_bf16_weights_and_float32_adafactor_state(fused_resume: tuple[TrainerRun, TrainerRun]) -> None:
+    uninterrupted, _ = fused_resume
+    (checkpoint,) = [Path(event["path"]) for event in uninterrupted.of_kind("checkpoint")]
+    weights = load_file(checkpoint / "model.safetensors")
+    assert {tensor.dtype for tensor in weights.values()} == {torch.bfloat16}
+    optimizer = torch.load(checkpoint / "optimizer.bin", weights_only=True)
+    states = list(optimizer["state"].values())
+    assert len(states) == len(weights)
+    assert {state["step"] for state in states} == {2}
+    factored = [state for state in states if "exp_avg_sq_row" in state]
+    assert factored and all(state["exp_avg_sq_row"].dtype == state["exp_avg_sq_col"].dtype == torch.float32 for state in factored)
+
+
+def test_a_fused_checkpoint_is_not_resumed_by_a_run_without_the_fused_pass(
+    fused_resume: tuple[TrainerRun, TrainerRun], tiny_base: Path, tmp_path: Path
+) -> None:
+    uninterrupted, _ = fused_resume
+    (checkpoint,) = [event["path"] for event in uninterrupted.of_kind("checkpoint")]
+
+    run = new_job(tmp_path / "job", tiny_base, plan=FUSED_PLAN, resume_from=checkpoint, **RESUME_SETTINGS).launch()
+
+    assert_refused(run, "resume_failed", "was made with fused_backward_pass=True, this run has False")

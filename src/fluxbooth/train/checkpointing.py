@@ -58,6 +58,7 @@ def _write_trainer_state(session: Session, run: TrainingRun, step: int, folder: 
         "training_type": session.config.training_type,
         "zero_stage": session.zero_stage,
         "num_processes": session.accelerator.num_processes,
+        "fused_backward_pass": session.config.fused_backward_pass,
         "scheduler": None if run.scheduler_stepped_by_engine else run.scheduler.state_dict(),
         "ema": None,
     }
@@ -100,12 +101,15 @@ def resume(session: Session, run: TrainingRun) -> Path | None:
         "training_type": config.training_type,
         "zero_stage": session.zero_stage,
         "num_processes": session.accelerator.num_processes,
+        # Its optimizer state is Adafactor's on bf16 weights; checkpoints from before the fused pass have no such key.
+        "fused_backward_pass": config.fused_backward_pass,
     }
+    made_with = {"fused_backward_pass": False, **state}
     for name, expected in expected_settings.items():
-        if state.get(name) != expected:
+        if made_with.get(name) != expected:
             raise TrainerFailure(
                 "resume_failed",
-                f"checkpoint {path.name} was made with {name}={state.get(name)!r}, this run has {expected!r}; resume with the same settings",
+                f"checkpoint {path.name} was made with {name}={made_with.get(name)!r}, this run has {expected!r}; resume with the same settings",
             )
     step = int(state["step"])
     if step >= config.steps:
