@@ -267,14 +267,16 @@ def trainer_config_for(
     job_dir: Path,
     class_image_cache_dir: Path | None = None,
     base_model_name: str = "",
+    default_lora_targets: tuple[str, ...] = LoraSettings.target_modules,
 ) -> TrainerConfig:
     """The trainer's input for one job. `request` is a validated `TrainingRequest`; generated class images
     are kept in `class_image_cache_dir` (outside the job) for the next job with the same recipe;
-    `base_model_name` is the base model as the request (or the endpoint's default) named it."""
+    `base_model_name` is the base model as the request (or the endpoint's default) named it;
+    `default_lora_targets` the layers LoRA adapts when the request names none (the model family's)."""
     lora = LoraSettings(
         rank=request.lora_rank,
         alpha=float(request.lora_alpha if request.lora_alpha is not None else request.lora_rank),
-        target_modules=tuple(request.lora_target_modules or LoraSettings.target_modules),
+        target_modules=tuple(request.lora_target_modules or default_lora_targets),
     )
     default_formats = ("diffusers",) if plan.training_type == "full" else ("diffusers", "comfyui")
     return TrainerConfig(

@@ -214,6 +214,11 @@ def _family_of_transformer(folder: Path) -> Family:
     )
 
 
+def default_lora_targets_of(folder: Path) -> tuple[str, ...]:
+    """The LoRA targets of a request that names none, for the model in `folder` (its family's, for its config)."""
+    return family_of(folder).default_lora_targets(_read_json(Path(folder) / "transformer" / "config.json") or {})
+
+
 def family_of(folder: Path | str) -> Family:
     """The family of a local diffusers folder, from its model_index.json (else its transformer's config);
     `invalid_input` naming the supported families for anything else."""

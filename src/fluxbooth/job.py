@@ -31,6 +31,7 @@ from fluxbooth.artifacts import LocalArtifact, collect_artifacts
 from fluxbooth.configs import child_environment, trainer_config_for, write_launch_files
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.events import StageEvent, StepEvent, TrainerEvent, WarningEvent
+from fluxbooth.families import default_lora_targets_of
 from fluxbooth.hardware import Hardware, format_bytes, free_disk_bytes, nvme_root, probe_hardware
 from fluxbooth.launch import classify_outcome, run_trainer, trainer_command
 from fluxbooth.model_source import ResolvedModel, download_base_model, ensure_room_to_download, resolve_hub_model
@@ -485,6 +486,7 @@ async def _trainer_config(
         job.request, job.plan, base_model=base_model, instance_dir=dataset.instance_dir,
         class_dir=dataset.class_dir, job_dir=job_dir, class_image_cache_dir=settings.cache_dir / "class-images",
         base_model_name=job.request.base_model or settings.default_base_model,
+        default_lora_targets=default_lora_targets_of(Path(base_model)),
     )
     resume_folder = None
     if job.resume_checkpoint is not None:

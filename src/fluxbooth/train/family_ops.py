@@ -58,6 +58,49 @@ def _vae_tensors(folder: Path, names: Sequence[str]) -> dict[str, torch.Tensor]:
     return found
 
 
+@dataclass(frozen=True)
+class LoraFileFormat:
+    """The diffusers-format LoRA file of a model generation, written and read by its pipeline's LoRA loader.
+    FLUX.1's loader (FLUX.1 and Kontext pipelines) reads each module's alpha from a `<module>.alpha` tensor
+    (network alphas), which ComfyUI reads too; FLUX.2's takes no alpha tensors (every key must name a LoRA
+    weight) and builds its adapter from diffusers' adapter metadata, as diffusers' FLUX.2 scripts save it."""
+
+    pipeline_class_name: str
+    alpha_in_metadata: bool
+
+    @property
+    def pipeline_class(self) -> Any:
+        import diffusers
+
+        return getattr(diffusers, self.pipeline_class_name)
+
+    def contents(self, state: dict[str, torch.Tensor], alpha: float) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """(tensors, extra safetensors metadata) of the file for the LoRA `state` (peft keys)."""
+        modules = sorted({key.rsplit(".lora_", 1)[0] for key in state})
+        if not self.alpha_in_metadata:
+            return {**state, **{f"{module}.alpha": torch.tensor(float(alpha)) for module in modules}}, {}
+        from diffusers.loaders.lora_base import LORA_ADAPTER_METADATA_KEY
+
+        rank = next(int(value.shape[0]) for key, value in state.items() if key.endswith("lora_A.weight"))
+        adapter = {"r": rank, "lora_alpha": float(alpha), "target_modules": modules}
+        prefixed = {f"transformer.{key}": value for key, value in adapter.items()}
+        return dict(state), {LORA_ADAPTER_METADATA_KEY: json.dumps(prefixed, indent=2, sort_keys=True)}
+
+    def read(self, folder: Path, weight_name: str) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """(tensors as diffusers' loader parses them, alpha per module) of a written file."""
+        if not self.alpha_in_metadata:
+            state, alphas = self.pipeline_class.lora_state_dict(str(folder), weight_name=weight_name, return_alphas=True)
+            return state, {key.removesuffix(".alpha"): float(value) for key, value in (alphas or {}).items()}
+        state, metadata = self.pipeline_class.lora_state_dict(str(folder), weight_name=weight_name, return_lora_metadata=True)
+        alpha = (metadata or {}).get("transformer.lora_alpha")
+        modules = {key.rsplit(".lora_", 1)[0] for key in state}
+        return state, ({} if alpha is None else dict.fromkeys(modules, float(alpha)))
+
+
+FLUX1_LORA_FILE = LoraFileFormat("FluxPipeline", alpha_in_metadata=False)
+FLUX2_LORA_FILE = LoraFileFormat("Flux2Pipeline", alpha_in_metadata=True)
+
+
 class FamilyOps:
     """FLUX.1 [dev], [schnell], Krea [dev]: FluxPipeline's layout."""
 
@@ -160,18 +203,18 @@ class FamilyOps:
             "return_dict": False,
         }
 
-    # ---- the diffusers LoRA file ----------------------------------------------------------------------
+    # ---- the diffusers LoRA file and the original (BFL) key layout -------------------------------------
 
-    def lora_file_contents(self, state: dict[str, torch.Tensor], alpha: float) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-        """(tensors, extra safetensors metadata) of the diffusers-format LoRA file. FLUX.1's loader reads each
-        module's alpha from a `<module>.alpha` tensor (network alphas), which ComfyUI reads too."""
-        modules = sorted({key.rsplit(".lora_", 1)[0] for key in state})
-        return {**state, **{f"{module}.alpha": torch.tensor(float(alpha)) for module in modules}}, {}
+    @property
+    def key_tables(self) -> Any:
+        """diffusers -> original module names, for ComfyUI's LoRA files and the single-file export."""
+        from fluxbooth.train.export.key_layouts import FLUX1_TABLES, FLUX2_TABLES
 
-    def read_lora_file(self, folder: Path, weight_name: str) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        """(tensors as diffusers' loader parses them, alpha per module) of a written LoRA file."""
-        state, alphas = self.pipeline_class.lora_state_dict(str(folder), weight_name=weight_name, return_alphas=True)
-        return state, {key.removesuffix(".alpha"): float(value) for key, value in (alphas or {}).items()}
+        return FLUX2_TABLES if self.family.is_flux2 else FLUX1_TABLES
+
+    @property
+    def lora_file(self) -> LoraFileFormat:
+        return FLUX2_LORA_FILE if self.family.is_flux2 else FLUX1_LORA_FILE
 
     # ---- rendering ------------------------------------------------------------------------------------
 
@@ -279,23 +322,6 @@ class Flux2Ops(FamilyOps):
 
     def render_arguments(self, embeds: torch.Tensor, pooled: torch.Tensor, negative: torch.Tensor | None, control: Any) -> dict[str, Any]:
         return {"prompt_embeds": embeds}
-
-    def lora_file_contents(self, state: dict[str, torch.Tensor], alpha: float) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-        """FLUX.2's loader takes no alpha tensors (every key must name a LoRA weight): alpha goes in diffusers'
-        adapter metadata (the peft LoraConfig it builds the adapter from), as diffusers' FLUX.2 scripts save it."""
-        from diffusers.loaders.lora_base import LORA_ADAPTER_METADATA_KEY
-
-        modules = sorted({key.rsplit(".lora_", 1)[0] for key in state})
-        rank = next(int(value.shape[0]) for key, value in state.items() if key.endswith("lora_A.weight"))
-        adapter = {"r": rank, "lora_alpha": float(alpha), "target_modules": modules}
-        prefixed = {f"transformer.{key}": value for key, value in adapter.items()}
-        return dict(state), {LORA_ADAPTER_METADATA_KEY: json.dumps(prefixed, indent=2, sort_keys=True)}
-
-    def read_lora_file(self, folder: Path, weight_name: str) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        state, metadata = self.pipeline_class.lora_state_dict(str(folder), weight_name=weight_name, return_lora_metadata=True)
-        modules = {key.rsplit(".lora_", 1)[0] for key in state}
-        alpha = (metadata or {}).get("transformer.lora_alpha")
-        return state, ({} if alpha is None else dict.fromkeys(modules, float(alpha)))
 
 
 class Flux2KleinOps(Flux2Ops):

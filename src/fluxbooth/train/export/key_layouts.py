@@ -5,6 +5,9 @@ Pure tensor functions, no I/O, so they are unit-testable against diffusers' own 
 The original layout fuses projections that diffusers keeps apart: a double block's image attention
 `qkv` is diffusers' to_q/to_k/to_v stacked, a single block's `linear1` is to_q/to_k/to_v/proj_mlp
 stacked, and the final adaLN modulation stores (shift, scale) where diffusers stores (scale, shift).
+FLUX.2 has its own tables (`FLUX2_TABLES`, diffusers' scripts/convert_flux2_to_diffusers.py read
+backwards): the same fused qkv in double blocks, single blocks whose fused layers diffusers keeps fused
+(`attn.to_qkv_mlp_proj` is `linear1`, `attn.to_out` is `linear2`), and shared modulation layers.
 """
 
 from __future__ import annotations
@@ -53,6 +56,52 @@ TOP_LEVEL_LINEARS = {
 # diffusers' AdaLayerNormContinuous emits (scale, shift); the original final layer (shift, scale).
 SWAPPED_LINEARS = {"norm_out.linear": "final_layer.adaLN_modulation.1"}
 
+
+@dataclass(frozen=True)
+class KeyTables:
+    """One family's diffusers → original module names: 1:1 Linears, fused Linears and RMS norms of each
+    block kind, the top-level Linears, and those whose row halves are swapped."""
+
+    double_linears: dict[str, str]
+    double_fused: dict[str, tuple[str, ...]]
+    double_norms: dict[str, str]
+    single_linears: dict[str, str]
+    single_fused: dict[str, tuple[str, ...]]
+    single_norms: dict[str, str]
+    top_linears: dict[str, str]
+    swapped_linears: dict[str, str]
+
+
+FLUX1_TABLES = KeyTables(
+    DOUBLE_BLOCK_LINEARS, DOUBLE_BLOCK_FUSED, DOUBLE_BLOCK_NORMS, SINGLE_BLOCK_LINEARS, SINGLE_BLOCK_FUSED,
+    SINGLE_BLOCK_NORMS, TOP_LEVEL_LINEARS, SWAPPED_LINEARS,
+)
+FLUX2_TABLES = KeyTables(
+    double_linears={
+        "attn.to_out.0": "img_attn.proj", "attn.to_add_out": "txt_attn.proj",
+        "ff.linear_in": "img_mlp.0", "ff.linear_out": "img_mlp.2",
+        "ff_context.linear_in": "txt_mlp.0", "ff_context.linear_out": "txt_mlp.2",
+    },
+    double_fused=DOUBLE_BLOCK_FUSED,
+    double_norms=DOUBLE_BLOCK_NORMS,
+    single_linears={"attn.to_qkv_mlp_proj": "linear1", "attn.to_out": "linear2"},
+    single_fused={},
+    single_norms=SINGLE_BLOCK_NORMS,
+    top_linears={
+        "x_embedder": "img_in",
+        "context_embedder": "txt_in",
+        "time_guidance_embed.timestep_embedder.linear_1": "time_in.in_layer",
+        "time_guidance_embed.timestep_embedder.linear_2": "time_in.out_layer",
+        "time_guidance_embed.guidance_embedder.linear_1": "guidance_in.in_layer",
+        "time_guidance_embed.guidance_embedder.linear_2": "guidance_in.out_layer",
+        "double_stream_modulation_img.linear": "double_stream_modulation_img.lin",
+        "double_stream_modulation_txt.linear": "double_stream_modulation_txt.lin",
+        "single_stream_modulation.linear": "single_stream_modulation.lin",
+        "proj_out": "final_layer.linear",
+    },
+    swapped_linears=SWAPPED_LINEARS,
+)
+
 _BLOCK_KEY = re.compile(r"^(transformer_blocks|single_transformer_blocks)\.(\d+)\.(.+)$")
 
 
@@ -70,22 +119,22 @@ class ModuleMap:
     norms: list[tuple[str, str]]  # (diffusers RMSNorm, original RMSNorm)
 
 
-def module_map(double_blocks: list[int], single_blocks: list[int]) -> ModuleMap:
+def module_map(double_blocks: list[int], single_blocks: list[int], tables: KeyTables = FLUX1_TABLES) -> ModuleMap:
     linears: list[tuple[str, str, bool]] = []
     fused: list[tuple[tuple[str, ...], str, str]] = []
     norms: list[tuple[str, str]] = []
-    tables = (
-        ("transformer_blocks", "double_blocks", double_blocks, DOUBLE_BLOCK_LINEARS, DOUBLE_BLOCK_FUSED, DOUBLE_BLOCK_NORMS),
-        ("single_transformer_blocks", "single_blocks", single_blocks, SINGLE_BLOCK_LINEARS, SINGLE_BLOCK_FUSED, SINGLE_BLOCK_NORMS),
+    blocks = (
+        ("transformer_blocks", "double_blocks", double_blocks, tables.double_linears, tables.double_fused, tables.double_norms),
+        ("single_transformer_blocks", "single_blocks", single_blocks, tables.single_linears, tables.single_fused, tables.single_norms),
     )
-    for diffusers_prefix, original_prefix, indices, block_linears, block_fused, block_norms in tables:
+    for diffusers_prefix, original_prefix, indices, block_linears, block_fused, block_norms in blocks:
         for index in indices:
             here, there = f"{diffusers_prefix}.{index}", f"{original_prefix}.{index}"
             linears += [(f"{here}.{name}", f"{there}.{target}", False) for name, target in block_linears.items()]
             fused += [(tuple(f"{here}.{name}" for name in names), f"{there}.{target}", target) for target, names in block_fused.items()]
             norms += [(f"{here}.{name}", f"{there}.{target}") for name, target in block_norms.items()]
-    linears += [(name, target, False) for name, target in TOP_LEVEL_LINEARS.items()]
-    linears += [(name, target, True) for name, target in SWAPPED_LINEARS.items()]
+    linears += [(name, target, False) for name, target in tables.top_linears.items()]
+    linears += [(name, target, True) for name, target in tables.swapped_linears.items()]
     return ModuleMap(linears, fused, norms)
 
 
@@ -93,15 +142,16 @@ def _diffusers_block_indices(keys: Iterable[str], prefix: str) -> list[int]:
     return sorted({int(match.group(2)) for key in keys if (match := _BLOCK_KEY.match(key)) and match.group(1) == prefix})
 
 
-def _diffusers_module_map(keys: Iterable[str]) -> ModuleMap:
+def _diffusers_module_map(keys: Iterable[str], tables: KeyTables) -> ModuleMap:
     keys = list(keys)
-    return module_map(_diffusers_block_indices(keys, "transformer_blocks"), _diffusers_block_indices(keys, "single_transformer_blocks"))
+    indices = (_diffusers_block_indices(keys, "transformer_blocks"), _diffusers_block_indices(keys, "single_transformer_blocks"))
+    return module_map(*indices, tables)
 
 
-def _original_module_map(keys: Iterable[str]) -> ModuleMap:
+def _original_module_map(keys: Iterable[str], tables: KeyTables) -> ModuleMap:
     keys = list(keys)
     indices = {prefix: sorted({int(key.split(".")[1]) for key in keys if key.startswith(f"{prefix}.")}) for prefix in ("double_blocks", "single_blocks")}
-    return module_map(indices["double_blocks"], indices["single_blocks"])
+    return module_map(indices["double_blocks"], indices["single_blocks"], tables)
 
 
 def _weight_and_bias(source_module: str, target_module: str) -> list[tuple[str, str]]:
@@ -122,11 +172,11 @@ class OriginalTensor:
         return swap_halves(joined) if self.swapped else joined
 
 
-def single_file_layout(diffusers_keys: Iterable[str]) -> list[OriginalTensor]:
-    """How every tensor of a diffusers FluxTransformer2DModel state dict maps to the original single-file
-    layout, one entry per original tensor; refuses a key it has no original name for."""
+def single_file_layout(diffusers_keys: Iterable[str], tables: KeyTables = FLUX1_TABLES) -> list[OriginalTensor]:
+    """How every tensor of a diffusers transformer state dict (of the family `tables` name) maps to the
+    original single-file layout, one entry per original tensor; refuses a key it has no original name for."""
     keys = set(diffusers_keys)
-    modules = _diffusers_module_map(keys)
+    modules = _diffusers_module_map(keys, tables)
     layout = []
     for name, target, swapped in modules.linears:
         layout += [OriginalTensor(new, (old,), swapped) for old, new in _weight_and_bias(name, target) if old in keys]
@@ -142,19 +192,19 @@ def single_file_layout(diffusers_keys: Iterable[str]) -> list[OriginalTensor]:
     return layout
 
 
-def diffusers_to_original_transformer(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A full diffusers FluxTransformer2DModel state dict → the original single-file layout."""
-    return {entry.name: entry.build([state_dict[source] for source in entry.sources]) for entry in single_file_layout(state_dict)}
+def diffusers_to_original_transformer(state_dict: dict[str, torch.Tensor], tables: KeyTables = FLUX1_TABLES) -> dict[str, torch.Tensor]:
+    """A full diffusers transformer state dict → the original single-file layout."""
+    return {entry.name: entry.build([state_dict[source] for source in entry.sources]) for entry in single_file_layout(state_dict, tables)}
 
 
 def original_to_diffusers_transformer(
-    state_dict: dict[str, torch.Tensor], split_sizes: dict[str, list[int]]
+    state_dict: dict[str, torch.Tensor], split_sizes: dict[str, list[int]], tables: KeyTables = FLUX1_TABLES
 ) -> dict[str, torch.Tensor]:
     """The inverse of `diffusers_to_original_transformer`; `split_sizes` gives, per fused original module
     name without the block index ("img_attn.qkv", "txt_attn.qkv", "linear1"), the row counts to split."""
     source = dict(state_dict)
     converted: dict[str, torch.Tensor] = {}
-    modules = _original_module_map(state_dict)
+    modules = _original_module_map(state_dict, tables)
     for name, target, swapped in modules.linears:
         for old, new in _weight_and_bias(target, name):
             if old in source:
@@ -173,9 +223,12 @@ def original_to_diffusers_transformer(
 
 
 def fused_split_sizes(transformer_config: dict[str, object]) -> dict[str, list[int]]:
+    """Each fused original module's pieces' output sizes (FLUX.2 fuses only the double blocks' qkv)."""
     inner = int(transformer_config["num_attention_heads"]) * int(transformer_config["attention_head_dim"])
-    mlp_hidden = inner * 4  # FLUX's mlp_ratio
-    return {"img_attn.qkv": [inner] * 3, "txt_attn.qkv": [inner] * 3, "linear1": [inner] * 3 + [mlp_hidden]}
+    sizes = {"img_attn.qkv": [inner] * 3, "txt_attn.qkv": [inner] * 3}
+    if "mlp_ratio" not in transformer_config:
+        sizes["linear1"] = [inner] * 3 + [inner * 4]  # FLUX.1's single blocks, mlp_ratio 4
+    return sizes
 
 
 # --- LoRA -------------------------------------------------------------------------------------------------
@@ -192,7 +245,8 @@ def _lora_pairs(lora_state_dict: dict[str, torch.Tensor]) -> dict[str, tuple[tor
 
 
 def diffusers_lora_to_comfyui(
-    lora_state_dict: dict[str, torch.Tensor], *, alpha: float, rank: int, fused_out_features: dict[str, list[int]]
+    lora_state_dict: dict[str, torch.Tensor], *, alpha: float, rank: int, fused_out_features: dict[str, list[int]],
+    tables: KeyTables = FLUX1_TABLES,
 ) -> dict[str, torch.Tensor]:
     """peft/diffusers FLUX LoRA (module keys without prefix) → kohya/ComfyUI `lora_unet_...` keys.
 
@@ -236,7 +290,7 @@ def diffusers_lora_to_comfyui(
             ups.append(up)
         put(target_module, torch.cat(downs, dim=0), torch.block_diag(*ups))
 
-    modules = _diffusers_module_map(pairs)
+    modules = _diffusers_module_map(pairs, tables)
     for name, target, swapped in modules.linears:
         single(name, target, swap_halves if swapped else None)
     for names, target, sizes_key in modules.fused:
@@ -277,7 +331,9 @@ def diffusers_lora_effects(lora_state_dict: dict[str, torch.Tensor], *, alpha: f
     }
 
 
-def diffusers_effects_as_comfyui(effects: dict[str, torch.Tensor], split_sizes: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+def diffusers_effects_as_comfyui(
+    effects: dict[str, torch.Tensor], split_sizes: dict[str, list[int]], tables: KeyTables = FLUX1_TABLES
+) -> dict[str, torch.Tensor]:
     """Effects keyed by diffusers module → keyed by kohya module. The layout conversion only stacks and
     swaps rows, so it applies to effects as to weights; untrained pieces of a fused layer are zero rows."""
     as_weights = {f"{module}.weight": effect for module, effect in effects.items()}
@@ -285,11 +341,11 @@ def diffusers_effects_as_comfyui(effects: dict[str, torch.Tensor], split_sizes: 
         match = re.match(r"^(transformer_blocks|single_transformer_blocks)\.(\d+)\.(.+)\.weight$", key)
         if match is None:
             continue
-        fused_table = DOUBLE_BLOCK_FUSED if match.group(1) == "transformer_blocks" else SINGLE_BLOCK_FUSED
+        fused_table = tables.double_fused if match.group(1) == "transformer_blocks" else tables.single_fused
         for target, names in fused_table.items():
             if match.group(3) in names:
                 for name, rows in zip(names, split_sizes[target], strict=True):
                     sibling = f"{match.group(1)}.{match.group(2)}.{name}.weight"
                     as_weights.setdefault(sibling, torch.zeros(rows, as_weights[key].shape[1]))
-    original = diffusers_to_original_transformer(as_weights)
+    original = diffusers_to_original_transformer(as_weights, tables)
     return {"lora_unet_" + key[: -len(".weight")].replace(".", "_"): value for key, value in original.items()}

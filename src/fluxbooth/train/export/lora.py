@@ -15,6 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from fluxbooth.train.export.key_layouts import (
+    FLUX1_TABLES,
+    KeyTables,
     comfyui_lora_effects,
     diffusers_effects_as_comfyui,
     diffusers_lora_effects,
@@ -22,7 +24,7 @@ from fluxbooth.train.export.key_layouts import (
     fused_split_sizes,
 )
 from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.family_ops import FamilyOps
+from fluxbooth.train.family_ops import FLUX1_LORA_FILE, LoraFileFormat
 from fluxbooth.train.state import gathered
 from fluxbooth.trainer_config import LoraSettings
 
@@ -47,20 +49,22 @@ def lora_state_dict(model: Any, *, is_main_process: bool) -> dict[str, torch.Ten
     return state
 
 
-def save_lora_diffusers(state: dict[str, torch.Tensor], out_dir: Path, alpha: float, metadata: dict[str, str], ops: FamilyOps) -> Path:
-    """diffusers/peft format (`transformer.<module>.lora_A.weight`, ...) written by the family's pipeline class,
-    with alpha where the family's loader reads it (`ops.lora_file_contents`: FLUX.1's loader and ComfyUI read a
-    `transformer.<module>.alpha` tensor beside each module; FLUX.2's loader, adapter metadata). `metadata` (the
+def save_lora_diffusers(
+    state: dict[str, torch.Tensor], out_dir: Path, alpha: float, metadata: dict[str, str], lora_file: LoraFileFormat = FLUX1_LORA_FILE
+) -> Path:
+    """diffusers/peft format (`transformer.<module>.lora_A.weight`, ...) written by the model generation's
+    pipeline class, with alpha where its loader reads it (`lora_file`, family_ops.LoraFileFormat: FLUX.1's
+    loader and ComfyUI read a `transformer.<module>.alpha` tensor beside each module; FLUX.2's, adapter metadata). `metadata` (the
     file's own description) goes in through our save function; diffusers' default one writes only "format".
-    Checked by parsing it back with the family pipeline's own `lora_state_dict`."""
-    tensors, adapter_metadata = ops.lora_file_contents(state, alpha)
-    ops.pipeline_class.save_lora_weights(
+    Checked by parsing it back with that pipeline's own `lora_state_dict`."""
+    tensors, adapter_metadata = lora_file.contents(state, alpha)
+    lora_file.pipeline_class.save_lora_weights(
         str(out_dir), transformer_lora_layers=tensors, safe_serialization=True,
         save_function=partial(save_file, metadata={**metadata, **adapter_metadata}),
     )
     path = out_dir / LORA_WEIGHTS_NAME
     try:
-        parsed_state, parsed_alphas = ops.read_lora_file(out_dir, LORA_WEIGHTS_NAME)
+        parsed_state, parsed_alphas = lora_file.read(out_dir, LORA_WEIGHTS_NAME)
     except Exception as error:  # whatever diffusers raises, the export is unusable
         raise TrainerFailure("export_failed", f"{path.name} does not parse in diffusers: {error}") from error
     expected = {f"transformer.{key}": value for key, value in state.items()}
@@ -73,15 +77,18 @@ def save_lora_diffusers(state: dict[str, torch.Tensor], out_dir: Path, alpha: fl
 
 
 def save_lora_comfyui(
-    state: dict[str, torch.Tensor], out_file: Path, settings: LoraSettings, transformer_config: dict[str, Any], metadata: dict[str, str]
+    state: dict[str, torch.Tensor], out_file: Path, settings: LoraSettings, transformer_config: dict[str, Any], metadata: dict[str, str],
+    tables: KeyTables = FLUX1_TABLES,
 ) -> Path:
-    """kohya/ComfyUI format (`lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight`, ...); checked by
-    recomputing every module's change from the file and comparing it with the trained adapter's."""
+    """kohya/ComfyUI format over the original (BFL) module names of the model's family, `tables`
+    (`lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight`, ...): ComfyUI maps `lora_unet_` + every
+    weight of the model it loaded, dots as underscores, whatever the model. Checked by recomputing every
+    module's change from the file and comparing it with the trained adapter's."""
     split_sizes = fused_split_sizes(transformer_config)
-    converted = diffusers_lora_to_comfyui(state, alpha=settings.alpha, rank=settings.rank, fused_out_features=split_sizes)
+    converted = diffusers_lora_to_comfyui(state, alpha=settings.alpha, rank=settings.rank, fused_out_features=split_sizes, tables=tables)
     save_file(converted, str(out_file), metadata=metadata)
     file_effects = comfyui_lora_effects(load_file(str(out_file)))
-    trained = diffusers_effects_as_comfyui(diffusers_lora_effects(state, alpha=settings.alpha, rank=settings.rank), split_sizes)
+    trained = diffusers_effects_as_comfyui(diffusers_lora_effects(state, alpha=settings.alpha, rank=settings.rank), split_sizes, tables)
     if set(file_effects) != set(trained):
         raise TrainerFailure("export_failed", f"{out_file.name} has different modules than the trained LoRA")
     for name, effect in trained.items():

@@ -54,7 +54,7 @@ def save_and_export(state: TrainerState) -> list[Artifact]:
                     rendering_folder.mkdir(parents=True, exist_ok=True)
                     save_lora_diffusers(
                         lora_state, rendering_folder, config.lora.alpha, safetensors_metadata(record, FileLayout.LORA_DIFFUSERS),
-                        ops_for(config.base_model),
+                        ops_for(config.base_model).lora_file,
                     )
             if run.ema is not None:
                 artifacts += _export_ema(session, run.ema.export_state(), output_dir, record)
@@ -112,7 +112,10 @@ def _export_full(session: Session, output_dir: Path, samples: dict[str, torch.Te
     if "diffusers" in session.config.export_formats:
         artifacts.append(Artifact(name="transformer", path=TRANSFORMER_FOLDER, kind="diffusers_transformer"))
     if "single_file" in session.config.export_formats:
-        export_single_file(folder, output_dir / SINGLE_FILE_NAME, safetensors_metadata(record, FileLayout.TRANSFORMER_ORIGINAL))
+        export_single_file(
+            folder, output_dir / SINGLE_FILE_NAME, safetensors_metadata(record, FileLayout.TRANSFORMER_ORIGINAL),
+            ops_for(session.config.base_model).key_tables,
+        )
         artifacts.append(Artifact(name="transformer_single_file", path=SINGLE_FILE_NAME, kind="single_file_transformer"))
     return artifacts
 
@@ -130,12 +133,14 @@ def export_lora(
     artifacts = []
     if "diffusers" in config.export_formats:
         save_lora_diffusers(
-            lora_state, folder, config.lora.alpha, safetensors_metadata(record, FileLayout.LORA_DIFFUSERS, ema=ema), ops_for(config.base_model)
+            lora_state, folder, config.lora.alpha, safetensors_metadata(record, FileLayout.LORA_DIFFUSERS, ema=ema), ops_for(config.base_model).lora_file
         )
         artifacts.append(Artifact(name=f"{prefix}lora", path=f"{folder_name}/{LORA_WEIGHTS_NAME}", kind=f"{prefix}lora_diffusers"))
     if "comfyui" in config.export_formats:
         metadata = safetensors_metadata(record, FileLayout.LORA_KOHYA, ema=ema)
-        save_lora_comfyui(lora_state, folder / COMFYUI_LORA_NAME, config.lora, session.transformer_config, metadata)
+        save_lora_comfyui(
+            lora_state, folder / COMFYUI_LORA_NAME, config.lora, session.transformer_config, metadata, ops_for(config.base_model).key_tables
+        )
         artifacts.append(Artifact(name=f"{prefix}lora_comfyui", path=f"{folder_name}/{COMFYUI_LORA_NAME}", kind=f"{prefix}lora_comfyui"))
     return artifacts
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from fluxbooth.train.export.key_layouts import OriginalTensor, single_file_layout
+from fluxbooth.train.export.key_layouts import FLUX1_TABLES, KeyTables, OriginalTensor, single_file_layout
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.state import gathered
 
@@ -163,7 +163,7 @@ def write_safetensors_streaming(path: Path, tensors: list[PlannedTensor], metada
             file.write(built.view(torch.uint8).numpy().data)
 
 
-def export_single_file(transformer_folder: Path, out_file: Path, metadata: dict[str, str]) -> None:
+def export_single_file(transformer_folder: Path, out_file: Path, metadata: dict[str, str], tables: KeyTables = FLUX1_TABLES) -> None:
     """The saved diffusers transformer → one safetensors file in the original FLUX layout (ComfyUI's
     diffusion_models folder, `FluxTransformer2DModel.from_single_file`). Streamed: each original tensor
     is read from the shards (memory-mapped), built, written and dropped, then checked the same way
@@ -179,7 +179,7 @@ def export_single_file(transformer_folder: Path, out_file: Path, metadata: dict[
             return shard_of[key].get_tensor(key)
 
         planned = []
-        for entry in single_file_layout(shard_of):
+        for entry in single_file_layout(shard_of, tables):
             slices = [shard_of[source].get_slice(source) for source in entry.sources]
             shape = (sum(piece.get_shape()[0] for piece in slices), *slices[0].get_shape()[1:])
             dtype = _TORCH_DTYPES[slices[0].get_dtype()]
