@@ -6,6 +6,7 @@ the real trainer)."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
@@ -16,8 +17,9 @@ from PIL import Image
 
 from fluxbooth.events import CheckpointEvent, StageEvent, StepEvent, TrainerEvent
 from fluxbooth.report import ReportInputs, SheetImage, make_report, report_artifacts
-from fluxbooth.report.history import history_from, smoothed
-from fluxbooth.report.sheets import MAX_SAMPLE_ROWS, MAX_SHEET_IMAGES, dataset_size, sample_rows, samples_size
+from fluxbooth.report.history import MAX_SHOWN_ROUNDS, history_from, smoothed
+from fluxbooth.report.sheets import MAX_SHEET_IMAGES, dataset_size, samples_size
+from fluxbooth.report.tensorboard import TENSORBOARD_IMAGE_SIDE
 from fluxbooth.train.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
 from tests.photos import textured_photo
 
@@ -122,6 +124,20 @@ def test_the_event_file_reads_back_in_tensorboard(validated_run: tuple[Path, lis
     assert [event.step for event in accumulator.Images("validation/prompt_01")] == [2, 4]
     (final,) = accumulator.Images("validation_final/prompt_01")
     assert (final.step, final.width, final.height) == (5, 64, 64)
+    with Image.open(io.BytesIO(final.encoded_image_string)) as image:
+        assert (image.format, image.size) == ("JPEG", (64, 64))
+
+
+def test_tensorboard_holds_the_shown_rounds_downscaled(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    write_renders(tmp_path / "output", rounds=list(range(10, 200, 10)), final_step=200, side=1024)
+    folder, _, _ = report_of(tmp_path, step_events(200), sheet_of(tmp_path / "instance", 1))
+    accumulator = EventAccumulator(str(folder / "tensorboard"), size_guidance={"images": 0})
+    accumulator.Reload()
+    during = accumulator.Images("validation/prompt_00")
+    assert len(during) == MAX_SHOWN_ROUNDS - 1
+    assert {(image.width, image.height) for image in during} == {(TENSORBOARD_IMAGE_SIDE, TENSORBOARD_IMAGE_SIDE)}
 
 
 def test_without_validation_prompts_there_is_no_samples_grid_and_no_warning(tmp_path: Path) -> None:
@@ -154,15 +170,16 @@ def test_the_pngs_stay_small_for_a_large_run_of_incompressible_images(tmp_path: 
     assert warnings == []
     for name in ("samples.png", "dataset.png", "loss.png"):
         assert (folder / name).stat().st_size < MAX_PNG_BYTES, name
-    assert png_size(folder / "samples.png") == samples_size(MAX_SAMPLE_ROWS, len(PROMPTS))[:2]
+    assert png_size(folder / "samples.png") == samples_size(MAX_SHOWN_ROUNDS, len(PROMPTS))[:2]
     assert png_size(folder / "dataset.png") == dataset_size(MAX_SHEET_IMAGES)[:2]
 
 
-def test_thinned_sample_rows_keep_the_first_and_last_rounds_and_the_final_render(tmp_path: Path) -> None:
+def test_a_long_runs_rounds_are_thinned_keeping_the_first_and_last_and_the_final_render(tmp_path: Path) -> None:
     write_renders(tmp_path, rounds=list(range(10, 400, 10)), final_step=400)
-    rows = sample_rows(history_from([], tmp_path))
-    assert len(rows) == MAX_SAMPLE_ROWS
-    assert (rows[0], rows[-2], rows[-1]) == (("step 10", 10), ("step 390", 390), ("final\nstep 400", 400))
+    rounds = history_from([], tmp_path).shown_rounds()
+    assert len(rounds) == MAX_SHOWN_ROUNDS
+    assert (rounds[0], rounds[-2], rounds[-1]) == ((10, False), (390, False), (400, True))
+    assert [step for step, _ in rounds] == sorted(step for step, _ in rounds)
 
 
 def test_a_resumed_run_reports_the_steps_it_trained(tmp_path: Path) -> None:

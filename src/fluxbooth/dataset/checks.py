@@ -47,16 +47,21 @@ if TYPE_CHECKING:
 TrainingShape = Callable[[int, int], tuple[int, int]]
 
 HASH_SIDE = 8  # dHash over a 9x8 greyscale thumbnail: 64 bits
-NEAR_DUPLICATE_BITS = 6  # re-encodes differ by 0-2 bits; distinct photos by 12 or more (bench/dataset_checks.py)
+# Re-encodes (JPEG 95 to 10), rescales and blurs of a photo differ by 0-2 bits; distinct photos by 10 or more, another
+# framing of the same portrait by 17 (bench/dataset_checks.py).
+NEAR_DUPLICATE_BITS = 6
 SHARPNESS_SIDE = 512
-BLUR_SHARE = 0.25  # of the set's median sharpness (needs BLUR_MIN_SET images)
+# Of the set's median sharpness (with BLUR_MIN_SET images or more). bench/dataset_checks.py, against a portrait at 512²:
+# a Gaussian blur of 1 px leaves 0.08 of its sharpness, 2 px 0.01; JPEG quality 40 keeps 0.87, and a sharp scene with
+# smooth areas measures 0.28 of it.
+BLUR_SHARE = 0.1
 BLUR_MIN_SET = 3
 BLUR_FLOOR = 25.0  # a photo this soft at SHARPNESS_SIDE is blurry in any set
 EXTREME_ASPECT = 2.0
 FACE_SIDE = 320  # faces of a portrait set are large: detected on the longer side scaled to this
 FACE_MIN_SHARE = 0.08  # of the shorter side: smaller detections are texture, not a subject's face
 FACE_CASCADE = "haarcascade_frontalface_default.xml"
-FACE_SCALE_STEP = 1.2  # between detection scales; 1.1 costs 1.7x the time (bench/dataset_checks.py)
+FACE_SCALE_STEP = 1.2  # between detection scales; 1.1 took 1.7x the time on 320 px portraits here, same faces
 FACE_MIN_NEIGHBOURS = 5  # overlapping detections a face needs: fewer lets texture pass for faces
 FACE_MIN_PIXELS = 24  # the cascade's own window
 CHECK_THREADS = 2  # OpenCV and Pillow release the GIL; the worker's CPUs are otherwise idle during this stage

@@ -11,6 +11,9 @@ from typing import Any
 from fluxbooth.events import CheckpointEvent, StepEvent, TrainerEvent
 from fluxbooth.train.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
 
+# Validation rounds a report shows (the samples grid's rows, TensorBoard's images): a long run's are thinned.
+MAX_SHOWN_ROUNDS = 10
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -38,6 +41,17 @@ class TrainingHistory:
     @property
     def validation_steps(self) -> tuple[int, ...]:
         return tuple(sorted({image.training_step for image in self.validation}))
+
+    def shown_rounds(self) -> list[tuple[int, bool]]:
+        """(training step, final) of the validation rounds the report shows: those during training, evenly
+        thinned to MAX_SHOWN_ROUNDS with the first and the last kept, then the final render."""
+        during = sorted({image.training_step for image in self.validation if not image.final})
+        final = sorted({image.training_step for image in self.validation if image.final})
+        room = MAX_SHOWN_ROUNDS - len(final)
+        if len(during) > room:
+            picks = {round(index * (len(during) - 1) / max(1, room - 1)) for index in range(room)}
+            during = [during[index] for index in sorted(picks)]
+        return [(step, False) for step in during] + [(step, True) for step in final]
 
     @property
     def prompts(self) -> tuple[str, ...]:

@@ -45,6 +45,6 @@ def draw_loss(history: TrainingHistory, path: Path, title: str) -> None:
     rate_axis.set_ylim(bottom=0)
     handles, labels = loss_axis.get_legend_handles_labels()
     rate_handles, rate_labels = rate_axis.get_legend_handles_labels()
-    loss_axis.legend(handles + rate_handles, labels + rate_labels, loc="upper right", fontsize="small")
+    figure.legend(handles + rate_handles, labels + rate_labels, loc="outside lower center", ncols=5, fontsize="small")
     loss_axis.set_title(title)
     figure.savefig(path, format="png")

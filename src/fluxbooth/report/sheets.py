@@ -2,8 +2,8 @@
 (a contact sheet of the training images as trained, with captions and the dataset check's flags), composed
 with Pillow in matplotlib's bundled DejaVu Sans.
 
-Both stay small at any run size: at most SHEET_PIXELS pixels, at most MAX_SAMPLE_ROWS rounds (evenly
-spaced, the last ones kept) and MAX_SHEET_IMAGES images (flagged ones first)."""
+Both stay small at any run size: at most SHEET_PIXELS pixels, the rounds TrainingHistory.shown_rounds
+picks, and MAX_SHEET_IMAGES images (flagged ones first)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps
 from fluxbooth.report.history import TrainingHistory, ValidationImage
 
 SHEET_PIXELS = 1_500_000  # photo-like PNGs take about 2 bytes a pixel: a sheet stays near 3 MB
-MAX_SAMPLE_ROWS = 10
 MAX_SHEET_IMAGES = 48
 MIN_TILE, MAX_TILE = 128, 256
 MARGIN = 8
@@ -68,21 +67,6 @@ def _chars(width: int) -> int:
     return int(width / (TEXT_SIZE * 0.6))
 
 
-def sample_rows(history: TrainingHistory) -> list[tuple[str, int]]:
-    """(label, training step) of each row: the rounds during training, evenly thinned to MAX_SAMPLE_ROWS with
-    the last kept, then the final render."""
-    during = sorted({image.training_step for image in history.validation if not image.final})
-    final = [image for image in history.validation if image.final]
-    room = MAX_SAMPLE_ROWS - (1 if final else 0)
-    if len(during) > room:
-        picks = {round(index * (len(during) - 1) / max(1, room - 1)) for index in range(room)}
-        during = [during[index] for index in sorted(picks)]
-    rows = [(f"step {step}", step) for step in during]
-    if final:
-        rows.append((f"final\nstep {final[0].training_step}", final[0].training_step))
-    return rows
-
-
 SAMPLES_HEADER = 3 * LINE + MARGIN  # three lines of prompt over each column
 
 
@@ -95,7 +79,7 @@ def samples_size(rows: int, columns: int) -> tuple[int, int, int]:
 
 def draw_samples(history: TrainingHistory, path: Path, title: str) -> None:
     """One row per validation round (and the final render), one column per prompt, prompts and steps written."""
-    rows, prompts = sample_rows(history), history.prompts
+    rows, prompts = history.shown_rounds(), history.prompts
     width, height, tile = samples_size(len(rows), len(prompts))
     sheet = Image.new("RGB", (width, height), BACKGROUND)
     draw = ImageDraw.Draw(sheet)
@@ -107,10 +91,10 @@ def draw_samples(history: TrainingHistory, path: Path, title: str) -> None:
         left = LABEL_WIDTH + column * (tile + MARGIN)
         draw.multiline_text((left, top), "\n".join(_lines(prompt, _chars(tile), 3)), font=text, fill=INK, spacing=4)
     by_place = {(image.training_step, image.final, image.prompt_index): image for image in history.validation}
-    for row, (label, step) in enumerate(rows):
+    for row, (step, final) in enumerate(rows):
         y = top + SAMPLES_HEADER + row * (tile + MARGIN)
+        label = f"final\nstep {step}" if final else f"step {step}"
         draw.multiline_text((MARGIN, y + tile // 2 - LINE), label, font=text, fill=INK, spacing=4)
-        final = label.startswith("final")
         for column in range(len(prompts)):
             image = by_place.get((step, final, column))
             if image is not None:

@@ -1,11 +1,14 @@
 """report/tensorboard/: the run as TensorBoard event files (`tensorboard --logdir report/tensorboard`): the loss
-and learning rate of every step, and each validation render at its step.
+and learning rate of every step, and the validation renders of the rounds the report shows, each at its step,
+as JPEGs of at most TENSORBOARD_IMAGE_SIDE pixels (the full renders are artifacts of their own; 1024² PNGs
+would make the file tens of MB).
 
 Written with the `tensorboard` package's own event writer, which imports neither TensorFlow nor torch
 (tensorboardX imports torch whenever it is installed, as it is in the worker's image)."""
 
 from __future__ import annotations
 
+import io
 import time
 from pathlib import Path
 
@@ -18,6 +21,18 @@ LOSS_TAG = "train/loss"
 LR_TAG = "train/learning_rate"
 VALIDATION_TAG = "validation/prompt_{index:02d}"
 FINAL_TAG = "validation_final/prompt_{index:02d}"
+TENSORBOARD_IMAGE_SIDE = 512
+JPEG_QUALITY = 90
+
+
+def _small_jpeg(path: Path) -> tuple[int, int, bytes]:
+    """(width, height, JPEG bytes) of a render, its longer side at most TENSORBOARD_IMAGE_SIDE."""
+    with Image.open(path) as opened:
+        image = opened.convert("RGB")
+    image.thumbnail((TENSORBOARD_IMAGE_SIDE, TENSORBOARD_IMAGE_SIDE), Image.Resampling.LANCZOS)
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=JPEG_QUALITY)
+    return image.width, image.height, buffer.getvalue()
 
 
 def write_events(history: TrainingHistory, folder: Path) -> Path:
@@ -34,13 +49,13 @@ def write_events(history: TrainingHistory, folder: Path) -> Path:
         for record in history.steps:
             values = [Summary.Value(tag=LOSS_TAG, simple_value=record.loss), Summary.Value(tag=LR_TAG, simple_value=record.lr)]
             writer.add_event(Event(wall_time=wall_time, step=record.step, summary=Summary(value=values)))
-        for image in history.validation:
-            with Image.open(image.path) as opened:
-                width, height = opened.size
+        shown = set(history.shown_rounds())
+        for image in (image for image in history.validation if (image.training_step, image.final) in shown):
+            width, height, encoded = _small_jpeg(image.path)
             value = Summary.Value(
                 tag=(FINAL_TAG if image.final else VALIDATION_TAG).format(index=image.prompt_index),
                 metadata=SummaryMetadata(display_name=image.prompt),
-                image=Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=image.path.read_bytes()),
+                image=Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=encoded),
             )
             writer.add_event(Event(wall_time=wall_time, step=image.training_step, summary=Summary(value=[value])))
     finally:
