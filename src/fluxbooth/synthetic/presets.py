@@ -196,13 +196,17 @@ FLUX2_PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any], s
 
 def preset(name: str) -> Preset:
     """The preset called `name`; ValueError naming the choices otherwise."""
-    if name in ("tiny", "scaled", "tiny-kontext"):
+    if name in ("tiny", "scaled", "tiny-kontext", "tiny-schnell"):
         configs = _tiny_preset_configs()
         if name == "scaled":
             configs["transformer"] = {**configs["transformer"], **SCALED_TRANSFORMER_OVERRIDES}
+        if name == "tiny-schnell":
+            # schnell differs from dev as at full size: no guidance embedding, the scheduler's fixed shift.
+            configs["transformer"] = {**configs["transformer"], "guidance_embeds": False}
+            configs["scheduler"] = dict(FLUX1_SCHNELL_SCHEDULER)
         family = "flux1-kontext" if name == "tiny-kontext" else "flux1"
-        # fluxbooth.tiny's pipeline is float32; the tiny Kontext one matches it.
-        dtype = "float32" if name == "tiny-kontext" else "bfloat16"
+        # fluxbooth.tiny's pipeline is float32; the tiny variants built here match it.
+        dtype = "float32" if name in ("tiny-kontext", "tiny-schnell") else "bfloat16"
         return Preset(name=name, tokenizers="tiny", family=family, dtype=dtype, **configs)
     if name in ("flux1-dev", "flux1-schnell", "flux1-kontext-dev"):
         dev = name != "flux1-schnell"
@@ -223,5 +227,5 @@ def preset(name: str) -> Preset:
 
 PRESET_NAMES = (
     "tiny", "scaled", "flux1-dev", "flux1-schnell", "flux1-kontext-dev", "flux2-dev", "flux2-klein-4b", "flux2-klein-9b",
-    "tiny-kontext", "tiny-flux2", "tiny-flux2-klein",
+    "tiny-kontext", "tiny-schnell", "tiny-flux2", "tiny-flux2-klein",
 )
