@@ -69,21 +69,26 @@ def model_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fluxbooth-cache")
 
 
-@pytest.fixture
-def worker_env(tmp_path: Path, model_cache_dir: Path, torch_extensions_dir: Path) -> Iterator[dict[str, str]]:
-    """A clean environment for a worker (in-process or subprocess) that writes only under tmp_path."""
-    env = {
+def worker_environment(root: Path, model_cache_dir: Path, torch_extensions_dir: Path) -> dict[str, str]:
+    """A clean environment for a worker (in-process or subprocess) that writes only under `root`, sharing the
+    session's model and DeepSpeed op caches. Module-scoped fixtures that run one job for many tests call it."""
+    return {
         "PATH": os.environ["PATH"],
-        "HOME": os.environ.get("HOME", str(tmp_path)),
-        "FLUXBOOTH_WORK_DIR": str(tmp_path / "work"),
-        "FLUXBOOTH_OUTPUT_DIR": str(tmp_path / "outputs"),
+        "HOME": os.environ.get("HOME", str(root)),
+        "FLUXBOOTH_WORK_DIR": str(root / "work"),
+        "FLUXBOOTH_OUTPUT_DIR": str(root / "outputs"),
         "FLUXBOOTH_CACHE_DIR": str(model_cache_dir),
-        "FLUXBOOTH_VOLUME_DIR": str(tmp_path / "no-volume"),
+        "FLUXBOOTH_VOLUME_DIR": str(root / "no-volume"),
         "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir),
         "HF_HUB_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
     }
-    yield env
+
+
+@pytest.fixture
+def worker_env(tmp_path: Path, model_cache_dir: Path, torch_extensions_dir: Path) -> Iterator[dict[str, str]]:
+    """A clean environment for a worker that writes only under tmp_path."""
+    yield worker_environment(tmp_path, model_cache_dir, torch_extensions_dir)
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ as sample data (Grace Hopper, a real photo with one frontal face), so face count
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageOps
@@ -47,6 +48,14 @@ def encoded(image: Image.Image, image_format: str = "JPEG", quality: int = 92) -
     options = {"quality": quality} if image_format == "JPEG" else {}
     image.save(buffer, format=image_format, **options)
     return buffer.getvalue()
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """The size of a PNG file, fully decoded (a truncated or mislabelled file fails here)."""
+    with Image.open(path) as image:
+        image.load()
+        assert image.format == "PNG"
+        return image.size
 
 
 def _sample_portrait() -> Image.Image:

@@ -21,7 +21,7 @@ from fluxbooth.report.history import MAX_SHOWN_ROUNDS, history_from, smoothed
 from fluxbooth.report.sheets import MAX_SHEET_IMAGES, dataset_size, samples_size
 from fluxbooth.report.tensorboard import TENSORBOARD_IMAGE_SIDE
 from fluxbooth.train.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
-from tests.photos import textured_photo
+from tests.photos import png_size, textured_photo
 
 PROMPTS = ("a photo of sks dog", "a sks dog in the snow")
 MAX_PNG_BYTES = 4 * 1024 * 1024
@@ -76,13 +76,6 @@ def validated_run(tmp_path: Path) -> tuple[Path, list[str], list[str]]:
     write_renders(tmp_path / "output", rounds=[2, 4], final_step=5)
     events = [*step_events(5), CheckpointEvent(step=3, path="checkpoint-3"), StageEvent("validate", {"step": 2})]
     return report_of(tmp_path, events, sheet_of(tmp_path / "instance", 5))
-
-
-def png_size(path: Path) -> tuple[int, int]:
-    with Image.open(path) as image:
-        image.load()
-        assert image.format == "PNG"
-        return image.size
 
 
 def test_every_part_is_an_artifact_under_report(validated_run: tuple[Path, list[str], list[str]]) -> None:

@@ -7,19 +7,17 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
-from PIL import Image
-
 from fluxbooth.job import run_job
 from fluxbooth.report.sheets import dataset_size, samples_size
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
+from tests.conftest import worker_environment
 from tests.factories import make_zip, to_base64
-from tests.photos import BLURRED, DUPLICATED, flawed_dataset_members
+from tests.photos import BLURRED, DUPLICATED, flawed_dataset_members, png_size
 
 pytestmark = pytest.mark.slow
 
@@ -32,13 +30,7 @@ MAX_PNG_BYTES = 4 * 1024 * 1024
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, torch_extensions_dir: Path) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("report-job")
-    env = {
-        "PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(root)), "FLUXBOOTH_WORK_DIR": str(root / "work"),
-        "FLUXBOOTH_OUTPUT_DIR": str(root / "outputs"), "FLUXBOOTH_CACHE_DIR": str(model_cache_dir),
-        "FLUXBOOTH_VOLUME_DIR": str(root / "no-volume"), "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir),
-        "HF_HUB_OFFLINE": "1",
-    }
+    env = worker_environment(tmp_path_factory.mktemp("report-job"), model_cache_dir, torch_extensions_dir)
     job_input = {
         "model_name": "sks-dog", "base_model": TINY_MODEL_NAME, "training_type": "lora", "lora_rank": 4,
         "dataset": to_base64(make_zip(flawed_dataset_members())), "instance_prompt": "a photo of sks dog",
@@ -53,13 +45,6 @@ def job(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, torch_e
 def artifact_path(result: dict[str, Any], name: str) -> Path:
     (artifact,) = [artifact for artifact in result["artifacts"] if artifact["name"] == name]
     return Path(unquote(urlsplit(artifact["uri"]).path))
-
-
-def png_size(path: Path) -> tuple[int, int]:
-    with Image.open(path) as image:
-        image.load()
-        assert image.format == "PNG"
-        return image.size
 
 
 def test_the_report_is_uploaded_with_the_weights(job: dict[str, Any]) -> None:

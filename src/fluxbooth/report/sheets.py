@@ -15,7 +15,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
-from fluxbooth.report.history import TrainingHistory, ValidationImage
+from fluxbooth.report.history import TrainingHistory
 
 SHEET_PIXELS = 1_500_000  # photo-like PNGs take about 2 bytes a pixel: a sheet stays near 3 MB
 MAX_SHEET_IMAGES = 48
