@@ -60,7 +60,8 @@ def sheet_images(dataset: PreparedDataset, default_prompt: str, flags: Mapping[s
     for prepared, uploaded in dataset.uploaded_names.items():
         path = dataset.instance_dir / prepared
         caption_file = path.with_suffix(CAPTION_SUFFIX)
-        caption = caption_file.read_text(encoding="utf-8").strip() if caption_file.is_file() else ""
+        # The dataset stage wrote it as UTF-8; a sheet is never worth failing the job over a caption.
+        caption = caption_file.read_text(encoding="utf-8", errors="replace").strip() if caption_file.is_file() else ""
         images.append(SheetImage(uploaded, path, caption or default_prompt, tuple(flags.get(uploaded, ()))))
     return images
 
