@@ -1,0 +1,131 @@
+"""A LoRA job through the worker (run_job, what handler.py runs) on each tiny family preset: the real trainer
+under `accelerate launch` + DeepSpeed ZeRO-2 on the CPU trains, exports both LoRA formats and validates with
+the family's sampling defaults; the diffusers LoRA loads into the family's pipeline and changes its output,
+and the ComfyUI file (the family's original key layout) changes it the same way."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+
+from fluxbooth.job import run_job
+from fluxbooth.settings import WorkerSettings
+from fluxbooth.synthetic import build_pipeline, preset
+from tests.factories import make_dataset_zip, to_base64
+
+pytestmark = pytest.mark.slow
+
+# (preset, the family's pipeline, validation steps and guidance: the family's sampling defaults)
+FAMILIES = {
+    "tiny-flux2-klein": ("Flux2KleinPipeline", 50, 4.0),  # a base (not distilled) klein: true CFG
+    "tiny-flux2": ("Flux2Pipeline", 50, 4.0),
+    "tiny-schnell": ("FluxPipeline", 4, 0.0),
+}
+
+
+@pytest.fixture(scope="module")
+def family_bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("family-bases")
+    return {name: build_pipeline(preset(name), root / name) for name in FAMILIES}
+
+
+def lora_request(base: Path) -> dict[str, Any]:
+    return {
+        "model_name": f"{base.name}-lora",
+        "base_model": str(base),
+        "dataset": to_base64(make_dataset_zip(count=3, size=(96, 80))),
+        "instance_prompt": "a photo of sks dog",
+        "training_type": "lora",
+        "lora_rank": 4,
+        "learning_rate": 1e-3,
+        "steps": 3,
+        "resolution": 64,
+        "seed": 7,
+        "validation_prompts": ["a photo of sks dog"],
+    }
+
+
+def local_file(artifact: dict[str, Any]) -> Path:
+    assert artifact["uri"].startswith("file://"), artifact
+    return Path(urlparse(artifact["uri"]).path)
+
+
+@pytest.fixture(scope="module")
+def family_runs(family_bases: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, torch_extensions_dir: Path) -> dict[str, dict[str, Any]]:
+    """One job per family, run once for the module (each takes a minute or two on a CPU)."""
+    results = {}
+    for name, base in family_bases.items():
+        root = tmp_path_factory.mktemp(f"worker-{name}")
+        settings = WorkerSettings.from_environ({
+            "PATH": "/usr/bin:/bin", "HOME": str(root), "FLUXBOOTH_WORK_DIR": str(root / "work"),
+            "FLUXBOOTH_OUTPUT_DIR": str(root / "outputs"), "FLUXBOOTH_CACHE_DIR": str(root / "cache"),
+            "FLUXBOOTH_VOLUME_DIR": str(root / "no-volume"), "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir), "HF_HUB_OFFLINE": "1",
+        })
+        results[name] = asyncio.run(run_job(lora_request(base), job_id=f"family-{name}", settings=settings))
+    return results
+
+
+def artifact_named(result: dict[str, Any], name: str) -> Path:
+    matches = [artifact for artifact in result["artifacts"] if artifact["name"] == name]
+    assert len(matches) == 1, [artifact["name"] for artifact in result["artifacts"]]
+    return local_file(matches[0])
+
+
+def render(pipeline_class: str, base: Path, lora: Path | None) -> Any:
+    import diffusers
+    import torch
+
+    pipeline = getattr(diffusers, pipeline_class).from_pretrained(base)
+    pipeline.set_progress_bar_config(disable=True)
+    if lora is not None:
+        pipeline.load_lora_weights(lora.parent, weight_name=lora.name)
+    return pipeline(
+        prompt="a photo of sks dog", height=64, width=64, num_inference_steps=2, guidance_scale=1.0, max_sequence_length=256,
+        generator=torch.Generator().manual_seed(0), output_type="pt",
+    ).images[0]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_a_lora_job_trains_on_the_familys_tiny_model(family_runs: dict[str, dict[str, Any]], name: str) -> None:
+    result = family_runs[name]
+    assert "error" not in result, result
+    assert (result["plan"]["training_type"], result["plan"]["zero_stage"]) == ("lora", 2)
+    assert result["metrics"]["steps"] == 3 and math.isfinite(result["metrics"]["final_loss"])
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_validation_renders_with_the_familys_sampling_defaults(family_runs: dict[str, dict[str, Any]], name: str) -> None:
+    index = json.loads(artifact_named(family_runs[name], "validation/validation.json").read_text())
+    _, steps, guidance = FAMILIES[name]
+    assert [image["steps"] for image in index["images"]] == [steps]
+    assert index["guidance_scale"] == guidance
+    assert artifact_named(family_runs[name], "validation/validation_00.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_diffusers_lora_loads_into_the_familys_pipeline_and_changes_its_output(
+    family_runs: dict[str, dict[str, Any]], family_bases: dict[str, Path], name: str
+) -> None:
+    pipeline_class = FAMILIES[name][0]
+    base, tuned = render(pipeline_class, family_bases[name], None), render(pipeline_class, family_bases[name], artifact_named(family_runs[name], "lora/pytorch_lora_weights.safetensors"))
+    assert float((tuned - base).abs().max()) > 0
+
+
+# diffusers' reader of FLUX.1 kohya files assumes FLUX.1's full widths, so only FLUX.2's is read back here
+# (FLUX.1's ComfyUI file is checked against its adapter in tests/test_trainer_lora.py).
+@pytest.mark.parametrize("name", ["tiny-flux2", "tiny-flux2-klein"])
+def test_the_comfyui_lora_changes_the_output_as_the_diffusers_one_does(
+    family_runs: dict[str, dict[str, Any]], family_bases: dict[str, Path], name: str
+) -> None:
+    """diffusers reads kohya files by converting the original (BFL) layout back: the same renders show that
+    every module's change survived the export's key layout."""
+    pipeline_class = FAMILIES[name][0]
+    diffusers_file = render(pipeline_class, family_bases[name], artifact_named(family_runs[name], "lora/pytorch_lora_weights.safetensors"))
+    comfyui_file = render(pipeline_class, family_bases[name], artifact_named(family_runs[name], "lora/lora_comfyui.safetensors"))
+    assert float((diffusers_file - comfyui_file).abs().max()) < 1e-3
