@@ -310,7 +310,9 @@ def _plan_table(report: dict[str, Any], out: TextIO) -> None:
     chosen = report["chosen"]
     for candidate in report["candidates"]:
         kind = candidate["training_type"] + (f" r{candidate['lora_rank']}" if candidate["lora_rank"] else "")
-        is_chosen = chosen is not None and all(
+        # Adafactor stepped inside the backward pass on bf16 weights, without DeepSpeed.
+        kind += " fused" if candidate["fused_backward_pass"] else ""
+        is_chosen = chosen is not None and chosen["fused_backward_pass"] == candidate["fused_backward_pass"] and all(
             chosen[key] == candidate[key]
             for key in ("training_type", "base_precision", "zero_stage", "offload_optimizer", "offload_param", "lora_rank")
         )
@@ -350,6 +352,7 @@ def _chosen_summary(report: dict[str, Any], out: TextIO) -> None:
         f"\nchosen: {plan['training_type']}"
         + (f" over {'a' if plan['base_precision'] == 'bf16' else 'an'} {plan['base_precision']} base" if plan["training_type"] == "lora" else "")
         + " with "
+        + ("Adafactor fused into the backward pass (bf16 weights), " if plan["fused_backward_pass"] else "")
         + (f"ZeRO-{plan['zero_stage']}" if plan["use_deepspeed"] else "no DeepSpeed")
         + f", offload optimizer {plan['offload_optimizer']}, parameters {plan['offload_param']}, "
         f"optimizer {plan['optimizer']}\n"

@@ -26,6 +26,7 @@ from fluxbooth.plan.types import Plan
 from fluxbooth.train.names import (
     DEEPSPEED_OPTIMIZER_PARAMS,
     DEEPSPEED_OPTIMIZER_TYPES,
+    FUSED_ADAFACTOR_LEARNING_RATE,
     OPTIMIZER_HYPERPARAMETERS,
     SUPPORTED_OPTIMIZERS,
     normalise_optimizer_name,
@@ -279,6 +280,10 @@ def trainer_config_for(
         target_modules=tuple(request.lora_target_modules or default_lora_targets),
     )
     default_formats = ("diffusers",) if plan.training_type == "full" else ("diffusers", "comfyui")
+    learning_rate = request.effective_learning_rate
+    if plan.fused_backward_pass and request.learning_rate is None:
+        # The plan traded the default AdamW for Adafactor fused into the backward pass: kohya's rate for it.
+        learning_rate = FUSED_ADAFACTOR_LEARNING_RATE
     return TrainerConfig(
         base_model=base_model,
         instance_dir=str(instance_dir),
@@ -293,7 +298,7 @@ def trainer_config_for(
         resolution=tuple(request.resolution),
         training_type=plan.training_type,
         steps=request.steps,
-        learning_rate=request.effective_learning_rate,
+        learning_rate=learning_rate,
         batch_size=request.batch_size,
         gradient_accumulation_steps=request.gradient_accumulation_steps,
         mixed_precision=plan.mixed_precision,
@@ -302,7 +307,7 @@ def trainer_config_for(
         zero_stage=plan.zero_stage,
         offload_optimizer=plan.offload_optimizer,
         offload_param=plan.offload_param,
-        optimizer=request.optimizer,
+        optimizer="adafactor" if plan.fused_backward_pass else request.optimizer,
         lr_scheduler=request.lr_scheduler,
         lr_warmup_steps=request.lr_warmup_steps,
         max_grad_norm=request.max_grad_norm,
@@ -322,4 +327,5 @@ def trainer_config_for(
         base_model_name=base_model_name,
         trigger_word=request.trigger_word,
         caption_dropout=request.caption_dropout,
+        fused_backward_pass=plan.fused_backward_pass,
     )

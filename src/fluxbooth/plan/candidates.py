@@ -23,7 +23,7 @@ from fluxbooth.plan.types import (
     Strategy,
 )
 from fluxbooth.settings import DatasetLimits
-from fluxbooth.train.names import normalise_optimizer_name
+from fluxbooth.train.names import FUSED_ADAFACTOR_CLASS, normalise_optimizer_name
 
 PHASE_VERBS = {
     "loading": "loading the transformer", "caching": "caching embeddings", "class_images": "generating class images",
@@ -37,6 +37,8 @@ OFFLOADED_OPTIMIZER_CLASSES = {
 # Not offloaded: DeepSpeed builds its fused GPU kernels for its own types; torch's classes otherwise.
 DEEPSPEED_GPU_OPTIMIZER_CLASSES = {"adamw": "FusedAdam", "adam": "FusedAdam", "lion": "FusedLion"}
 TORCH_OPTIMIZER_CLASSES = {"adamw": "AdamW", "adam": "Adam", "adagrad": "Adagrad", "sgd": "SGD", "adafactor": "Adafactor"}
+# kohya's FLUX full fine-tune: bf16 weights, Adafactor fused into the backward pass, no DeepSpeed, one process.
+FUSED_STRATEGY = Strategy("full", False, 0, "none", "none", fused_backward_pass=True)
 
 
 def as_job(request: Any, instance_images: int | None = None) -> JobShape:
@@ -92,6 +94,8 @@ def honours_request(strategy: Strategy, job: JobShape) -> bool:
     offload target; `none` also rules out offloading the parameters) are honoured."""
     if strategy.training_type != job.training_type:
         return False
+    if strategy.fused_backward_pass:
+        return not fused_pass_changes(job)
     if job.training_type == "lora" and job.base_precision not in ("auto", strategy.base_precision):
         return False
     if job.offload == "none" and strategy.offload_param != "none":
@@ -195,6 +199,8 @@ def evaluate_candidates(
     plans: list[tuple[Strategy, int]] = []
     for base in base_precisions_for(job.training_type, job.base_precision):
         plans += [(s, job.lora_rank) for s in strategies_for(job.training_type, job.use_deepspeed, has_nvme, base)]
+    if fused_pass_possible(hardware, precision) and (job.training_type == "full" or include_alternatives):
+        plans.append((FUSED_STRATEGY, job.lora_rank))
     if job.use_deepspeed and requested_stage(job) == 1:
         plans.insert(0, (Strategy(job.training_type, True, 1, "none", "none"), job.lora_rank))
         plans.insert(1, (Strategy(job.training_type, True, 1, "cpu", "none"), job.lora_rank))
@@ -233,8 +239,30 @@ def describe_candidate(candidate: Candidate) -> str:
     return text
 
 
+def fused_pass_possible(hardware: Hardware, precision: str) -> bool:
+    """The fused pass keeps bf16 weights and steps inside one process's backward: bf16, one GPU or the CPU."""
+    return precision == "bf16" and (hardware.accelerator == "cpu" or hardware.gpu_count == 1)
+
+
+def fused_pass_changes(job: JobShape) -> list[str]:
+    """The request settings a full fine-tune would have to change to run the fused pass (none: it may)."""
+    changes = []
+    if job.gradient_accumulation_steps != 1:
+        # Each weight is stepped as its gradient appears; accumulating needs the gradient buffer it avoids.
+        changes.append("gradient_accumulation_steps 1")
+    if job.optimizer_named and normalise_optimizer_name(job.optimizer) != "adafactor":
+        changes.append("optimizer 'adafactor' (or none)")
+    if job.mixed_precision != "bf16":
+        changes.append("mixed_precision 'bf16'")
+    if requested_stage(job) is not None or job.offload not in ("auto", "none"):
+        changes.append("zero_stage and offload 'auto'")
+    return changes
+
+
 def optimizer_for(strategy: Strategy, optimizer: str = "adamw") -> str:
     """The optimizer class that will step (what the trainer's metrics.optimizer reports)."""
+    if strategy.fused_backward_pass:
+        return FUSED_ADAFACTOR_CLASS
     name = normalise_optimizer_name(optimizer)
     if strategy.offload_optimizer != "none":
         return OFFLOADED_OPTIMIZER_CLASSES.get(name, name)

@@ -116,6 +116,7 @@ def plan_from(candidate: Candidate, job: JobShape, hardware: Hardware, precision
         base_precision=strategy.base_precision,
         phases=candidate.phases(),
         predicted_total_seconds=round(candidate.total_seconds, 1),
+        fused_backward_pass=strategy.fused_backward_pass,
     )
 
 

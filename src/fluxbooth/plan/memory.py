@@ -68,6 +68,11 @@ QUANTISER_WORKING_BYTES_PER_PARAM = {"fp8": 8, "nf4": 16}
 # fp32 optimizer state per trainable parameter, besides the master weights: Adam's m and v; one buffer for
 # Adagrad's sum, Lion's and SGD's momentum; Adafactor keeps a full second moment on ZeRO's flat partitions.
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "adagrad": 4, "lion": 4, "sgd": 4, "adafactor": 4}
+# The fused pass (Strategy.fused_backward_pass) steps one parameter at a time inside the backward pass: that
+# parameter's bf16 gradient (2 bytes per element), then its fp32 working copies while transformers' Adafactor
+# steps it: the weight, the gradient, the update and the factored estimate it is built from (4 x 4 bytes),
+# counted from train/fused_adafactor.py and Adafactor.step. The largest layer sets the peak.
+FUSED_STEP_BYTES_PER_PARAM = 2 + 16
 
 
 def compute_dtype_bytes(mixed_precision: str) -> int:
@@ -214,6 +219,15 @@ def _frozen_placement(
     return device, {}
 
 
+def adafactor_state_bytes(model: ModelSize) -> int:
+    """transformers' Adafactor without a first moment (beta1 None, kohya's FLUX settings): a matrix keeps
+    fp32 means of its squared gradient per row and per column, any other tensor (biases, norms) a full fp32
+    second moment."""
+    matrices = sum(layer.in_features * layer.out_features for layer in model.linear_layers)
+    factors = sum(layer.in_features + layer.out_features for layer in model.linear_layers)
+    return 4 * (factors + model.transformer_params - matrices)
+
+
 def model_state_bytes(
     strategy: Strategy,
     model: ModelSize,
@@ -231,6 +245,12 @@ def model_state_bytes(
     n = processes
     weights, host = _frozen_placement(strategy, model, trainable, width)
     disk: dict[str, int] = {}
+    if strategy.fused_backward_pass:
+        # Every weight in bf16 (no fp32 master copy), Adafactor's factored state, no gradient buffer.
+        device = dict(weights)
+        device["optimizer_states_factored"] = adafactor_state_bytes(model)
+        device["fused_step_working"] = FUSED_STEP_BYTES_PER_PARAM * model.largest_layer_params
+        return device, host, disk
     if not strategy.use_deepspeed:
         # Plain accelerate: fp32 trainable weights under autocast, fp32 grads, optimizer state; frozen
         # weights as stored.
@@ -418,7 +438,7 @@ def training_only_bytes(device: dict[str, int]) -> int:
     """Device terms that exist only once training runs: optimizer partitions, gradients, buckets, the
     dequantised layer."""
     transient = ("optimizer_states_partition", "gradients", "gradient_buckets", "allgather_bucket", "zero3_buckets",
-                 "trainable_weights_grads_optimizer", "dequantised_layer")
+                 "trainable_weights_grads_optimizer", "dequantised_layer", "optimizer_states_factored", "fused_step_working")
     return sum(device.get(name, 0) for name in transient)
 
 

@@ -9,13 +9,28 @@ from dataclasses import replace
 
 from fluxbooth.hardware import Hardware, format_bytes
 from fluxbooth.modelsize import ModelSize
-from fluxbooth.plan.candidates import describe_candidate, evaluate_candidates, pick, resource_ratios, shortfall
+from fluxbooth.plan.candidates import (
+    describe_candidate,
+    evaluate_candidates,
+    fused_pass_changes,
+    pick,
+    resource_ratios,
+    shortfall,
+)
 from fluxbooth.plan.types import Candidate, JobShape
 
 
 def job_variants(job: JobShape) -> list[tuple[str, JobShape]]:
     """Smaller versions of a job, in the order a person would try them."""
     variants = []
+    changes = fused_pass_changes(job)
+    if job.training_type == "full" and changes:
+        # The same job as the fused Adafactor pass runs it (no gradient buffer, no fp32 master weights).
+        fused = replace(
+            job, gradient_accumulation_steps=1, optimizer="adafactor", optimizer_named=True, mixed_precision="bf16",
+            zero_stage="auto", offload="auto",
+        )
+        variants.append((" and ".join(changes), fused))
     if not job.gradient_checkpointing:
         variants.append(("gradient_checkpointing true", replace(job, gradient_checkpointing=True)))
     if job.batch_size > 1:

@@ -41,6 +41,13 @@ HOST_MEMORY_BYTES_PER_SECOND = 40e9
 # torch.optim.AdamW (foreach) on the CPU: 0.62 s for the same 50 M parameters on this 2-core machine.
 TORCH_ADAM_CPU_SLOWDOWN = 10.0
 GPU_ADAM_PARAMS_PER_SECOND = 20e9
+# Adafactor fused into the backward pass (train/fused_adafactor.py), per parameter: on a GPU its memory traffic,
+# counted from the ops (each reads its inputs and writes its output): the fp32 copies of weight and gradient
+# (12 bytes), Adafactor.step's squared gradient, factored estimate, scaling and update (about 60), the stochastic
+# rounding and the bf16 write-back (about 28): ~100 bytes, not measured on a GPU. On the CPU measured by timing
+# the hooks on bench/memory.py's scaled transformer (71 M parameters, 2 busy cores): 32-52 ns per parameter.
+FUSED_ADAFACTOR_TRAFFIC_BYTES = 100
+FUSED_ADAFACTOR_CPU_PARAMS_PER_SECOND_PER_CORE = 12e6
 ZERO3_HOOK_OVERHEAD = 0.10  # per-module gather/release hooks on one GPU
 # GPU memory traffic per quantised weight and pass to rebuild it for a bf16 matmul, counted from
 # fluxbooth.train.quantize's ops (each op reads its inputs from and writes its output to GPU memory):
@@ -123,7 +130,18 @@ def base_pass_seconds(strategy: Strategy, model: ModelSize, hardware: Hardware, 
     )
 
 
+def fused_adafactor_seconds(hardware: Hardware, trainable: int) -> float:
+    """The fused pass's Adafactor steps of one optimizer step: memory bound on a GPU (element-wise kernels at
+    the share of the bandwidth DEQUANTISE_BANDWIDTH_EFFICIENCY was fitted to), measured on the CPU."""
+    if not hardware.gpus:
+        return trainable / (FUSED_ADAFACTOR_CPU_PARAMS_PER_SECOND_PER_CORE * max(1, hardware.cpu_count))
+    bandwidth = gpu_spec_for(hardware)[0].memory_bytes_per_second * DEQUANTISE_BANDWIDTH_EFFICIENCY
+    return trainable * FUSED_ADAFACTOR_TRAFFIC_BYTES / bandwidth
+
+
 def optimizer_seconds(strategy: Strategy, hardware: Hardware, trainable: int, width: int) -> float:
+    if strategy.fused_backward_pass:
+        return fused_adafactor_seconds(hardware, trainable)
     on_cpu = hardware.accelerator == "cpu"
     cores = max(1, hardware.cpu_count)
     cpu_adam = max(

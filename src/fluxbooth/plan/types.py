@@ -59,6 +59,9 @@ class Plan:
     # Peak memory and time of every phase, in PHASES order; empty for hand-built plans.
     phases: tuple[tuple[str, PhaseEstimate], ...] = ()
     predicted_total_seconds: float | None = None
+    # A full fine-tune on bf16 weights with Adafactor fused into the backward pass, without DeepSpeed
+    # (Strategy.fused_backward_pass; the trainer's train/fused_adafactor.py).
+    fused_backward_pass: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -86,6 +89,9 @@ class JobShape:
     gradient_accumulation_steps: int = 1
     steps: int = 1000
     optimizer: str = "adamw"
+    # Whether the request named its optimizer: one left to its default lets a full fine-tune run Adafactor fused
+    # into the backward pass (Strategy.fused_backward_pass) where that is the fastest strategy that fits.
+    optimizer_named: bool = False
     with_prior_preservation: bool = False
     num_class_images: int = 0
     # Instance images: unknown before the dataset is fetched, so the planner assumes the dataset cap.
@@ -124,6 +130,8 @@ class JobShape:
             ),
             steps=int(getattr(request, "steps", defaults.steps)),
             optimizer=str(getattr(request, "optimizer", defaults.optimizer)),
+            # A TrainingRequest knows which fields it was given; anything else names all of them.
+            optimizer_named="optimizer" in getattr(request, "model_fields_set", {"optimizer"}),
             with_prior_preservation=with_prior,
             num_class_images=int(getattr(request, "num_class_images", 0) or 0) if with_prior else 0,
             num_instance_images=max(1, int(instance_images)),
@@ -172,12 +180,17 @@ class Strategy:
     offload_optimizer: Offload
     offload_param: Offload
     base_precision: str = "bf16"
+    # kohya's FLUX full fine-tune (--fused_backward_pass --full_bf16): bf16 weights without an fp32 master copy,
+    # each stepped by Adafactor inside the backward pass (no gradient buffer); one process, no DeepSpeed.
+    fused_backward_pass: bool = False
 
     @property
     def quantised(self) -> bool:
         return self.base_precision in QUANTISED_PRECISIONS
 
     def describe(self) -> str:
+        if self.fused_backward_pass:
+            return "full fine-tune with Adafactor fused into the backward pass (bf16 weights), without DeepSpeed"
         kind = "full fine-tune" if self.training_type == "full" else "LoRA"
         if self.quantised:
             kind += f" over an {self.base_precision} base"
@@ -237,6 +250,7 @@ class Candidate:
         return {
             "training_type": self.strategy.training_type,
             "base_precision": self.strategy.base_precision,
+            "fused_backward_pass": self.strategy.fused_backward_pass,
             "use_deepspeed": self.strategy.use_deepspeed,
             "zero_stage": self.strategy.zero_stage,
             "offload_optimizer": self.strategy.offload_optimizer,

@@ -35,6 +35,11 @@ OPTIMIZER_HYPERPARAMETERS: dict[str, dict[str, object]] = {
     "sgd": {"momentum": 0.9},
     "adafactor": {"relative_step": False, "scale_parameter": False, "warmup_init": False},
 }
+# A full fine-tune with Adafactor fused into the backward pass (train/fused_adafactor.py) runs kohya's FLUX
+# settings: the Adafactor row above, and this learning rate when the request names none (sd-scripts'
+# docs/fine_tune.md, FLUX.1 with flux_train.py: 1e-5). Its class is what metrics.optimizer reports.
+FUSED_ADAFACTOR_LEARNING_RATE = 1e-5
+FUSED_ADAFACTOR_CLASS = "FusedBackwardAdafactor"
 # Optimizers that exist only as DeepSpeed implementations (no torch class): they need the JSON block.
 DEEPSPEED_ONLY_OPTIMIZERS = ("lion",)
 
