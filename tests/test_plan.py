@@ -477,7 +477,7 @@ def test_before_the_dataset_is_fetched_the_job_is_sized_for_the_dataset_cap() ->
 
 def test_cached_embeddings_grow_with_the_instance_image_count() -> None:
     from fluxbooth.plan import as_job
-    from fluxbooth.plan.memory import cached_bytes_per_image
+    from fluxbooth.plan.memory import cached_bytes
 
     model = model_size(FLUX_DEV_NAME)
     strategy = Strategy("lora", True, 2, "none", "none")
@@ -486,7 +486,7 @@ def test_cached_embeddings_grow_with_the_instance_image_count() -> None:
         images: estimate_memory(strategy, model, as_job(FakeRequest(), images), hardware, "bf16").breakdown["host.cached_embeddings"]
         for images in (10, 20)
     }
-    per_image = cached_bytes_per_image(model, as_job(FakeRequest(), 1), 2)
+    per_image = cached_bytes(model, as_job(FakeRequest(), 1), 2)
     assert cached == {10: 10 * per_image, 20: 20 * per_image}
 
 

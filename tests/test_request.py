@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from tests.factories import make_dataset_zip, to_base64
 
+from fluxbooth.buckets import Resolution
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.request import TrainingRequest, parse_request
 from fluxbooth.settings import TINY_MODEL_NAME
@@ -80,7 +81,7 @@ def test_guide_basic_request_validates_as_written(dataset_b64: str) -> None:
 def test_guide_advanced_request_validates_as_written(dataset_b64: str) -> None:
     request = parse_request(guide_advanced_request(dataset_b64))
 
-    assert request.resolution == (1024, 1024)
+    assert request.resolution == Resolution(fixed=(1024, 1024))
     assert request.gradient_accumulation_steps == 2
     assert request.with_prior_preservation is True
     assert request.mixed_precision == "fp16"
@@ -107,7 +108,7 @@ def test_defaults_follow_the_design(dataset_b64: str) -> None:
     request = parse_request(minimal(dataset_b64))
 
     assert request.mixed_precision == "bf16"
-    assert request.resolution == (1024, 1024)
+    assert request.resolution == Resolution(sizes=(1024,))
     assert request.steps == 1000
     assert request.seed == 42
     assert request.training_type == "lora"
@@ -159,10 +160,18 @@ def test_data_uri_prefix_is_accepted(dataset_b64: str) -> None:
 
 @pytest.mark.parametrize(
     ("given", "expected"),
-    [(512, (512, 512)), ("512", (512, 512)), ("1024x1024", (1024, 1024)), ("768x1024", (768, 1024))],
+    [
+        (512, Resolution(sizes=(512,))),
+        ("512", Resolution(sizes=(512,))),
+        ([1024, 512, 768], Resolution(sizes=(512, 768, 1024))),
+        ([768, 1024], Resolution(sizes=(768, 1024))),
+        ("512,768, 1024", Resolution(sizes=(512, 768, 1024))),
+        ("1024x1024", Resolution(fixed=(1024, 1024))),
+        ("768x1024", Resolution(fixed=(768, 1024))),
+    ],
 )
-def test_resolution_spellings_normalise_to_width_height(
-    dataset_b64: str, given: object, expected: tuple[int, int]
+def test_resolution_spellings_are_sizes_for_aspect_buckets_or_one_fixed_shape(
+    dataset_b64: str, given: object, expected: Resolution
 ) -> None:
     assert parse_request(minimal(dataset_b64, resolution=given)).resolution == expected
 
@@ -170,7 +179,13 @@ def test_resolution_spellings_normalise_to_width_height(
 def test_resolution_not_a_multiple_of_16_is_refused(dataset_b64: str) -> None:
     message = refusal(minimal(dataset_b64, resolution=1000))
 
-    assert "input.resolution: each side must be a multiple of 16 between 64 and 2048, got 1000x1000" in message
+    assert message == "invalid request: input.resolution: each size must be a multiple of 16 between 64 and 2048, got 1000"
+
+
+def test_a_fixed_shape_not_a_multiple_of_16_is_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, resolution="1000x1024"))
+
+    assert message == "invalid request: input.resolution: each side must be a multiple of 16 between 64 and 2048, got 1000x1024"
 
 
 def test_resolution_too_large_is_refused(dataset_b64: str) -> None:
@@ -180,7 +195,10 @@ def test_resolution_too_large_is_refused(dataset_b64: str) -> None:
 def test_resolution_garbage_is_refused(dataset_b64: str) -> None:
     message = refusal(minimal(dataset_b64, resolution="big"))
 
-    assert "input.resolution: expected a number like 1024 or a string like '768x1024'" in message
+    assert message == (
+        "invalid request: input.resolution: expected a size like 1024, sizes like [512, 768, 1024] (aspect buckets) "
+        "or a fixed shape like '768x1024' (width x height)"
+    )
 
 
 def test_resolution_boolean_is_refused(dataset_b64: str) -> None:

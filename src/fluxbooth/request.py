@@ -6,7 +6,8 @@ Field names and meaning follow the reference guide's Basic and Advanced requests
 Validation is strict about types (JSON numbers for numbers, JSON booleans for booleans): a value that
 pydantic would otherwise coerce (`"steps": "2000"`, `"use_deepspeed": "no"`) is refused, so a typo never
 silently becomes a different training run. `resolution` is the one field with several spellings, because
-the guide writes it as a string (`"1024x1024"`).
+the guide writes it as a string (`"1024x1024"`, a fixed shape) and ai-toolkit and Replicate as sizes
+(`[512, 768, 1024]`, `"512,768,1024"`: aspect buckets).
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainSerializer,
+    PlainValidator,
     StringConstraints,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from fluxbooth.buckets import BUCKET_MULTIPLE, Resolution
 from fluxbooth.captions import MAX_TRIGGER_CHARS, contains_word
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.settings import TINY_MODEL_NAME
@@ -49,14 +53,17 @@ DEFAULT_CAPTION_DROPOUT = 0.05
 MAX_TIMEOUT_SECONDS = 86_400
 MIN_RESOLUTION_SIDE = 64
 MAX_RESOLUTION_SIDE = 2048
-RESOLUTION_MULTIPLE = 16
+MAX_RESOLUTION_SIZES = 8
+# No crop beyond rounding to a multiple of 16, as ai-toolkit trains by default; "WxH" keeps the guide's crop.
+DEFAULT_RESOLUTION = Resolution(sizes=(1024,))
 MAX_REPORTED_ERRORS = 10
 MAX_REPORTED_CHARS = 200
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
-_RESOLUTION_TEXT = re.compile(r"^\s*(\d{1,5})\s*(?:[xX×]\s*(\d{1,5})\s*)?$")
+_FIXED_RESOLUTION_TEXT = re.compile(r"^\s*(\d{1,5})\s*[xX×]\s*(\d{1,5})\s*$")
+_SIZES_TEXT = re.compile(r"^\s*\d{1,5}\s*(?:,\s*\d{1,5}\s*)*$")
 _DATA_URI_PREFIX = re.compile(r"^data:[^,]{0,200};base64,", re.IGNORECASE)
 
 Prompt = Annotated[str, StringConstraints(max_length=MAX_PROMPT_CHARS)]
@@ -66,31 +73,51 @@ OutputFormat = Literal["diffusers", "single_file", "comfyui"]
 LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_target_modules")
 
 
-def parse_resolution(value: object) -> tuple[int, int]:
-    """`512`, `"512"`, `"1024x1024"`, `"768x1024"` (width x height) or `[768, 1024]` → (width, height)."""
-    if isinstance(value, bool):
-        raise ValueError("expected a number like 1024 or a string like '1024x1024'")
-    if isinstance(value, int):
-        width = height = value
-    elif isinstance(value, str):
-        match = _RESOLUTION_TEXT.match(value)
-        if match is None:
-            raise ValueError("expected a number like 1024 or a string like '768x1024' (width x height)")
-        width = int(match.group(1))
-        height = int(match.group(2) or match.group(1))
-    elif isinstance(value, list | tuple) and len(value) == 2 and all(
-        isinstance(side, int) and not isinstance(side, bool) for side in value
-    ):
-        width, height = value
-    else:
-        raise ValueError("expected a number like 1024 or a string like '768x1024' (width x height)")
+def _checked_size(size: int) -> int:
+    if not MIN_RESOLUTION_SIDE <= size <= MAX_RESOLUTION_SIDE or size % BUCKET_MULTIPLE:
+        raise ValueError(
+            f"each size must be a multiple of {BUCKET_MULTIPLE} between {MIN_RESOLUTION_SIDE} and "
+            f"{MAX_RESOLUTION_SIDE}, got {size}"
+        )
+    return size
+
+
+def _bucketed(sizes: list[int]) -> Resolution:
+    if not sizes:
+        raise ValueError("needs at least one size")
+    if len(set(sizes)) > MAX_RESOLUTION_SIZES:
+        raise ValueError(f"takes at most {MAX_RESOLUTION_SIZES} sizes")
+    return Resolution(sizes=tuple(sorted({_checked_size(size) for size in sizes})))
+
+
+def _fixed(width: int, height: int) -> Resolution:
     for side in (width, height):
-        if not MIN_RESOLUTION_SIDE <= side <= MAX_RESOLUTION_SIDE or side % RESOLUTION_MULTIPLE:
+        if not MIN_RESOLUTION_SIDE <= side <= MAX_RESOLUTION_SIDE or side % BUCKET_MULTIPLE:
             raise ValueError(
-                f"each side must be a multiple of {RESOLUTION_MULTIPLE} between "
+                f"each side must be a multiple of {BUCKET_MULTIPLE} between "
                 f"{MIN_RESOLUTION_SIDE} and {MAX_RESOLUTION_SIDE}, got {width}x{height}"
             )
-    return (width, height)
+    return Resolution(fixed=(width, height))
+
+
+def parse_resolution(value: object) -> Resolution:
+    """`1024` or `"1024"`: aspect buckets at one size; `[512, 768, 1024]` (ai-toolkit's spelling) or
+    `"512,768,1024"` (Replicate's): aspect buckets at each size; `"768x1024"` (width x height): that one
+    shape, every image centre-cropped to it (the reference guide's `"1024x1024"`)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _bucketed([value])
+    if isinstance(value, list) and all(isinstance(size, int) and not isinstance(size, bool) for size in value):
+        return _bucketed(value)
+    if isinstance(value, str):
+        fixed = _FIXED_RESOLUTION_TEXT.match(value)
+        if fixed is not None:
+            return _fixed(int(fixed.group(1)), int(fixed.group(2)))
+        if _SIZES_TEXT.match(value):
+            return _bucketed([int(size) for size in value.split(",")])
+    raise ValueError(
+        "expected a size like 1024, sizes like [512, 768, 1024] (aspect buckets) or a fixed shape like "
+        "'768x1024' (width x height)"
+    )
 
 
 def _has_parent_reference(path: str) -> bool:
@@ -118,7 +145,9 @@ class TrainingRequest(BaseModel):
     learning_rate: float | None = Field(default=None, gt=0, le=1e-2)
     batch_size: int = Field(default=1, ge=1, le=64)
     gradient_accumulation_steps: int = Field(default=1, ge=1, le=1024)
-    resolution: tuple[int, int] = (1024, 1024)
+    resolution: Annotated[Resolution, PlainValidator(parse_resolution), PlainSerializer(Resolution.to_json)] = (
+        DEFAULT_RESOLUTION
+    )
     seed: int = Field(default=42, ge=0, le=2**32 - 1)
 
     # DreamBooth prior preservation.
@@ -231,11 +260,6 @@ class TrainingRequest(BaseModel):
         if not value.strip():
             raise ValueError("must not be blank")
         return value.strip()
-
-    @field_validator("resolution", mode="before")
-    @classmethod
-    def _parse_resolution(cls, value: object) -> tuple[int, int]:
-        return parse_resolution(value)
 
     @field_validator("zero_stage", mode="before")
     @classmethod

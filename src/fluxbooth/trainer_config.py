@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from fluxbooth.buckets import Resolution
 from fluxbooth.captions import with_trigger
 from fluxbooth.train.names import DEFAULT_LORA_TARGET_MODULES, SamplingDefaults
 
@@ -36,7 +37,9 @@ class TrainerConfig:
     with_prior_preservation: bool
     prior_loss_weight: float
     num_class_images: int
-    resolution: tuple[int, int]  # (width, height)
+    # (width, height): the shape every image trains at without buckets; with them, the largest size square,
+    # which validation images and generated class images render at.
+    resolution: tuple[int, int]
     # How to learn.
     training_type: str  # "full" | "lora"
     steps: int
@@ -85,6 +88,9 @@ class TrainerConfig:
     measure_fixed_noise_loss: bool = False
     # The share of instance samples whose caption is replaced by the empty prompt (seeded per sample position).
     caption_dropout: float = 0.0
+    # Aspect buckets: each image trains at each of these sizes in the shape nearest its aspect ratio
+    # (fluxbooth.buckets); empty: every image scaled to cover `resolution` and centre-cropped.
+    bucket_sizes: tuple[int, ...] = ()
     # What the exported files say about themselves (train/export/metadata): the request's model_name, the base
     # model as the request (or the endpoint's default) named it, and the trigger word its captions carry.
     model_name: str = ""
@@ -106,6 +112,7 @@ class TrainerConfig:
     def from_dict(cls, data: dict[str, Any]) -> TrainerConfig:
         values = dict(data)
         values["resolution"] = tuple(values["resolution"])
+        values["bucket_sizes"] = tuple(values.get("bucket_sizes", ()))
         values["lora"] = LoraSettings(
             **{**values.get("lora", {}), "target_modules": tuple(values.get("lora", {}).get("target_modules", LoraSettings.target_modules))}
         )
@@ -116,6 +123,13 @@ class TrainerConfig:
     @classmethod
     def read(cls, path: Path) -> TrainerConfig:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @property
+    def training_resolution(self) -> Resolution:
+        """The shapes images train at: aspect buckets at `bucket_sizes`, else the fixed `resolution`."""
+        if self.bucket_sizes:
+            return Resolution(sizes=tuple(sorted(self.bucket_sizes)))
+        return Resolution(fixed=(self.resolution[0], self.resolution[1]))
 
     def with_trigger_word(self) -> TrainerConfig:
         """The instance and validation prompts with the trigger word in them (captions get it as they are

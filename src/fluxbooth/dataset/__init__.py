@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from fluxbooth.buckets import Shape, mix_to_json
 from fluxbooth.dataset.archive import ExtractedArchive, ExtractedImage, extract_archive
 from fluxbooth.dataset.fetch import decode_base64_dataset, download_dataset, fetch_archive, forbidden_address_reason
 from fluxbooth.dataset.guards import DISK_RESERVE_BYTES, Role, disk_full_is_does_not_fit, disk_stage, ensure_inside
@@ -72,6 +73,9 @@ class PreparedDataset:
     pixels: int = 0  # pixels decoded, each distinct file once (as its header declares)
     notes: tuple[str, ...] = ()
     trigger_word: str | None = None  # put into every caption and the instance prompt by the trainer
+    # Instance samples (an image at one size) per training shape: the buckets training uses, and what the
+    # planner's re-plan with the real images reads (plan.choose_plan's bucket_mix).
+    bucket_mix: dict[Shape, int] = field(default_factory=dict)
     # Each prepared instance file's name → the archive member it came from, for messages that name files.
     uploaded_names: dict[str, str] = field(default_factory=dict)
 
@@ -87,6 +91,7 @@ class PreparedDataset:
             "pixels": self.pixels,
             "notes": list(self.notes),
             "trigger_word": self.trigger_word,
+            "buckets": mix_to_json(self.bucket_mix),
         }
 
 
@@ -118,12 +123,13 @@ def _normalise_all(
     job_dir: Path,
     on_image: Callable[[int, int], None] | None,
     uploaded_names: dict[str, str],
+    buckets: Counter[Shape],
 ) -> Counter[str]:
-    """Each image into its role's folder, identical files decoded once; returns the counts for the summary."""
+    """Each image into its role's folder, identical files decoded once; returns the counts for the summary
+    and adds each instance image's training shapes to `buckets`."""
     taken: dict[Role, set[str]] = {"instance": set(), "class": set()}
     stored: dict[str, tuple[Path, NormalisedImage]] = {}
     counts: Counter[str] = Counter()
-    width, height = request.resolution
     for done, item in enumerate(extracted.images, start=1):
         directory = output_dirs[item.role]
         stem = _output_stem(item.member, taken[item.role])
@@ -142,7 +148,10 @@ def _normalise_all(
         counts[f"{item.role}_images"] += 1
         counts["downscaled"] += result.downscaled
         counts["cropped"] += result.cropped
-        counts["smaller"] += result.width < width or result.height < height
+        shapes = request.resolution.shapes_for(result.width, result.height)
+        counts["smaller"] += any(result.width < width or result.height < height for width, height in shapes)
+        if item.role == "instance":
+            buckets.update(shapes)
         if item.caption_path is not None:
             caption = read_caption(item.caption_path, member=item.caption_member or item.member)
             item.caption_path.unlink()
@@ -156,11 +165,11 @@ def _normalise_all(
 
 def _notes(counts: Counter[str], request: TrainingRequest, limits: DatasetLimits) -> tuple[str, ...]:
     notes: list[str] = []
-    width, height = request.resolution
+    resolution = request.resolution
     if counts["smaller"]:
+        shape = resolution.describe() if resolution.fixed else f"their aspect bucket at {resolution.sizes[-1]} px"
         notes.append(
-            f"{counts['smaller']} image(s) are smaller than {width}x{height} and will be upscaled; "
-            "larger photos train sharper"
+            f"{counts['smaller']} image(s) are smaller than {shape} and will be upscaled; larger photos train sharper"
         )
     if counts["cropped"]:
         notes.append(
@@ -203,13 +212,14 @@ def prepare_dataset(
 
         output_dirs: dict[Role, Path] = {"instance": data_dir / "instance"}
         uploaded_names: dict[str, str] = {}
+        buckets: Counter[Shape] = Counter()
         if extracted.count("class"):
             output_dirs["class"] = data_dir / "class"
         for directory in output_dirs.values():
             directory.mkdir(parents=True, exist_ok=True)
         needed = stored_bound + captions_bound + DISK_RESERVE_BYTES
         with disk_stage(data_dir, needed, purpose="storing the normalised images"):
-            counts = _normalise_all(extracted, output_dirs, request, limits, job_dir, on_image, uploaded_names)
+            counts = _normalise_all(extracted, output_dirs, request, limits, job_dir, on_image, uploaded_names, buckets)
         shutil.rmtree(raw_dir, ignore_errors=True)
 
     return PreparedDataset(
@@ -225,5 +235,6 @@ def prepare_dataset(
         pixels=pixels,
         notes=_notes(counts, request, limits),
         trigger_word=request.trigger_word,
+        bucket_mix=dict(buckets),
         uploaded_names=uploaded_names,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import re
 import struct
 import warnings
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
 
+from fluxbooth.buckets import Resolution
 from fluxbooth.dataset.guards import dataset_error, quoted
 from fluxbooth.hardware import format_bytes
 from fluxbooth.settings import DatasetLimits
@@ -33,6 +35,8 @@ PNG_COMPRESS_TYPE = zlib.Z_RLE
 PNG_CHUNK_BYTES = 64 * 1024  # Pillow fills data chunks of at least this (ImageFile.MAXBLOCK), 12 bytes of framing each
 PNG_HEADER_BYTES = 1024  # signature, IHDR, IEND and the small ancillary chunks Pillow may add
 WHITE = (255, 255, 255)
+# Downscales tried before an image is stored at its own size (each a little larger than the last).
+COVERING_ATTEMPTS = 4
 
 
 @dataclass(frozen=True)
@@ -100,28 +104,54 @@ def _transposed(image: Image.Image) -> Image.Image:
         return image
 
 
-def _covering_size(width: int, height: int, resolution: tuple[int, int]) -> tuple[int, int] | None:
-    """The smallest size whose shorter side is max(resolution): still enough for any resize-and-crop the
-    trainer does, without carrying 24-megapixel PNGs through the job. None when no downscale is needed."""
-    target_short = max(resolution)
-    short = min(width, height)
-    if short <= target_short:
-        return None
-    scale = target_short / short
-    new_width = target_short if width == short else max(target_short, round(width * scale))
-    new_height = target_short if height == short else max(target_short, round(height * scale))
-    return new_width, new_height
+def as_resolution(resolution: Resolution | tuple[int, int]) -> Resolution:
+    """A (width, height) is a fixed training shape."""
+    return resolution if isinstance(resolution, Resolution) else Resolution(fixed=resolution)
+
+
+def _covering_size(width: int, height: int, resolution: Resolution) -> tuple[int, int] | None:
+    """The smallest size that still covers every shape the trainer scales this image to, without carrying
+    24-megapixel PNGs through the job; None when no downscale is needed. A fixed shape: the shorter side at
+    the shape's longer side (enough for any resize-and-crop); buckets: the image's bucket at each size."""
+    if resolution.fixed is not None:
+        target_short = max(resolution.fixed)
+        short = min(width, height)
+        if short <= target_short:
+            return None
+        scale = target_short / short
+        new_width = target_short if width == short else max(target_short, round(width * scale))
+        new_height = target_short if height == short else max(target_short, round(height * scale))
+        return new_width, new_height
+    # The trainer buckets the stored image by its own size, whose rounding can tip it into the neighbouring
+    # bucket: grow the scale until the stored size covers its own buckets too.
+    scale = _scale_to_cover(width, height, resolution)
+    for _ in range(COVERING_ATTEMPTS):
+        if scale >= 1:
+            return None
+        # Rounded first: 400 x 0.56 is 224.00000000000003 in floating point, which must not become 225.
+        stored = (math.ceil(round(width * scale, 6)), math.ceil(round(height * scale, 6)))
+        shortfall = _scale_to_cover(*stored, resolution)
+        if shortfall <= 1:
+            return stored
+        scale *= shortfall
+    return None
+
+
+def _scale_to_cover(width: int, height: int, resolution: Resolution) -> float:
+    """The scale at which a `width` x `height` image covers each of its training shapes."""
+    return max(max(shape[0] / width, shape[1] / height) for shape in resolution.shapes_for(width, height))
 
 
 def middle_crop_box(
-    width: int, height: int, resolution: tuple[int, int], max_aspect: float
+    width: int, height: int, resolution: Resolution, max_aspect: float
 ) -> tuple[int, int, int, int] | None:
-    """The middle of an image longer than `max_aspect`:1 (or than the training shape, when that is longer),
-    as a (left, top, right, bottom) box; None when the image is within the cap.
+    """The middle of an image longer than `max_aspect`:1 (or than a fixed training shape, when that is
+    longer), as a (left, top, right, bottom) box; None when the image is within the cap.
 
-    The trainer scales each image to cover the resolution and keeps its middle, so this crop removes
-    only pixels it would never use, while a 1:50 strip can no longer fill the disk."""
-    target_width, target_height = resolution
+    The trainer scales each image to cover its training shape and keeps the middle, so this crop removes
+    only pixels it would never use, while a 1:50 strip can no longer fill the disk. An aspect bucket has the
+    image's own shape, so only the cap applies."""
+    target_width, target_height = resolution.fixed or (1, 1)
     if width >= height:
         cap = max(max_aspect, target_width / target_height)
         if width <= height * cap:
@@ -137,21 +167,22 @@ def middle_crop_box(
     return 0, top, width, top + kept
 
 
-def stored_size(width: int, height: int, resolution: tuple[int, int], max_aspect: float) -> tuple[int, int]:
-    """The size an image is stored at: its middle within the aspect cap, downscaled to cover the resolution."""
+def stored_size(width: int, height: int, resolution: Resolution, max_aspect: float) -> tuple[int, int]:
+    """The size an image is stored at: its middle within the aspect cap, downscaled to cover its training shapes."""
     box = middle_crop_box(width, height, resolution, max_aspect)
     if box is not None:
         width, height = box[2] - box[0], box[3] - box[1]
     return _covering_size(width, height, resolution) or (width, height)
 
 
-def stored_bytes_bound(width: int, height: int, resolution: tuple[int, int], max_aspect: float) -> int:
+def stored_bytes_bound(width: int, height: int, resolution: Resolution | tuple[int, int], max_aspect: float) -> int:
     """The most bytes the stored PNG can take, whichever way its EXIF orientation turns it: the raw rows
     (a filter byte each) under zlib's worst-case expansion (its compressBound), plus the PNG chunks' framing
     (counted as if a chunk could end at every row too, which costs nothing and assumes nothing of Pillow)."""
     largest = 0
+    shapes = as_resolution(resolution)
     for oriented in ((width, height), (height, width)):
-        stored_width, stored_height = stored_size(*oriented, resolution, max_aspect)
+        stored_width, stored_height = stored_size(*oriented, shapes, max_aspect)
         raw = stored_height * (3 * stored_width + 1)
         deflated = raw + (raw >> 12) + (raw >> 14) + (raw >> 25) + 13
         chunks = deflated // PNG_CHUNK_BYTES + 1 + stored_height
@@ -246,24 +277,25 @@ def normalise_image(
     *,
     member: str,
     limits: DatasetLimits,
-    resolution: tuple[int, int],
+    resolution: Resolution | tuple[int, int],
 ) -> NormalisedImage:
     """Decode `source` fully (first frame), EXIF-transpose, keep its middle within the aspect cap, convert
-    to 8-bit sRGB, downscale to cover the resolution and save as a fast-compressed PNG."""
+    to 8-bit sRGB, downscale to cover its training shapes and save as a fast-compressed PNG."""
     shown = quoted(member)
+    shapes = as_resolution(resolution)
     with _opened_image(source, shown, limits) as opened:
-        planned_size = _covering_size(*opened.size, resolution)
+        planned_size = _covering_size(*opened.size, shapes)
         if planned_size is not None and opened.format in ("JPEG", "MPO"):
             # JPEG can decode at 1/2, 1/4 or 1/8 scale directly; it still reads the whole stream.
             opened.draft(opened.mode, planned_size)
         _decoded(opened, shown, limits)
         # Everything happens while `opened` is open: a closed Pillow image refuses further work.
         image = _transposed(opened)
-        box = middle_crop_box(image.width, image.height, resolution, limits.max_image_aspect_ratio)
+        box = middle_crop_box(image.width, image.height, shapes, limits.max_image_aspect_ratio)
         if box is not None:
             image = image.crop(box)
         image = _to_rgb(image)
-        target_size = _covering_size(image.width, image.height, resolution)
+        target_size = _covering_size(image.width, image.height, shapes)
         if target_size is not None:
             image = image.resize(target_size, Image.Resampling.LANCZOS, reducing_gap=3.0)
         # No colour profile: the pixels are sRGB now, and a copied profile would be unbounded bytes.
@@ -300,7 +332,7 @@ def read_caption(path: Path, *, member: str) -> str:
 
 
 def check_image_budgets(
-    images: Iterable[tuple[str, Path, str]], resolution: tuple[int, int], limits: DatasetLimits
+    images: Iterable[tuple[str, Path, str]], resolution: Resolution, limits: DatasetLimits
 ) -> tuple[int, int]:
     """Before any image is decoded: read each distinct file's header (`images` holds (key, path, member),
     equal keys for identical files) and refuse a dataset over the pixel or the stored-bytes budget.
@@ -321,7 +353,7 @@ def check_image_budgets(
     )
     if stored > limits.max_prepared_bytes:
         raise dataset_error(
-            f"the normalised images could take {format_bytes(stored)} of disk at {resolution[0]}x{resolution[1]}, "
+            f"the normalised images could take {format_bytes(stored)} of disk at {resolution.describe()}, "
             f"over the {format_bytes(limits.max_prepared_bytes)} budget (FLUXBOOTH_MAX_PREPARED_BYTES); "
             "use fewer images or a lower resolution"
         )

@@ -4,14 +4,14 @@ its predicted memory per phase, time per phase and fit, and the pick among them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from fluxbooth.hardware import Hardware, format_bytes
 from fluxbooth.modelsize import ModelSize
 from fluxbooth.plan.memory import DISK_MARGIN, GPU_MARGIN, HOST_MARGIN, compute_dtype_bytes, estimate_memory
-from fluxbooth.plan.timing import phase_seconds, seconds_per_step
+from fluxbooth.plan.timing import mixed_seconds_per_step, phase_seconds
 from fluxbooth.plan.types import (
     ALTERNATIVE_LORA_RANK,
     BASE_PRECISIONS,
@@ -47,7 +47,7 @@ def as_job(request: Any, instance_images: int | None = None) -> JobShape:
     if isinstance(request, JobShape):
         return request
     bound = instance_images if instance_images is not None else DatasetLimits.max_images
-    return JobShape.from_request(request, instance_images=bound)
+    return JobShape.from_request(request, instance_images=bound, bucket_mix=bucket_mix)
 
 
 def strategies_for(
@@ -173,7 +173,7 @@ def evaluate_candidate(
 ) -> Candidate:
     estimate = estimate_memory(strategy, model, job, hardware, precision)
     trainable = estimate.breakdown["trainable_params"]
-    step = seconds_per_step(strategy, model, job, hardware, trainable, compute_dtype_bytes(precision))
+    step = mixed_seconds_per_step(strategy, model, job, hardware, trainable, compute_dtype_bytes(precision))
     reason = fit_reason(estimate, hardware)
     return Candidate(
         strategy=strategy,

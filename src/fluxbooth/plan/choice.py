@@ -4,6 +4,7 @@ deadline, or `does_not_fit` before anything is downloaded or a GPU is touched. N
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -58,12 +59,15 @@ def choose_plan(
     *,
     deadline_seconds: float | None = None,
     instance_images: int | None = None,
+    bucket_mix: Mapping[tuple[int, int], int] | None = None,
 ) -> Plan:
     """The fastest strategy that fits with a margin, or `does_not_fit` with the numbers and the
     nearest strategies that would fit. `request` is a TrainingRequest (read by attribute) or a
     JobShape. `deadline_seconds` defaults to the request's `timeout_seconds`; `instance_images` to
-    the dataset cap (the count is unknown before the dataset is fetched)."""
-    job = as_job(request, instance_images)
+    the dataset cap (the count is unknown before the dataset is fetched). Once the dataset is prepared,
+    plan again with its `instance_images` and `bucket_mix` (PreparedDataset's): samples per training shape,
+    so memory is sized for the largest bucket it holds and time for its mix."""
+    job = as_job(request, instance_images, bucket_mix)
     check_job(job, model)
     precision, warnings = effective_precision(job, hardware)
     warnings += _request_warnings(job, hardware)

@@ -292,12 +292,17 @@ def model_state_bytes(
     return device, host, disk
 
 
-def cached_bytes_per_image(model: ModelSize, job: JobShape, width: int) -> int:
-    """What the trainer caches per image: the VAE posterior's mean and std in fp32, and (upper bound:
-    every image may carry its own caption) one prompt's T5 sequence and CLIP pooled embedding."""
-    latent_elements = image_tokens(job.resolution) * model.transformer.in_channels
+def cached_bytes(model: ModelSize, job: JobShape, width: int) -> int:
+    """What the trainer caches: the VAE posterior's mean and std in fp32 of every instance sample in its
+    shape and of every class image in each shape (prior preservation pairs them), and (upper bound: every
+    image may carry its own caption) one prompt's T5 sequence and CLIP pooled embedding per image."""
+    def latent_bytes(shape: tuple[int, int]) -> int:
+        return 2 * 4 * image_tokens(shape) * model.transformer.in_channels
+
+    latents = sum(samples * latent_bytes(shape) for shape, samples in job.training_mix)
+    latents += job.num_class_images * sum(latent_bytes(shape) for shape, _ in job.training_mix)
     prompt = (job.max_sequence_length * model.text_encoder_2_hidden_size + model.transformer.pooled_projection_dim) * width
-    return 2 * 4 * latent_elements + prompt
+    return latents + (job.num_instance_images + job.num_class_images) * prompt
 
 
 def encoder_bytes(model: ModelSize, width: int) -> int:
@@ -362,8 +367,7 @@ def estimate_memory(
     if not on_cpu:
         device["cuda_context"] = CUDA_CONTEXT_GPU_BYTES
     # Cached embeddings and latents stay in host RAM for the whole run.
-    images = job.num_instance_images + job.num_class_images
-    host["cached_embeddings"] = processes * images * cached_bytes_per_image(model, job, width)
+    host["cached_embeddings"] = processes * cached_bytes(model, job, width)
 
     encoders = encoder_bytes(model, width)
     gpu_limit = hardware.gpu_memory_bytes / (1 + GPU_MARGIN)
@@ -414,7 +418,7 @@ def estimate_memory(
     fixed = sum(fixed_host.values())
     skipped = {name for name, runs in (("class_images", job.num_class_images), ("validation", job.validation_prompts)) if not runs}
     phase_host = {name: 0 if name in skipped else value + fixed for name, value in phase_host.items()}
-    disk_work = _work_disk(exported, images * cached_bytes_per_image(model, job, width), trainable, width, state, job)
+    disk_work = _work_disk(exported, cached_bytes(model, job, width), trainable, width, state, job)
     nvme = sum(disk.values())
     breakdown = {**{f"gpu.{k}": v for k, v in device.items()}, **{f"host.{k}": v for k, v in host.items()}}
     breakdown.update({f"host.{k}": v for k, v in fixed_host.items()})

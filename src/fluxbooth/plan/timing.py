@@ -7,6 +7,9 @@ fluxbooth; CPU numbers were measured on the CI machine by bench/. No torch here.
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 from fluxbooth.hardware import Hardware
 from fluxbooth.modelsize import ModelSize, is_quantised_layer
 from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec
@@ -186,6 +189,22 @@ def seconds_per_step(
     return sum(step_terms(strategy, model, job, hardware, trainable, width).values())
 
 
+def mixed_seconds_per_step(
+    strategy: Strategy, model: ModelSize, job: JobShape, hardware: Hardware, trainable: int, width: int
+) -> float:
+    """Seconds per optimizer step over the job's training shapes (aspect buckets), each shape weighted by the
+    batches it makes (a bucket's samples batch together: ceil(samples / batch_size))."""
+    batches = [(shape, math.ceil(samples / job.batch_size)) for shape, samples in job.training_mix]
+    total = sum(count for _, count in batches)
+    return (
+        sum(
+            count * seconds_per_step(strategy, model, replace(job, resolution=shape), hardware, trainable, width)
+            for shape, count in batches
+        )
+        / total
+    )
+
+
 def render_seconds(
     strategy: Strategy, model: ModelSize, job: JobShape, hardware: Hardware, trainable: int, inference_steps: int
 ) -> float:
@@ -206,13 +225,16 @@ def phase_seconds(
     flops = sustained_flops(hardware)
     stored = (model.transformer_params + model.encoder_params) * 2  # FLUX.1 ships bf16
     images = job.num_instance_images + job.num_class_images
-    pixels = job.resolution[0] * job.resolution[1]
+    # Each instance sample is encoded in its shape; class images in every shape (prior preservation pairs them).
+    shapes = job.training_mix
+    pixels = sum(samples * width_px * height_px for (width_px, height_px), samples in shapes)
+    pixels += job.num_class_images * sum(width_px * height_px for (width_px, height_px), _ in shapes)
     # Every image may carry its own caption: T5 runs once per distinct prompt.
     text = (images + 1) * 2 * model.text_encoder_2_params * job.max_sequence_length
     exported = trainable if strategy.training_type == "lora" else model.transformer_params
     return {
         "loading": stored / DISK_READ_BYTES_PER_SECOND,
-        "caching": (images * pixels * VAE_ENCODE_FLOPS_PER_PIXEL + text) / flops,
+        "caching": (pixels * VAE_ENCODE_FLOPS_PER_PIXEL + text) / flops,
         "class_images": job.num_class_images
         * render_seconds(strategy, model, job, hardware, trainable, job.class_image_inference_steps),
         "training": job.steps * step_seconds,

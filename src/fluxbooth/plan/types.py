@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from fluxbooth.buckets import Resolution
 from fluxbooth.request import DEFAULT_TRAINING_TYPE
 from fluxbooth.settings import DatasetLimits
 from fluxbooth.train.names import GUIDANCE_DISTILLED_SAMPLING
@@ -84,7 +86,11 @@ class JobShape:
     use_deepspeed: bool = True
     mixed_precision: str = "bf16"
     gradient_checkpointing: bool = True
+    # The training shape with the most pixels: what memory is sized for.
     resolution: tuple[int, int] = (1024, 1024)
+    # Aspect buckets: (width, height, samples) of every training shape, an image at each size being one sample;
+    # empty: every instance image once at `resolution`. Time and caching follow this mix.
+    bucket_mix: tuple[tuple[int, int, int], ...] = ()
     batch_size: int = 1
     gradient_accumulation_steps: int = 1
     steps: int = 1000
@@ -106,13 +112,18 @@ class JobShape:
     class_image_inference_steps: int = GUIDANCE_DISTILLED_SAMPLING.inference_steps
 
     @classmethod
-    def from_request(cls, request: Any, *, instance_images: int) -> JobShape:
+    def from_request(
+        cls, request: Any, *, instance_images: int, bucket_mix: Mapping[tuple[int, int], int] | None = None
+    ) -> JobShape:
         """Read a `TrainingRequest` (or anything with its attribute names) by attribute. The request
         does not say how many images its dataset holds: `instance_images` is the caller's bound (the
-        dataset cap before the dataset is fetched)."""
+        dataset cap before the dataset is fetched), `bucket_mix` the samples per training shape once the
+        images are known (before: every image at each size, as a size x size square)."""
         defaults = cls()
         targets = getattr(request, "lora_target_modules", None)
         with_prior = bool(getattr(request, "with_prior_preservation", False))
+        images = max(1, int(instance_images))
+        resolution, mix = _training_shapes(getattr(request, "resolution", defaults.resolution), images, bucket_mix)
         return cls(
             training_type=str(getattr(request, "training_type", defaults.training_type)),
             lora_rank=int(getattr(request, "lora_rank", defaults.lora_rank)),
@@ -123,7 +134,8 @@ class JobShape:
             use_deepspeed=bool(getattr(request, "use_deepspeed", defaults.use_deepspeed)),
             mixed_precision=str(getattr(request, "mixed_precision", defaults.mixed_precision)),
             gradient_checkpointing=bool(getattr(request, "gradient_checkpointing", defaults.gradient_checkpointing)),
-            resolution=_resolution(getattr(request, "resolution", defaults.resolution)),
+            resolution=resolution,
+            bucket_mix=mix,
             batch_size=int(getattr(request, "batch_size", defaults.batch_size)),
             gradient_accumulation_steps=int(
                 getattr(request, "gradient_accumulation_steps", defaults.gradient_accumulation_steps)
@@ -134,7 +146,7 @@ class JobShape:
             optimizer_named="optimizer" in getattr(request, "model_fields_set", {"optimizer"}),
             with_prior_preservation=with_prior,
             num_class_images=int(getattr(request, "num_class_images", 0) or 0) if with_prior else 0,
-            num_instance_images=max(1, int(instance_images)),
+            num_instance_images=images,
             checkpointing_steps=getattr(request, "checkpointing_steps", None),
             max_sequence_length=int(getattr(request, "max_sequence_length", defaults.max_sequence_length)),
             timeout_seconds=getattr(request, "timeout_seconds", None),
@@ -145,6 +157,13 @@ class JobShape:
     @property
     def lora_targets(self) -> tuple[str, ...]:
         return self.lora_target_modules or DEFAULT_LORA_TARGETS
+
+    @property
+    def training_mix(self) -> tuple[tuple[tuple[int, int], int], ...]:
+        """(shape, samples) of every training shape."""
+        if not self.bucket_mix:
+            return ((self.resolution, self.num_instance_images),)
+        return tuple(((width, height), samples) for width, height, samples in self.bucket_mix)
 
     @property
     def samples_per_micro_step(self) -> int:
@@ -160,6 +179,24 @@ class JobShape:
             during = (self.steps - 1) // self.validation_steps
             return during + 1
         return 1
+
+
+def _training_shapes(
+    value: Any, images: int, real_mix: Mapping[tuple[int, int], int] | None
+) -> tuple[tuple[int, int], tuple[tuple[int, int, int], ...]]:
+    """(the shape memory is sized for, the bucket mix) of a request's `resolution`."""
+    if not isinstance(value, Resolution):
+        return _resolution(value), ()
+    if value.fixed is not None:
+        return value.fixed, ()
+    if real_mix:
+        mix = tuple(sorted((width, height, samples) for (width, height), samples in real_mix.items()))
+    else:
+        # Every bucket holds about size² pixels (rounding its sides to 16 moves that by a few per cent, within
+        # the planner's margins); the re-plan with the prepared images sizes for their real largest bucket.
+        mix = tuple((size, size, images) for size in value.sizes)
+    largest = max(mix, key=lambda entry: (entry[0] * entry[1], entry[0]))
+    return (largest[0], largest[1]), mix
 
 
 def _resolution(value: Any) -> tuple[int, int]:

@@ -21,13 +21,21 @@ from typing import Any
 import torch
 
 from fluxbooth.train.class_images import class_images
-from fluxbooth.train.data import TrainingImage, discover_images, pixel_batch
+from fluxbooth.buckets import Resolution, Shape
+from fluxbooth.train.data import TrainingImage, discover_images, oriented_size, pixel_batch
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.family_ops import ops_for, posterior_spread
 from fluxbooth.train.runtime import ReleaseTracker, free_accelerator_memory
-from fluxbooth.train.state import CachedData, EncodedImages, EncodedPrompts, Session, without_transformers_zero3_init
+from fluxbooth.train.state import (
+    CachedData,
+    EncodedBucket,
+    EncodedImages,
+    EncodedPrompts,
+    Session,
+    without_transformers_zero3_init,
+)
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: latents per training shape (aspect buckets)
 TEXT_BATCH = 8
 IMAGE_BATCH = 4
 # Decoding-memory estimate: FLUX's VAE decoder ends with 128-channel feature maps at full resolution,
@@ -44,12 +52,13 @@ def build_caches(session: Session) -> CachedData:
     tracker = ReleaseTracker()
     with session.clock.stage("cache"):
         image_sets = _image_sets(session)
+        samples = _samples_per_shape(config.training_resolution, image_sets)
         text_dtype_name = str(session.precision.text_dtype).removeprefix("torch.")
         paths = {
             name: cache_path(
                 Path(config.cache_dir),
                 name,
-                cache_fingerprint(config.base_model, images, config.resolution, config.max_sequence_length, text_dtype_name),
+                cache_fingerprint(config.base_model, images, samples[name], config.max_sequence_length, text_dtype_name),
             )
             for name, images in image_sets.items()
         }
@@ -61,7 +70,8 @@ def build_caches(session: Session) -> CachedData:
             for name, prompts in prompt_sets.items()
         }
         if accelerator.is_local_main_process:
-            _encode_missing(session, image_sets, paths, {name: (prompt_sets[name], path) for name, path in prompt_paths.items()}, tracker)
+            prompt_files = {name: (prompt_sets[name], path) for name, path in prompt_paths.items()}
+            _encode_missing(session, image_sets, samples, paths, prompt_files, tracker)
         accelerator.wait_for_everyone()
         loaded = {name: load_encoded(path) for name, path in paths.items()}
         loaded_prompts = {name: load_encoded_prompts(path) for name, path in prompt_paths.items()}
@@ -69,6 +79,7 @@ def build_caches(session: Session) -> CachedData:
             "cache",
             instance_images=len(loaded["instance"]),
             class_images=len(loaded["class"]) if "class" in loaded else 0,
+            buckets=loaded["instance"].bucket_counts(),
             status="ready",
         )
     free_accelerator_memory()
@@ -97,6 +108,23 @@ def _image_sets(session: Session) -> dict[str, list[TrainingImage]]:
     return sets
 
 
+def _samples_per_shape(
+    resolution: Resolution, image_sets: dict[str, list[TrainingImage]]
+) -> dict[str, dict[Shape, list[int]]]:
+    """Which images of each set are encoded at each training shape: every instance image at its bucket of
+    each size (or the fixed shape), every class image at every instance shape, so that prior preservation
+    can pair each instance batch with class images of the same shape."""
+    instance: dict[Shape, list[int]] = {}
+    for index, image in enumerate(image_sets["instance"]):
+        for shape in resolution.shapes_for(*oriented_size(image.path)):
+            instance.setdefault(shape, []).append(index)
+    samples = {"instance": dict(sorted(instance.items()))}
+    if "class" in image_sets:
+        everyone = list(range(len(image_sets["class"])))
+        samples["class"] = {shape: everyone for shape in samples["instance"]}
+    return samples
+
+
 def _prompt_sets(session: Session) -> dict[str, list[str]]:
     """The prompts encoded for later without images: validation prompts, and the empty prompt for caption
     dropout and for renders with true classifier-free guidance (FLUX.2 [klein] base checkpoints)."""
@@ -113,6 +141,7 @@ def _prompt_sets(session: Session) -> dict[str, list[str]]:
 def _encode_missing(
     session: Session,
     image_sets: dict[str, list[TrainingImage]],
+    samples: dict[str, dict[Shape, list[int]]],
     paths: dict[str, Path],
     prompt_sets: dict[str, tuple[list[str], Path]],
     tracker: ReleaseTracker,
@@ -144,8 +173,7 @@ def _encode_missing(
     tracker.track("vae", vae)
     try:
         for name in missing:
-            images = image_sets[name]
-            encoded_set = encode_image_set(images, encoded, vae=vae, resolution=config.resolution, device=session.encoder_device)
+            encoded_set = encode_image_set(image_sets[name], samples[name], encoded, vae=vae, device=session.encoder_device)
             save_encoded(encoded_set, paths[name])
     finally:
         del vae
@@ -168,13 +196,17 @@ class VaeNormalisation:
 
 
 def cache_fingerprint(
-    base_model: str, images: Sequence[TrainingImage], resolution: tuple[int, int], max_sequence_length: int, text_dtype: str
+    base_model: str,
+    images: Sequence[TrainingImage],
+    samples: dict[Shape, list[int]],
+    max_sequence_length: int,
+    text_dtype: str,
 ) -> str:
     """Changes whenever anything that shapes the cached tensors changes."""
     return _fingerprint(
         {
             "base_model": str(base_model),
-            "resolution": list(resolution),
+            "samples": {f"{width}x{height}": indices for (width, height), indices in samples.items()},
             "max_sequence_length": max_sequence_length,
             "text_dtype": text_dtype,
             "images": [
@@ -285,14 +317,15 @@ def load_encoded_prompts(path: Path) -> EncodedPrompts:
 
 
 def encode_images(
-    vae: Any, paths: Sequence[Path], resolution: tuple[int, int], *, device: torch.device
+    vae: Any, paths: Sequence[Path], shape: Shape, *, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean, std) of the VAE posterior for each image, [N, C, h, w] float32 on the CPU."""
+    """(mean, std) of the VAE posterior for each image scaled to cover `shape` and centre-cropped to it,
+    [N, C, h, w] float32 on the CPU."""
     means, stds = [], []
     with _on_device(vae, pick_encoding_device(device, _parameter_bytes(vae))) as on_device, torch.no_grad():
         vae_device = next(on_device.parameters()).device
         for start in range(0, len(paths), IMAGE_BATCH):
-            pixels = pixel_batch(list(paths[start : start + IMAGE_BATCH]), resolution).to(vae_device)
+            pixels = pixel_batch(list(paths[start : start + IMAGE_BATCH]), shape).to(vae_device)
             posterior = on_device.encode(pixels).latent_dist
             means.append(posterior.mean.float().cpu())
             stds.append(posterior_spread(on_device, posterior))
@@ -300,20 +333,28 @@ def encode_images(
 
 
 def encode_image_set(
-    images: Sequence[TrainingImage], prompts: EncodedPrompts, *, vae: Any, resolution: tuple[int, int], device: torch.device
+    images: Sequence[TrainingImage],
+    samples: dict[Shape, list[int]],
+    prompts: EncodedPrompts,
+    *,
+    vae: Any,
+    device: torch.device,
 ) -> EncodedImages:
-    """The image set's latents, with the embeddings of its prompts taken from `prompts` (encoded beforehand
-    together with every other prompt set, so the text encoders load once)."""
+    """The image set's latents at each training shape (`samples`: the images encoded at it), with the
+    embeddings of its prompts taken from `prompts` (encoded beforehand together with every other prompt set,
+    so the text encoders load once)."""
     own_prompts = sorted({image.prompt for image in images})
     rows = torch.tensor([prompts.prompts.index(prompt) for prompt in own_prompts], dtype=torch.long)
-    latent_mean, latent_std = encode_images(vae, [image.path for image in images], resolution, device=device)
+    buckets = {}
+    for shape, indices in samples.items():
+        latent_mean, latent_std = encode_images(vae, [images[index].path for index in indices], shape, device=device)
+        buckets[shape] = EncodedBucket(torch.tensor(indices, dtype=torch.long), latent_mean, latent_std)
     return EncodedImages(
-        latent_mean=latent_mean,
-        latent_std=latent_std,
         prompt_index=torch.tensor([own_prompts.index(image.prompt) for image in images], dtype=torch.long),
         prompt_embeds=prompts.prompt_embeds[rows],
         pooled_prompt_embeds=prompts.pooled_prompt_embeds[rows],
         prompts=own_prompts,
+        buckets=buckets,
     )
 
 

@@ -1,4 +1,4 @@
-"""Training images on disk → prompts and pixel tensors at the training resolution."""
+"""Training images on disk → prompts, sizes and pixel tensors at a training shape."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from fluxbooth.captions import with_trigger
 from fluxbooth.train.failures import TrainerFailure
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp"})
+ORIENTATION_TAG = 0x0112
+QUARTER_TURN_ORIENTATIONS = frozenset({5, 6, 7, 8})  # EXIF orientations that swap width and height
 MAX_CAPTION_CHARS = 2000
 
 
@@ -63,6 +65,17 @@ def discover_images(
         prompt = with_trigger(caption, trigger_word) if caption else default_prompt
         images.append(TrainingImage(path=path, prompt=prompt))
     return images
+
+
+def oriented_size(path: Path) -> tuple[int, int]:
+    """(width, height) of the image as `load_image` turns it (EXIF orientation applied), from its header."""
+    try:
+        with Image.open(path) as opened:
+            width, height = opened.size
+            turned = opened.getexif().get(ORIENTATION_TAG) in QUARTER_TURN_ORIENTATIONS
+    except (OSError, ValueError) as error:
+        raise TrainerFailure("invalid_dataset", f"image {path.name} cannot be read ({error}); remove or replace it") from error
+    return (height, width) if turned else (width, height)
 
 
 def load_image(path: Path) -> Image.Image:

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from fluxbooth.train.cache import VaeNormalisation
+from fluxbooth.train.batches import first_samples, micro_batch
 from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.state import CachedData, EncodedImages, EncodedPrompts, Session, TrainerState, TrainingRun, seed_for
+from fluxbooth.train.state import CachedData, EncodedImages, Session, TrainerState, TrainingRun, seed_for
 
 FIXED_NOISE_IMAGES = 4
 FIXED_NOISE_SIGMAS = (0.25, 0.5, 0.75)
@@ -124,8 +124,8 @@ def _optimizer_step(session: Session, run: TrainingRun, data: CachedData, step: 
     losses = []
     for micro in range(accumulation):
         with accelerator.accumulate(run.engine):
-            position = ((step * accumulation + micro) * world + rank) * config.batch_size
-            batch = micro_batch(config.seed, config.batch_size, data, position, run.normalisation, config.caption_dropout)
+            index = (step * accumulation + micro) * world + rank
+            batch = micro_batch(config.seed, config.batch_size, data, index, run.normalisation, config.caption_dropout)
             generator = torch.Generator("cpu").manual_seed(seed_for(config.seed, "noise", step, micro, rank))
             per_sample = per_sample_losses(session, run, batch, generator)
             if data.class_set is not None:
@@ -173,17 +173,12 @@ def fixed_noise_loss(
     images: int = FIXED_NOISE_IMAGES,
     sigmas: tuple[float, ...] = FIXED_NOISE_SIGMAS,
 ) -> float:
-    """*Collective.* The unweighted loss on the first `images` instance images (posterior means) at fixed
+    """*Collective.* The unweighted loss on the first `images` instance samples (posterior means) at fixed
     noise and `sigmas`: a repeatable measure of learning, free of the sampling noise of step losses."""
     losses = []
     with torch.no_grad():
-        for index in range(min(len(instance_set), images)):
-            prompt = instance_set.prompt_index[index : index + 1]
-            batch = {
-                "latents": run.normalisation.apply(instance_set.latent_mean[index : index + 1]),
-                "prompt_embeds": instance_set.prompt_embeds[prompt],
-                "pooled_prompt_embeds": instance_set.pooled_prompt_embeds[prompt],
-            }
+        for index, sample in enumerate(first_samples(instance_set, images)):
+            batch = {**sample, "latents": run.normalisation.apply(sample["latents"])}
             for sigma in sigmas:
                 generator = torch.Generator("cpu").manual_seed(seed_for(session.config.seed, "fixed_noise", index, sigma))
                 losses.append(float(per_sample_losses(session, run, batch, generator, torch.tensor([sigma])).mean()))
@@ -196,52 +191,6 @@ def release_prefetched_partitions(engine: Any) -> None:
     next gather (a training step, the export) would trip over; hand them back to their partitions."""
     if hasattr(engine, "empty_partition_cache"):
         engine.empty_partition_cache()
-
-
-def micro_batch(
-    seed: int, batch_size: int, data: CachedData, position: int, normalisation: VaeNormalisation, caption_dropout: float = 0.0
-) -> dict[str, Any]:
-    """Samples `batch_size` instance images (and as many class images) at a global sample position.
-
-    Each pass over a set is a fresh permutation seeded by (seed, set, epoch), so the batch at any
-    (step, micro-step, rank) is a pure function of the seed: a resumed run sees the same data. So is which
-    instance captions `caption_dropout` replaces by the empty prompt.
-    """
-    latents, prompt_embeds, pooled = _pick(seed, batch_size, data.instance_set, "instance", position)
-    if caption_dropout > 0 and data.empty_prompt is not None:
-        prompt_embeds, pooled = _drop_captions(prompt_embeds, pooled, data.empty_prompt, caption_dropout, seed_for(seed, "caption_dropout", position))
-    if data.class_set is not None:
-        class_latents, class_prompt_embeds, class_pooled = _pick(seed, batch_size, data.class_set, "class", position)
-        latents = torch.cat([latents, class_latents])
-        prompt_embeds = torch.cat([prompt_embeds, class_prompt_embeds])
-        pooled = torch.cat([pooled, class_pooled])
-    return {"latents": normalisation.apply(latents), "prompt_embeds": prompt_embeds, "pooled_prompt_embeds": pooled}
-
-
-def _drop_captions(
-    prompt_embeds: torch.Tensor, pooled: torch.Tensor, empty: EncodedPrompts, rate: float, seed: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each sample's embeddings replaced by the empty prompt's with probability `rate`, drawn from `seed`."""
-    dropped = torch.rand(prompt_embeds.shape[0], generator=torch.Generator().manual_seed(seed)) < rate
-    prompt_embeds = torch.where(dropped[:, None, None], empty.prompt_embeds[:1].expand_as(prompt_embeds), prompt_embeds)
-    pooled = torch.where(dropped[:, None], empty.pooled_prompt_embeds[:1].expand_as(pooled), pooled)
-    return prompt_embeds, pooled
-
-
-def _pick(seed: int, batch_size: int, encoded: EncodedImages, stream: str, position: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sampled latents, prompt embeddings, pooled embeddings) of `batch_size` images of one set."""
-    count = len(encoded)
-    indices = []
-    for offset in range(batch_size):
-        epoch, within = divmod(position + offset, count)
-        order = torch.randperm(count, generator=torch.Generator().manual_seed(seed_for(seed, stream, epoch)))
-        indices.append(int(order[within]))
-    index = torch.tensor(indices)
-    generator = torch.Generator().manual_seed(seed_for(seed, stream, "latent", position))
-    mean, std = encoded.latent_mean[index], encoded.latent_std[index]
-    latents = mean + std * torch.randn(mean.shape, generator=generator)
-    prompt = encoded.prompt_index[index]
-    return latents, encoded.prompt_embeds[prompt], encoded.pooled_prompt_embeds[prompt]
 
 
 def _measure_nvme_swap(session: Session, run: TrainingRun) -> None:

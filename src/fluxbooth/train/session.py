@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from fluxbooth.buckets import BUCKET_MULTIPLE
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.names import FULL_EXPORT_FORMATS, LORA_EXPORT_FORMATS, SUPPORTED_WEIGHTING_SCHEMES
 from fluxbooth.train.runtime import EventReporter, StageClock
@@ -107,8 +108,10 @@ def validate_config(config: TrainerConfig) -> None:
             "invalid_config", f"export_formats {list(config.export_formats)} for {config.training_type} training must be from {list(allowed)}"
         )
     width, height = config.resolution
-    if width % 16 or height % 16:
-        raise TrainerFailure("invalid_config", f"resolution {width}x{height}: both sides must be multiples of 16")
+    if width % BUCKET_MULTIPLE or height % BUCKET_MULTIPLE:
+        raise TrainerFailure("invalid_config", f"resolution {width}x{height}: both sides must be multiples of {BUCKET_MULTIPLE}")
+    if any(size <= 0 or size % BUCKET_MULTIPLE for size in config.bucket_sizes):
+        raise TrainerFailure("invalid_config", f"bucket_sizes {list(config.bucket_sizes)}: each must be a multiple of {BUCKET_MULTIPLE}")
     if config.with_prior_preservation and not config.class_prompt:
         raise TrainerFailure("invalid_config", "with_prior_preservation needs a class_prompt")
     if config.steps < 1:

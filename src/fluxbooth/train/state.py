@@ -93,32 +93,55 @@ class EncodedPrompts:
 
 
 @dataclass
-class EncodedImages:
-    """One image set (instance or class), ready for training: everything indexed by image."""
+class EncodedBucket:
+    """One image set's latents at one training shape, so they stack into a batch: a sample is an image at
+    one size (aspect buckets), or the image itself (one fixed shape)."""
 
-    latent_mean: torch.Tensor  # [N, C, h, w] float32, raw VAE space (not yet shifted/scaled)
-    latent_std: torch.Tensor  # [N, C, h, w] float32
-    prompt_index: torch.Tensor  # [N] int64 into the prompt tensors
+    image_index: torch.Tensor  # [S] int64: which image of the set each sample is
+    latent_mean: torch.Tensor  # [S, C, h, w] float32, raw VAE space (not yet shifted/scaled)
+    latent_std: torch.Tensor  # [S, C, h, w] float32
+
+    def __len__(self) -> int:
+        return int(self.image_index.shape[0])
+
+
+@dataclass
+class EncodedImages:
+    """One image set (instance or class), ready for training: each image's prompt, and its latents in every
+    training shape it has (aspect buckets; one shape when the resolution is fixed)."""
+
+    prompt_index: torch.Tensor  # [N] int64: each image's row in the prompt tensors
     prompt_embeds: torch.Tensor  # [P, L, D] T5 sequence embeddings
     pooled_prompt_embeds: torch.Tensor  # [P, D] CLIP pooled embeddings
     prompts: list[str]
+    buckets: dict[tuple[int, int], EncodedBucket]  # by (width, height)
 
     def __len__(self) -> int:
-        return int(self.latent_mean.shape[0])
+        return int(self.prompt_index.shape[0])
+
+    def bucket_counts(self) -> dict[str, int]:
+        """Samples per training shape, as "WxH"."""
+        return {f"{width}x{height}": len(bucket) for (width, height), bucket in sorted(self.buckets.items())}
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "latent_mean": self.latent_mean,
-            "latent_std": self.latent_std,
             "prompt_index": self.prompt_index,
             "prompt_embeds": self.prompt_embeds,
             "pooled_prompt_embeds": self.pooled_prompt_embeds,
             "prompts": list(self.prompts),
+            "buckets": {
+                f"{width}x{height}": {"image_index": bucket.image_index, "latent_mean": bucket.latent_mean, "latent_std": bucket.latent_std}
+                for (width, height), bucket in self.buckets.items()
+            },
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EncodedImages:
-        return cls(**{name: data[name] for name in cls.__dataclass_fields__})
+        buckets = {}
+        for name, bucket in data["buckets"].items():
+            width, height = (int(side) for side in name.split("x"))
+            buckets[(width, height)] = EncodedBucket(bucket["image_index"], bucket["latent_mean"], bucket["latent_std"])
+        return cls(data["prompt_index"], data["prompt_embeds"], data["pooled_prompt_embeds"], list(data["prompts"]), buckets)
 
 
 @dataclass

@@ -1,0 +1,94 @@
+"""Issue 18's job through the worker: a LoRA on the tiny model with a trigger word, caption dropout and aspect
+buckets at two sizes, on photos of three aspect ratios, trained by the real trainer under `accelerate launch`
++ DeepSpeed. One run, read by every test here."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fluxbooth.job import run_job
+from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
+from tests.factories import make_zip, to_base64
+from tests.photos import encoded, textured_photo
+
+pytestmark = pytest.mark.slow
+
+STEPS = 4
+# Three aspect ratios, two photos each: 4:3, 3:4 and 16:9.
+PHOTO_SIZES = {"landscape": (640, 480), "portrait": (480, 640), "wide": (768, 432)}
+
+
+def dataset_members() -> list[tuple[str, bytes]]:
+    members = []
+    for seed, (name, size) in enumerate(PHOTO_SIZES.items()):
+        for copy in range(2):
+            members.append((f"{name}{copy}.jpg", encoded(textured_photo(10 * seed + copy, size))))
+    members.append(("landscape0.txt", b"a dog on the grass"))
+    return members
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, torch_extensions_dir: Path) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("buckets-job")
+    env = {
+        "PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(root)), "FLUXBOOTH_WORK_DIR": str(root / "work"),
+        "FLUXBOOTH_OUTPUT_DIR": str(root / "outputs"), "FLUXBOOTH_CACHE_DIR": str(model_cache_dir),
+        "FLUXBOOTH_VOLUME_DIR": str(root / "no-volume"), "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir),
+        "HF_HUB_OFFLINE": "1",
+        # Planned for at most 10 images before the dataset arrives: the CPU's time estimate for caching a
+        # thousand at two sizes would not fit the default deadline.
+        "FLUXBOOTH_MAX_IMAGES": "10",
+    }
+    job_input = {
+        "model_name": "sks-buckets", "base_model": TINY_MODEL_NAME, "training_type": "lora", "lora_rank": 4,
+        "dataset": to_base64(make_zip(dataset_members())), "instance_prompt": "a photo of [trigger] dog",
+        "trigger_word": "sks", "caption_dropout": 0.5, "resolution": [256, 384], "steps": STEPS, "seed": 7,
+    }
+    progress: list[dict[str, Any]] = []
+    result = asyncio.run(run_job(job_input, job_id="buckets", settings=WorkerSettings.from_environ(env), progress=progress.append))
+    assert "error" not in result, result
+    return {"result": result, "progress": progress}
+
+
+def test_the_result_lists_the_buckets_with_their_images(job: dict[str, Any]) -> None:
+    # 4:3, 3:4 and 16:9 at 256 and at 384 px: two photos each.
+    assert job["result"]["dataset"]["buckets"] == [
+        {"width": 224, "height": 288, "images": 2},
+        {"width": 288, "height": 224, "images": 2},
+        {"width": 336, "height": 192, "images": 2},
+        {"width": 336, "height": 448, "images": 2},
+        {"width": 448, "height": 336, "images": 2},
+        {"width": 512, "height": 288, "images": 2},
+    ]
+
+
+def test_the_trainer_cached_the_buckets_the_result_lists(job: dict[str, Any]) -> None:
+    (ready,) = [update for update in job["progress"] if update.get("stage") == "cache" and update.get("status") == "ready"]
+    listed = {f"{bucket['width']}x{bucket['height']}": bucket["images"] for bucket in job["result"]["dataset"]["buckets"]}
+
+    assert ready["buckets"] == listed
+
+
+def test_no_photo_was_cropped_to_fit(job: dict[str, Any]) -> None:
+    assert job["result"]["dataset"]["cropped"] == 0
+
+
+def test_the_result_names_the_trigger_word(job: dict[str, Any]) -> None:
+    assert job["result"]["dataset"]["trigger_word"] == "sks"
+
+
+def test_the_job_trained_every_step_to_a_finite_loss(job: dict[str, Any]) -> None:
+    metrics = job["result"]["metrics"]
+    assert metrics["steps"] == STEPS
+    assert math.isfinite(metrics["final_loss"])
+
+
+def test_the_lora_weights_are_in_the_result(job: dict[str, Any]) -> None:
+    assert any(artifact["name"].endswith(".safetensors") for artifact in job["result"]["artifacts"])
+
