@@ -41,9 +41,12 @@ TORCH_OPTIMIZER_CLASSES = {"adamw": "AdamW", "adam": "Adam", "adagrad": "Adagrad
 FUSED_STRATEGY = Strategy("full", False, 0, "none", "none", fused_backward_pass=True)
 
 
-def as_job(request: Any, instance_images: int | None = None) -> JobShape:
-    """A `JobShape` from a request. Before the dataset is fetched its image count is unknown: the planner
-    then sizes for the dataset cap, so a plan holds for any dataset the worker accepts."""
+def as_job(
+    request: Any, instance_images: int | None = None, bucket_mix: Mapping[tuple[int, int], int] | None = None
+) -> JobShape:
+    """A `JobShape` from a request. Before the dataset is fetched its image count and shapes are unknown:
+    the planner then sizes for the dataset cap, every image at each size; with the prepared dataset,
+    `bucket_mix` is its real one."""
     if isinstance(request, JobShape):
         return request
     bound = instance_images if instance_images is not None else DatasetLimits.max_images
