@@ -89,7 +89,12 @@ def plan(card: tuple[str, int, str], request: dict[str, Any], folder: Path) -> d
 
 def where(chosen: dict[str, Any]) -> str:
     base = f"{chosen['base_precision']} base"
-    placed = f"{base} offloaded to the {chosen['offload_param'].upper()}" if chosen["offload_param"] != "none" else f"{base} on the GPU"
+    if chosen["block_swap"]:
+        placed = f"{base}'s blocks streamed from host RAM"
+    elif chosen["offload_param"] != "none":
+        placed = f"{base} offloaded to the {chosen['offload_param'].upper()}"
+    else:
+        placed = f"{base} on the GPU"
     optimizer = f", optimizer on the {chosen['offload_optimizer'].upper()}" if chosen["offload_optimizer"] != "none" else ""
     return f"{placed}, ZeRO-{chosen['zero_stage']}{optimizer}"
 

@@ -326,10 +326,16 @@ def test_only_full_fine_tunes_consider_parameters_on_nvme() -> None:
     assert (3, "nvme", "cpu") in layouts("lora")
 
 
-def test_lora_over_a_bf16_base_on_an_8_gib_card_offloads_the_frozen_base_under_zero3() -> None:
+def test_lora_over_a_bf16_base_on_an_8_gib_card_streams_the_frozen_blocks_from_host_ram() -> None:
     plan = choose_plan(FakeRequest(training_type="lora", base_precision="bf16"), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
-    assert (plan.zero_stage, plan.offload_param) == (3, "cpu")
+    assert (plan.zero_stage, plan.offload_param, plan.block_swap) == (2, "none", True)
     assert plan.cache_encoders_on_cpu
+
+
+def test_lora_over_a_bf16_base_on_an_8_gib_card_with_offload_none_keeps_it_on_the_gpu_and_is_refused() -> None:
+    with pytest.raises(FluxboothError) as caught:
+        choose_plan(FakeRequest(training_type="lora", base_precision="bf16", offload="none"), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
+    assert caught.value.code is ErrorCode.DOES_NOT_FIT
 
 
 def test_a_big_card_trains_lora_without_offload() -> None:

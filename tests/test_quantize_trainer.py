@@ -1,8 +1,8 @@
 """LoRA over an fp8 or nf4 base through the real trainer: `accelerate launch`, DeepSpeed ZeRO-2 on the CPU
 accelerator, the tiny FLUX model. Each module-scoped fixture is one run; the tests read what it produced.
 
-The residency run trains with the base precision the planner chooses for a FLUX.1-dev LoRA on a 16 GiB
-A4000 (nf4, ZeRO-2, nothing offloaded), and its class images (prior preservation, generated) and validation
+The residency run trains as the planner plans a FLUX.1-dev LoRA over an nf4 base on a 16 GiB A4000 (ZeRO-2,
+nothing offloaded, the base whole on the GPU), and its class images (prior preservation, generated) and validation
 renders (during training and at the end) must never put the whole bf16 transformer on the accelerator. Each render announces the transformer it renders
 with (`stage` events with status `rendering`), as the trainer holds it at that moment."""
 
@@ -41,14 +41,15 @@ def lora_fp8(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> Train
 
 
 def plan_for_a_16_gib_card() -> Any:
-    """The planner's choice for a FLUX.1-dev LoRA with generated class images and validation on an A4000."""
+    """The planner's plan for a FLUX.1-dev LoRA over an nf4 base with generated class images and validation on
+    an A4000 (left to choose, it streams a bf16 base's blocks instead: tests/test_blockswap_trainer.py)."""
     from fluxbooth.hardware import GIB, hypothetical_hardware
     from fluxbooth.modelsize import FLUX_DEV_NAME, model_size
     from fluxbooth.plan import JobShape, choose_plan
 
     job = JobShape(
-        training_type="lora", num_instance_images=4, with_prior_preservation=True, num_class_images=2,
-        validation_prompts=1, validation_steps=2,
+        training_type="lora", base_precision="nf4", num_instance_images=4, with_prior_preservation=True,
+        num_class_images=2, validation_prompts=1, validation_steps=2,
     )  # fmt: skip
     card = hypothetical_hardware(
         gpus=1, gpu_memory_bytes=16 * GIB, host_memory_bytes=62 * GIB, disk_bytes=200 * GIB, gpu_name="NVIDIA RTX A4000"
@@ -56,9 +57,9 @@ def plan_for_a_16_gib_card() -> Any:
     return choose_plan(job, card, model_size(FLUX_DEV_NAME))
 
 
-def test_the_plan_for_a_16_gib_card_quantises_the_base_to_nf4_without_offloading_parameters() -> None:
+def test_the_plan_for_a_16_gib_card_keeps_an_nf4_base_whole_on_the_gpu() -> None:
     plan = plan_for_a_16_gib_card()
-    assert (plan.base_precision, plan.zero_stage, plan.offload_param) == ("nf4", 2, "none")
+    assert (plan.base_precision, plan.zero_stage, plan.offload_param, plan.block_swap) == ("nf4", 2, "none", False)
 
 
 @pytest.fixture(scope="module")

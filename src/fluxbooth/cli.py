@@ -314,7 +314,7 @@ def _plan_table(report: dict[str, Any], out: TextIO) -> None:
         kind += " fused" if candidate["fused_backward_pass"] else ""
         is_chosen = chosen is not None and chosen["fused_backward_pass"] == candidate["fused_backward_pass"] and all(
             chosen[key] == candidate[key]
-            for key in ("training_type", "base_precision", "zero_stage", "offload_optimizer", "offload_param", "lora_rank")
+            for key in ("training_type", "base_precision", "zero_stage", "offload_optimizer", "offload_param", "block_swap", "lora_rank")
         )
         rows.append(
             (
@@ -322,7 +322,8 @@ def _plan_table(report: dict[str, Any], out: TextIO) -> None:
                 kind,
                 candidate["base_precision"],
                 str(candidate["zero_stage"]) if candidate["use_deepspeed"] else "-",
-                f"{candidate['offload_optimizer']}/{candidate['offload_param']}",
+                # The frozen base streamed block by block from host RAM (block swapping) shows as "blocks".
+                f"{candidate['offload_optimizer']}/{'blocks' if candidate['block_swap'] else candidate['offload_param']}",
                 "yes" if candidate["fits"] else "no",
                 "-" if report["accelerator"] == "cpu" else format_bytes(candidate["gpu_bytes"]),
                 format_bytes(candidate["host_bytes"]),
@@ -355,7 +356,8 @@ def _chosen_summary(report: dict[str, Any], out: TextIO) -> None:
         + ("Adafactor fused into the backward pass (bf16 weights), " if plan["fused_backward_pass"] else "")
         + (f"ZeRO-{plan['zero_stage']}" if plan["use_deepspeed"] else "no DeepSpeed")
         + f", offload optimizer {plan['offload_optimizer']}, parameters {plan['offload_param']}, "
-        f"optimizer {plan['optimizer']}\n"
+        + ("frozen blocks swapped in from host RAM, " if plan["block_swap"] else "")
+        + f"optimizer {plan['optimizer']}\n"
         f"time:   ≈{plan['predicted_seconds_per_step']:.2f} s/step, ≈{report['estimated_run_seconds'] / 60:.0f} min "
         f"for {report['job']['steps']} steps, ≈{(plan['predicted_total_seconds'] or 0) / 60:.0f} min for the whole job "
         "(a rough estimate, see docs/memory.md)\n"

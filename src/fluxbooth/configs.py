@@ -323,6 +323,7 @@ def trainer_config_for(
         class_image_cache_dir=str(class_image_cache_dir) if class_image_cache_dir else None,
         encoders_on_cpu=plan.cache_encoders_on_cpu,
         base_precision=plan.base_precision,
+        block_swap=plan.block_swap,
         measure_fixed_noise_loss=request.debug,
         model_name=request.model_name,
         base_model_name=base_model_name,

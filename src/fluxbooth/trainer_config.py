@@ -80,9 +80,12 @@ class TrainerConfig:
     encoders_on_cpu: bool = False  # run the text encoders and VAE on the CPU while caching (Plan.cache_encoders_on_cpu)
     validation_steps: int | None = None  # also render validation_prompts every N optimizer steps, with the weights being trained
     # How the frozen LoRA base is stored (Plan.base_precision): "bf16" (unquantised, in the compute dtype), "fp8"
-    # or "nf4". With a quantised base, offload_param "cpu" means the quantised blocks live in pinned host RAM and
-    # are moved to the GPU block by block (the planner's block-swap candidate); DeepSpeed is not told.
+    # or "nf4".
     base_precision: str = "bf16"
+    # The frozen LoRA base's blocks live in pinned host RAM and stream to the accelerator as the forward and the
+    # backward reach them, two at a time (Plan.block_swap, fluxbooth.train.blockswap); needs gradient
+    # checkpointing, and ZeRO-2 at most. DeepSpeed is not told: it never sees the swapped tensors.
+    block_swap: bool = False
     # The loss at fixed noise before and after training (a repeatable learning measure): 24 extra forward
     # passes, so only when asked (the request's `debug`).
     measure_fixed_noise_loss: bool = False

@@ -54,17 +54,24 @@ def as_job(
 
 
 def strategies_for(
-    training_type: str, use_deepspeed: bool, has_nvme: bool, base_precision: str = "bf16"
+    training_type: str, use_deepspeed: bool, has_nvme: bool, base_precision: str = "bf16", *, block_swap: bool = False
 ) -> list[Strategy]:
-    """Every strategy worth considering, in the order ties are broken (simplest first)."""
+    """Every strategy worth considering, in the order ties are broken (simplest first). `block_swap`: also
+    LoRA with its frozen base streamed block by block from host RAM (a GPU and gradient checkpointing)."""
+    swapped = []
+    if block_swap and training_type == "lora":
+        # The trainer's own swapper (train/blockswap.py), outside DeepSpeed's partitioning: ZeRO-2 at most.
+        swapped = [Strategy("lora", False, 0, "none", "none", base_precision, block_swap=True)]
+        if use_deepspeed:
+            swapped = [Strategy("lora", True, 2, optimizer, "none", base_precision, block_swap=True) for optimizer in ("none", "cpu")]
     if base_precision in QUANTISED_PRECISIONS:
-        # A quantised base stays whole on each GPU, as the trainer runs it (train/quantize.py refuses it
-        # under ZeRO-3, and DeepSpeed ignores offload_param below ZeRO-3): only the optimizer may move.
+        # A quantised base stays out of ZeRO-3 (train/quantize.py refuses it: its partitioning would gather
+        # and cast the codes, and DeepSpeed ignores offload_param below ZeRO-3): whole on each GPU, or swapped.
         if not use_deepspeed:
-            return [Strategy("lora", False, 0, "none", "none", base_precision)]
-        return [Strategy("lora", True, 2, optimizer, "none", base_precision) for optimizer in ("none", "cpu")]
+            return [Strategy("lora", False, 0, "none", "none", base_precision), *swapped]
+        return [Strategy("lora", True, 2, optimizer, "none", base_precision) for optimizer in ("none", "cpu")] + swapped
     if not use_deepspeed:
-        return [Strategy(training_type, False, 0, "none", "none")]
+        return [Strategy(training_type, False, 0, "none", "none"), *swapped]
     layouts: list[tuple[int, Offload, Offload]] = [
         (2, "none", "none"),
         (2, "cpu", "none"),
@@ -79,7 +86,7 @@ def strategies_for(
             # A frozen LoRA base swapped to NVMe runs DeepSpeed 0.19 out of swap buffers under gradient
             # checkpointing (the trainer refuses it); LoRA's base fits in host RAM wherever FLUX trains anyway.
             layouts.append((3, "nvme", "nvme"))
-    return [Strategy(training_type, True, stage, optimizer, param) for stage, optimizer, param in layouts]
+    return [Strategy(training_type, True, stage, optimizer, param) for stage, optimizer, param in layouts] + swapped
 
 
 def base_precisions_for(training_type: str, requested: str) -> tuple[str, ...]:
@@ -94,14 +101,14 @@ def requested_stage(job: JobShape) -> int | None:
 
 def honours_request(strategy: Strategy, job: JobShape) -> bool:
     """The request's training type, base precision, `zero_stage` and `offload` (the optimizer's
-    offload target; `none` also rules out offloading the parameters) are honoured."""
+    offload target; `none` also rules out offloading the parameters and swapping the base's blocks) are honoured."""
     if strategy.training_type != job.training_type:
         return False
     if strategy.fused_backward_pass:
         return not fused_pass_changes(job)
     if job.training_type == "lora" and job.base_precision not in ("auto", strategy.base_precision):
         return False
-    if job.offload == "none" and strategy.offload_param != "none":
+    if job.offload == "none" and (strategy.offload_param != "none" or strategy.block_swap):
         return False
     if not strategy.use_deepspeed:
         return not job.use_deepspeed
@@ -199,9 +206,11 @@ def evaluate_candidates(
     job = as_job(request)
     precision, _ = effective_precision(job, hardware)
     has_nvme = bool(hardware.nvme_path)
+    # Swapping blocks saves GPU memory only where there is one, and needs each block recomputed in the backward.
+    swap = hardware.accelerator == "cuda" and job.gradient_checkpointing
     plans: list[tuple[Strategy, int]] = []
     for base in base_precisions_for(job.training_type, job.base_precision):
-        plans += [(s, job.lora_rank) for s in strategies_for(job.training_type, job.use_deepspeed, has_nvme, base)]
+        plans += [(s, job.lora_rank) for s in strategies_for(job.training_type, job.use_deepspeed, has_nvme, base, block_swap=swap)]
     if fused_pass_possible(hardware, precision) and (job.training_type == "full" or include_alternatives):
         plans.append((FUSED_STRATEGY, job.lora_rank))
     if job.use_deepspeed and requested_stage(job) == 1:
@@ -211,7 +220,7 @@ def evaluate_candidates(
         other = "lora" if job.training_type == "full" else "full"
         rank = ALTERNATIVE_LORA_RANK if other == "lora" else job.lora_rank
         for base in base_precisions_for(other, "auto"):
-            plans += [(s, rank) for s in strategies_for(other, True, has_nvme, base)]
+            plans += [(s, rank) for s in strategies_for(other, True, has_nvme, base, block_swap=swap)]
     candidates = [
         evaluate_candidate(
             strategy,

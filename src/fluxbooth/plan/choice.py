@@ -118,6 +118,7 @@ def plan_from(candidate: Candidate, job: JobShape, hardware: Hardware, precision
         predicted_seconds_per_step=round(candidate.seconds_per_step, 4),
         cache_encoders_on_cpu=candidate.estimate.cache_encoders_on_cpu,
         base_precision=strategy.base_precision,
+        block_swap=strategy.block_swap,
         phases=candidate.phases(),
         predicted_total_seconds=round(candidate.total_seconds, 1),
         fused_backward_pass=strategy.fused_backward_pass,

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from fluxbooth import deepspeed_numbers as ds
 from fluxbooth.hardware import GIB, Hardware
-from fluxbooth.modelsize import ModelSize, is_quantised_layer
+from fluxbooth.modelsize import ModelSize, block_of, is_quantised_layer
 from fluxbooth.plan.types import PHASES, JobShape, MemoryEstimate, Strategy
 from fluxbooth.train.names import normalise_optimizer_name
 
@@ -166,6 +166,22 @@ def frozen_base_bytes(model: ModelSize, precision: str, width: int) -> dict[str,
     }
 
 
+def frozen_block_bytes(model: ModelSize, precision: str, width: int) -> dict[str, float]:
+    """Each transformer block's Linear weights and biases as the frozen base stores them (what block swapping
+    streams; the blocks' norms are a few vectors and left out)."""
+    blocks: dict[str, float] = {}
+    for layer in model.linear_layers:
+        if not is_quantised_layer(layer.name):
+            continue
+        bias = layer.out_features * width if layer.bias else 0
+        if precision in ("fp8", "nf4"):
+            stored = quantised_layer_bytes(layer.in_features, layer.out_features, precision) + bias
+        else:
+            stored = layer.in_features * layer.out_features * width + bias
+        blocks[block_of(layer.name)] = blocks.get(block_of(layer.name), 0.0) + stored
+    return blocks
+
+
 def largest_quantised_layer_params(model: ModelSize) -> int:
     return max(
         (layer.in_features * layer.out_features for layer in model.linear_layers if is_quantised_layer(layer.name)),
@@ -209,14 +225,21 @@ def _state_bytes(width: int, state: int) -> tuple[int, int]:
 
 
 def _frozen_placement(
-    strategy: Strategy, model: ModelSize, trainable: int, width: int
+    strategy: Strategy, model: ModelSize, trainable: int, width: int, processes: int
 ) -> tuple[dict[str, int], dict[str, int]]:
     """(device, host) bytes of the weights outside ZeRO-3: the trainable ones in 16 bits, the frozen
-    base as stored — a quantised base always whole on each GPU (the trainer offloads no quantised weight)."""
+    base as stored, whole on each GPU; or, block-swapped, its blocks in pinned host RAM and two of them on the
+    GPU at a time (the one computing and the one prefetched), the rest of it (embedders, output) on the GPU;
+    each process pins its own copy of the blocks."""
     frozen = frozen_base_bytes(model, strategy.base_precision, width) if strategy.training_type == "lora" else {}
     device = {"weights_16bit": trainable * width if strategy.training_type == "lora" else model.transformer_params * width}
-    device.update(frozen)
-    return device, {}
+    if not strategy.block_swap:
+        device.update(frozen)
+        return device, {}
+    blocks = frozen_block_bytes(model, strategy.base_precision, width)
+    device["frozen_weights_outside_blocks"] = int(sum(frozen.values()) - sum(blocks.values()))
+    device["swapped_blocks"] = int(2 * max(blocks.values(), default=0.0))
+    return device, {"frozen_blocks_pinned": processes * int(sum(blocks.values()))}
 
 
 def adafactor_state_bytes(model: ModelSize) -> int:
@@ -243,7 +266,7 @@ def model_state_bytes(
     (LoRA's base, quantised or not) and to NVMe. Device terms are per GPU, host and disk terms for the
     node. `state`: the optimizer's fp32 state bytes per trainable parameter (8 for Adam)."""
     n = processes
-    weights, host = _frozen_placement(strategy, model, trainable, width)
+    weights, host = _frozen_placement(strategy, model, trainable, width, processes)
     disk: dict[str, int] = {}
     if strategy.fused_backward_pass:
         # Every weight in bf16 (no fp32 master copy), Adafactor's factored state, no gradient buffer.
@@ -329,6 +352,11 @@ def _loading_host(strategy: Strategy, model: ModelSize, processes: int, width: i
     the GPU (on the CPU accelerator it stays)."""
     if strategy.zero_stage == 3 and strategy.use_deepspeed:
         return 0
+    if strategy.block_swap:
+        # Built in host RAM tensor by tensor (quantised there), where its blocks stay.
+        stored = sum(frozen_base_bytes(model, strategy.base_precision, width).values())
+        in_flight = layer_being_quantised(model, strategy.base_precision, width) if strategy.quantised else model.largest_layer_params * width
+        return processes * (stored + in_flight)
     if strategy.quantised and on_cpu:
         stored = sum(frozen_base_bytes(model, strategy.base_precision, width).values())
         return processes * (stored + layer_being_quantised(model, strategy.base_precision, width))
@@ -448,8 +476,9 @@ def training_only_bytes(device: dict[str, int]) -> int:
 
 def layer_being_loaded(model: ModelSize, strategy: Strategy, width: int) -> int:
     """GPU bytes beyond the loaded weights while loading: one layer in the compute dtype on its way to the
-    GPU, and for a quantised base the quantiser's working copies of it (it quantises on the GPU)."""
-    if strategy.quantised:
+    GPU, and for a quantised base the quantiser's working copies of it (it quantises on the GPU; block-swapped,
+    on the host)."""
+    if strategy.quantised and not strategy.block_swap:
         return layer_being_quantised(model, strategy.base_precision, width)
     return model.largest_layer_params * width
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 from fluxbooth.hardware import Hardware
 from fluxbooth.modelsize import ModelSize, is_quantised_layer
 from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec
-from fluxbooth.plan.memory import compute_dtype_bytes, image_tokens
+from fluxbooth.plan.memory import compute_dtype_bytes, frozen_block_bytes, image_tokens
 from fluxbooth.plan.types import JobShape, Strategy
 
 # Sustained share of the datasheet's dense bf16 peak a FLUX step reaches (large matmuls, flash attention),
@@ -125,6 +125,19 @@ def streaming_pass_seconds(strategy: Strategy, model: ModelSize, hardware: Hardw
     return 0.0
 
 
+def exposed_swap_seconds(strategy: Strategy, model: ModelSize, hardware: Hardware, width: int, passes: int, hidden_behind: float) -> float:
+    """What block swapping adds to `passes` passes over the base: each pass streams every block over the host
+    link while the blocks before it compute, so only what the compute (`hidden_behind` seconds) cannot hide
+    shows, plus each pass's first block, which has nothing to hide behind."""
+    if not strategy.block_swap:
+        return 0.0
+    blocks = frozen_block_bytes(model, strategy.base_precision, width)
+    link = host_link_bytes_per_second(hardware)
+    every_block = sum(blocks.values()) / link
+    first_block = max(blocks.values(), default=0.0) / link
+    return max(0.0, passes * every_block - hidden_behind) + passes * first_block
+
+
 def base_pass_seconds(strategy: Strategy, model: ModelSize, hardware: Hardware, width: int, trainable: int) -> float:
     """Seconds one pass over the frozen base costs beyond the matmuls: dequantising a quantised base, and
     streaming offloaded weights to the GPU."""
@@ -173,12 +186,15 @@ def step_terms(
     if strategy.use_deepspeed and strategy.zero_stage == 3:
         compute *= 1 + ZERO3_HOOK_OVERHEAD
     passes = micro_steps * (3 if job.gradient_checkpointing else 2)  # forward, (recompute,) backward
+    dequantise = passes * dequantise_pass_seconds(strategy, model, hardware)
     return {
         "overhead": STEP_OVERHEAD_SECONDS[hardware.accelerator],
         "compute": compute,
         "optimizer": optimizer_seconds(strategy, hardware, trainable, width),
-        "dequantise": passes * dequantise_pass_seconds(strategy, model, hardware),
+        "dequantise": dequantise,
         "streaming": passes * streaming_pass_seconds(strategy, model, hardware, width, trainable),
+        # A swapped block is copied in for the forward and again for the backward's recompute.
+        "swapping": exposed_swap_seconds(strategy, model, hardware, width, 2 * micro_steps, compute + dequantise),
     }
 
 
@@ -212,7 +228,8 @@ def render_seconds(
     denoising step (FLUX.1 is guidance-distilled: no second, unconditional pass), then the VAE decode."""
     width = compute_dtype_bytes(job.mixed_precision)
     flops = sustained_flops(hardware)
-    per_step = forward_flops(model, job) / flops + base_pass_seconds(strategy, model, hardware, width, trainable)
+    forward = forward_flops(model, job) / flops + base_pass_seconds(strategy, model, hardware, width, trainable)
+    per_step = forward + exposed_swap_seconds(strategy, model, hardware, width, 1, forward)
     pixels = job.resolution[0] * job.resolution[1]
     return inference_steps * per_step + pixels * VAE_DECODE_FLOPS_PER_PIXEL / flops
 

@@ -64,6 +64,8 @@ class Plan:
     # A full fine-tune on bf16 weights with Adafactor fused into the backward pass, without DeepSpeed
     # (Strategy.fused_backward_pass; the trainer's train/fused_adafactor.py).
     fused_backward_pass: bool = False
+    # The frozen LoRA base streams block by block from pinned host RAM (Strategy.block_swap).
+    block_swap: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -217,6 +219,9 @@ class Strategy:
     offload_optimizer: Offload
     offload_param: Offload
     base_precision: str = "bf16"
+    # The frozen base's blocks live in pinned host RAM and stream to the GPU as the passes need them
+    # (fluxbooth.train.blockswap), two at a time; LoRA with gradient checkpointing, without ZeRO-3.
+    block_swap: bool = False
     # kohya's FLUX full fine-tune (--fused_backward_pass --full_bf16): bf16 weights without an fp32 master copy,
     # each stepped by Adafactor inside the backward pass (no gradient buffer); one process, no DeepSpeed.
     fused_backward_pass: bool = False
@@ -231,15 +236,16 @@ class Strategy:
         kind = "full fine-tune" if self.training_type == "full" else "LoRA"
         if self.quantised:
             kind += f" over an {self.base_precision} base"
+        swapped = ", frozen blocks swapped in from host RAM" if self.block_swap else ""
         if not self.use_deepspeed:
-            return f"{kind} without DeepSpeed"
+            return f"{kind} without DeepSpeed{swapped}"
         offloads = []
         if self.offload_optimizer != "none":
             offloads.append(f"optimizer to {self.offload_optimizer}")
         if self.offload_param != "none":
             offloads.append(f"parameters to {self.offload_param}")
         where = f", offload {' and '.join(offloads)}" if offloads else ", no offload"
-        return f"{kind} with ZeRO-{self.zero_stage}{where}"
+        return f"{kind} with ZeRO-{self.zero_stage}{where}{swapped}"
 
 
 @dataclass(frozen=True)
@@ -292,6 +298,7 @@ class Candidate:
             "zero_stage": self.strategy.zero_stage,
             "offload_optimizer": self.strategy.offload_optimizer,
             "offload_param": self.strategy.offload_param,
+            "block_swap": self.strategy.block_swap,
             "lora_rank": self.lora_rank,
             "fits": self.fits,
             "gpu_bytes": self.estimate.gpu_bytes,

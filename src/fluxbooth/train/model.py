@@ -66,7 +66,14 @@ def load_trainable_transformer(session: Session) -> tuple[Any, dict[str, Any]]:
     config = session.config
     check_base_precision(config.base_precision, config.training_type, session.zero_stage)
     report: dict[str, Any] = {"method": "from_pretrained"}
-    if config.base_precision in QUANTISED_PRECISIONS:
+    if config.block_swap:
+        from fluxbooth.train.blockswap import check_block_swap
+
+        check_block_swap(config.training_type, config.gradient_checkpointing, session.zero_stage)
+        # Built in host RAM tensor by tensor (quantised there); its blocks are handed to the swapper below.
+        transformer = load_quantised_base(config.base_model, config.base_precision, torch.device("cpu"), session.precision.load_dtype)
+        report = {"method": "block_swap", **residency(transformer)}
+    elif config.base_precision in QUANTISED_PRECISIONS:
         # Quantised layer by layer straight onto the accelerator: the bf16 base is never whole anywhere.
         transformer = load_quantised_base(config.base_model, config.base_precision, session.accelerator.device, session.precision.load_dtype)
         report = {"method": "quantised_layer_by_layer", **residency(transformer)}
@@ -89,8 +96,20 @@ def load_trainable_transformer(session: Session) -> tuple[Any, dict[str, Any]]:
         transformer.requires_grad_(True)
     if config.gradient_checkpointing:
         transformer.enable_gradient_checkpointing()
+    if config.block_swap:
+        report["block_swap"] = _swap_blocks(transformer, session.accelerator.device)
     transformer.train()
     return transformer, report
+
+
+def _swap_blocks(transformer: Any, device: torch.device) -> dict[str, Any]:
+    """Hand the frozen blocks to a BlockSwapper streaming them to `device` (it lives as long as the model: its
+    hooks hold it) and move the rest (embedders, output, the LoRA weights) to `device`."""
+    from fluxbooth.train.blockswap import BlockSwapper, flux_blocks
+
+    swapper = BlockSwapper(flux_blocks(transformer), device)
+    transformer.to(device)
+    return {"blocks": len(flux_blocks(transformer)), "host_bytes": swapper.host_bytes(), "largest_block_bytes": swapper.largest_block_bytes()}
 
 
 def load_transformer(base_model: str, dtype: torch.dtype) -> Any:

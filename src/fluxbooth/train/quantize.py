@@ -282,18 +282,19 @@ def check_base_precision(base_precision: str, training_type: str, zero_stage: in
 def load_quantised_transformer(
     transformer_folder: Path, weight_files: list[Path], precision: str, device: torch.device, dtype: torch.dtype
 ) -> Any:
-    """The transformer (the class its config names: FLUX.1's or FLUX.2's) with its block Linears quantised,
-    built layer by layer on `device`.
+    """The transformer (the class its config names: FLUX.1's or FLUX.2's) with its block Linears quantised
+    (`precision` fp8 or nf4; bf16: as stored), built layer by layer on `device`.
 
     The skeleton is built on the meta device (no memory); the safetensors files are read one tensor at a
     time (memory-mapped), each moved to `device` and, for a block Linear, quantised there before the next
     is read. So the host holds at most one layer's bf16 weight beside the quantised model, and the device
-    never holds more than one bf16 layer either.
+    never holds more than one bf16 layer either. (A block-swapped base is built so on the host: bf16 too, as
+    diffusers' loader would leave the whole checkpoint's pages resident beside it.)
     """
     from fluxbooth.train.family_ops import transformer_class_in
 
-    if precision not in QUANTISED_PRECISIONS:
-        raise TrainerFailure("invalid_config", f"base_precision {precision!r} is not quantised")
+    if precision not in BASE_PRECISIONS:
+        raise TrainerFailure("invalid_config", f"base_precision {precision!r} is not one of {', '.join(BASE_PRECISIONS)}")
     transformer_class = transformer_class_in(transformer_folder)
     config = transformer_class.load_config(str(transformer_folder))
     with torch.device("meta"):
@@ -329,7 +330,7 @@ def _fill_module(
     model: torch.nn.Module, name: str, module: torch.nn.Module, read: Any, precision: str, device: torch.device, dtype: torch.dtype
 ) -> None:
     prefix = f"{name}." if name else ""
-    if type(module) is torch.nn.Linear and is_quantised_layer(name):
+    if type(module) is torch.nn.Linear and is_quantised_layer(name) and precision in QUANTISED_PRECISIONS:
         weight = read(prefix + "weight", module.weight.shape).to(device)
         bias = None if module.bias is None else read(prefix + "bias", module.bias.shape).to(device, dtype)
         parent_name, _, child_name = name.rpartition(".")
@@ -398,10 +399,20 @@ def load_quantised_base(base_model: str, precision: str, device: torch.device, d
 
 def quantised_transformer_for(config: Any, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     """`{"transformer": ...}` for FluxPipeline.from_pretrained (class images, the final validation): the base
-    quantised as in training, layer by layer onto `device`, when the trainer config (`training_type`,
-    `base_precision`) asks for a quantised base, so no render ever holds the whole bf16 base; else nothing
-    (the pipeline loads its own)."""
-    if config.training_type != "lora" or config.base_precision not in QUANTISED_PRECISIONS:
+    as in training when the trainer config (`training_type`, `base_precision`, `block_swap`) asks for a
+    quantised or block-swapped one, so no render holds more of the base on the device than training did:
+    quantised layer by layer onto `device`, or built in host RAM with its blocks streamed to `device` as each
+    forward reaches them (the pipeline's model offload then moves only the rest). Else nothing (the pipeline
+    loads its own)."""
+    if config.training_type != "lora":
+        return {}
+    if getattr(config, "block_swap", False):
+        from fluxbooth.train.blockswap import BlockSwapper, flux_blocks
+
+        transformer = load_quantised_base(config.base_model, config.base_precision, torch.device("cpu"), dtype)
+        BlockSwapper(flux_blocks(transformer), device)
+        return {"transformer": transformer}
+    if config.base_precision not in QUANTISED_PRECISIONS:
         return {}
     return {"transformer": load_quantised_base(config.base_model, config.base_precision, device, dtype)}
 

@@ -193,18 +193,19 @@ def _exported_pipeline(session: Session) -> Any:
         else:
             quantised = quantised_transformer_for(config, session.accelerator.device, dtype)
             pipeline = ops.pipeline_class.from_pretrained(config.base_model, torch_dtype=dtype, **no_text_encoders, **quantised)
-            _load_exported_lora(pipeline, str(lora_for_rendering(session)))
+            _load_exported_lora(pipeline, str(lora_for_rendering(session)), swapped=config.block_swap)
     if session.accelerator.device.type == "cuda":
         pipeline.enable_model_cpu_offload(device=session.accelerator.device)
     pipeline.set_progress_bar_config(disable=True)
     return pipeline
 
 
-def _load_exported_lora(pipeline: Any, folder: str) -> None:
-    """The exported LoRA file, loaded as diffusers loads it. Over a quantised base, through the transformer's
-    own loader (the same peft injection): the pipeline's loader first compares each Linear's weight shape
-    with the LoRA's to widen layers for Control LoRAs, and a packed 4-bit weight has another shape."""
-    if any(isinstance(module, QuantisedLinear) for module in pipeline.transformer.modules()):
+def _load_exported_lora(pipeline: Any, folder: str, *, swapped: bool) -> None:
+    """The exported LoRA file, loaded as diffusers loads it. Over a quantised or block-swapped base, through
+    the transformer's own loader (the same peft injection): the pipeline's loader first compares each Linear's
+    weight shape, read from the transformer's state dict, with the LoRA's to widen layers for Control LoRAs; a
+    packed 4-bit weight has another shape, and a swapped block's weights are the swapper's, not in the state dict."""
+    if swapped or any(isinstance(module, QuantisedLinear) for module in pipeline.transformer.modules()):
         pipeline.transformer.load_lora_adapter(folder, weight_name=LORA_WEIGHTS_NAME, prefix="transformer")
     else:
         pipeline.load_lora_weights(folder, weight_name=LORA_WEIGHTS_NAME)
