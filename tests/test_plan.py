@@ -284,7 +284,7 @@ def test_a_requested_offload_that_does_not_fit_is_refused_not_overridden() -> No
     with pytest.raises(FluxboothError) as caught:
         choose_plan(FakeRequest(training_type="lora", offload="none"), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
     assert caught.value.code is ErrorCode.DOES_NOT_FIT
-    assert "per GPU, has 8.0 GiB" in caught.value.message
+    assert "per GPU + 10 % headroom, has 8.0 GiB" in caught.value.message
 
 
 def test_nvme_offload_without_an_offload_path_is_refused() -> None:

@@ -128,6 +128,17 @@ def test_an_8_gib_card_at_1024_beyond_the_deadline_is_refused_naming_only_change
     )
 
 
+def test_a_refusal_names_the_headroom_that_a_need_below_the_available_memory_still_lacks(flux_dev: ModelSize) -> None:
+    with pytest.raises(FluxboothError) as caught:
+        choose_plan(lora(resolution=(512, 512)), card(8, "NVIDIA RTX A4000", host_gib=13), flux_dev)
+    assert caught.value.message == (
+        "LoRA rank 16 of black-forest-labs/FLUX.1-dev at 512x512, batch 1, does not fit: this worker has 1x 8.0 GiB "
+        "GPU and 13.0 GiB host RAM available. Closest: LoRA rank 16 over an nf4 base with ZeRO-2, no offload, frozen "
+        "blocks swapped in from host RAM — needs ≈12.6 GiB host RAM + 10 % headroom, has 13.0 GiB available. No "
+        "strategy fits; use a larger GPU or more host RAM"
+    )
+
+
 def test_a_requested_base_precision_is_honoured(flux_dev: ModelSize) -> None:
     plan = choose_plan(lora(base_precision="nf4"), card(80, "NVIDIA H100 80GB HBM3", host_gib=188), flux_dev)
     assert (plan.base_precision, plan.offload_param) == ("nf4", "none")
@@ -149,7 +160,7 @@ def test_a_bf16_base_that_does_not_fit_is_refused_naming_the_precision_that_woul
     message = caught.value.message
     assert caught.value.code is ErrorCode.DOES_NOT_FIT
     assert "The same job fits with base_precision 'auto' (LoRA rank 16 over an fp8 base with ZeRO-2, no offload)" in message
-    assert "Closest: LoRA rank 16 with ZeRO-3, no offload — needs ≈26.7 GiB per GPU, has 24.0 GiB" in message
+    assert "Closest: LoRA rank 16 with ZeRO-3, no offload — needs ≈26.7 GiB per GPU + 10 % headroom, has 24.0 GiB" in message
 
 
 def test_a_refusal_never_suggests_lora_to_a_lora_job(flux_dev: ModelSize) -> None:

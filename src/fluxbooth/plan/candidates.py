@@ -133,28 +133,36 @@ def effective_precision(job: JobShape, hardware: Hardware) -> tuple[str, list[st
     return precision, notes
 
 
+def headroom(margin: float) -> str:
+    """The margin a fit keeps beyond the prediction, as a refusal names it: " + 10 % headroom"."""
+    return f" + {round(margin * 100)} % headroom"
+
+
 def fit_reason(estimate: MemoryEstimate, hardware: Hardware) -> str:
+    """Why a candidate does not fit, resource by resource, each need with the margin it must keep (a need
+    below what the worker has can still be short of it once the margin is added); empty when it fits."""
     problems = []
     on_cpu = hardware.accelerator == "cpu"
     if not on_cpu and estimate.gpu_bytes * (1 + GPU_MARGIN) > hardware.gpu_memory_bytes:
         phase = max(estimate.phase_gpu_bytes, key=lambda name: estimate.phase_gpu_bytes[name], default="training")
         problems.append(
-            f"needs ≈{format_bytes(estimate.gpu_bytes)} per GPU, has {format_bytes(hardware.gpu_memory_bytes)} "
-            f"(peak while {PHASE_VERBS.get(phase, phase)})"
+            f"needs ≈{format_bytes(estimate.gpu_bytes)} per GPU{headroom(GPU_MARGIN)}, has "
+            f"{format_bytes(hardware.gpu_memory_bytes)} (peak while {PHASE_VERBS.get(phase, phase)})"
         )
     if estimate.host_bytes * (1 + HOST_MARGIN) > hardware.host_available_bytes:
         problems.append(
-            f"needs ≈{format_bytes(estimate.host_bytes)} host RAM, has "
+            f"needs ≈{format_bytes(estimate.host_bytes)} host RAM{headroom(HOST_MARGIN)}, has "
             f"{format_bytes(hardware.host_available_bytes)} available"
         )
     work_disk = estimate.disk_bytes - estimate.nvme_bytes
     if work_disk * (1 + DISK_MARGIN) > hardware.disk_free_bytes:
         problems.append(
-            f"needs ≈{format_bytes(work_disk)} disk at {hardware.work_dir}, has {format_bytes(hardware.disk_free_bytes)}"
+            f"needs ≈{format_bytes(work_disk)} disk at {hardware.work_dir}{headroom(DISK_MARGIN)}, has "
+            f"{format_bytes(hardware.disk_free_bytes)}"
         )
     if estimate.nvme_bytes and estimate.nvme_bytes * (1 + DISK_MARGIN) > (hardware.nvme_free_bytes or 0):
         problems.append(
-            f"needs ≈{format_bytes(estimate.nvme_bytes)} at the offload path, has "
+            f"needs ≈{format_bytes(estimate.nvme_bytes)} at the offload path{headroom(DISK_MARGIN)}, has "
             f"{format_bytes(hardware.nvme_free_bytes or 0)}"
         )
     return "; ".join(problems)
