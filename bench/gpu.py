@@ -1,4 +1,5 @@
-"""GPU evidence: the worker's real path on a full-size synthetic FLUX.1-dev, in three calls of at most 9 minutes.
+"""GPU evidence: the worker's real path on a full-size synthetic FLUX.1-dev (calls 1-3) and FLUX.2 [klein] 4B
+(call 4), in calls of at most 9 minutes.
 
 Each run writes a request JSON, records `python -m fluxbooth plan --json` for it, then runs
 `python -m fluxbooth train` on it while a thread samples NVML's used memory and the summed PSS of the
@@ -13,11 +14,16 @@ trainer (it caps only PyTorch, so NVML's reading is recorded beside it).
   call 3: LoRA with ZeRO-3 parameter offload on an 8 GiB card at 512²; a full fine-tune (ZeRO-2,
           optimizer offloaded) on a reduced-depth model sized to the host RAM; the end-of-job phases
           (validation render, export) under 24 and 16 GiB; the guide's debug variables off and on.
+  call 4: the other families: a full-size synthetic FLUX.2 [klein] 4B (Qwen3-4B text encoder) built on the
+          GPU, a rank-16 LoRA at 1024² planned for 24 and 16 GiB cards, and its end of job (validation with
+          the family's sampling, both LoRA formats) on 24 GiB. FLUX.2 [dev] (32 B transformer, 24 B text
+          encoder: 112 GB of bf16 weights) does not fit the lent machine's 64 GiB disk and is planned only
+          (bench/family_tiers.py).
 
 A run that would not finish within the call's budget is skipped and noted in the work folder; the
 next call on the same (still warm) machine runs it first. Each call appends its table to bench/RESULTS.md (`--results`) and writes every log under `--out`
 ($OUT on the device machine). `--dry-run` runs the same code on the CPU with the `scaled` preset, a
-few steps at 64², and one run (the end-of-job LoRA, on the reduced-depth model).
+few steps at 64², and two runs (the end-of-job LoRA on the reduced-depth model, and on tiny FLUX.2 [klein]).
 
 Usage: python bench/gpu.py --call 1|2|3 [--out DIR] [--work DIR] [--results FILE] [--only NAME,...]
        python bench/gpu.py --dry-run --out DIR --results FILE
@@ -64,10 +70,12 @@ class Mode:
     dry_run: bool
     # Sampling a process tree's PSS costs CPU: slower on a small shared machine.
     sample_seconds: float
+    klein_preset: str  # the FLUX.2 [klein] model call 4 trains
 
 
-GPU_MODE = Mode("flux1-dev", "cuda", resolution=1024, small_resolution=512, steps=6, dry_run=False, sample_seconds=0.1)
-DRY_MODE = Mode("scaled", "cpu", resolution=64, small_resolution=64, steps=2, dry_run=True, sample_seconds=0.5)
+GPU_MODE = Mode("flux1-dev", "cuda", 1024, small_resolution=512, steps=6, dry_run=False, sample_seconds=0.1, klein_preset="flux2-klein-4b")
+DRY_MODE = Mode("scaled", "cpu", 64, small_resolution=64, steps=2, dry_run=True, sample_seconds=0.5, klein_preset="tiny-flux2-klein")
+KLEIN = "klein"  # RunSpec.model of the runs on mode.klein_preset
 
 
 def request_precisions() -> tuple[list[str], bool]:
@@ -138,16 +146,33 @@ def call_three(mode: Mode) -> list[RunSpec]:
     ]
 
 
+def call_four(mode: Mode) -> list[RunSpec]:
+    """FLUX.2 [klein] 4B: LoRA on 24 and 16 GiB cards (the planner picks the base precision), then its end of job."""
+    end_of_job = {
+        **LORA, "resolution": mode.resolution, "validation_prompts": ["a photo of sks dog"], "output_formats": ["diffusers", "comfyui"],
+    }
+    return [
+        RunSpec(f"klein4b-lora-r16-{mode.resolution}-{card}GiB", 4, f"FLUX.2 [klein] 4B, LoRA r16 {mode.resolution}², plan for {card} GiB",
+                {**LORA, "resolution": mode.resolution}, card_gib=card, model=KLEIN, estimate_seconds=120)
+        for card in (24, 16)
+    ] + [
+        RunSpec("klein4b-end-of-job-24GiB", 4, "FLUX.2 [klein] 4B, validation render + export, 24 GiB", end_of_job, card_gib=24,
+                model=KLEIN, estimate_seconds=150),
+    ]
+
+
 def sequence(mode: Mode) -> list[RunSpec]:
-    """Every run of the three calls, in order."""
+    """Every run of the four calls, in order."""
     precisions, has_field = request_precisions()
     runs = lora_runs(1, CARDS_GIB[:2], precisions, has_field, mode)
     runs += lora_runs(2, CARDS_GIB[2:], precisions, has_field, mode)
     runs += call_three(mode)
+    runs += call_four(mode)
     if mode.dry_run:
-        # The same code path in one run that fits a CPU test: the end-of-job LoRA (training, validation render,
-        # export) on the reduced-depth model (so its build is exercised too).
-        runs = [replace(run, call=0, model="reduced") for run in runs if run.name == "end-of-job-24GiB"]
+        # The same code path in runs that fit a CPU test: the end-of-job LoRA (training, validation render,
+        # export) on the reduced-depth model (so its build is exercised too), and on tiny FLUX.2 [klein].
+        ends = ("end-of-job-24GiB", "klein4b-end-of-job-24GiB")
+        runs = [replace(run, call=0, model="reduced" if run.model == "full" else run.model) for run in runs if run.name in ends]
     return runs
 
 
@@ -195,22 +220,25 @@ def setup(
     if not mode.dry_run:
         steps.append(timed("deepspeed-ops", [sys.executable, "-c", BUILD_OPS], env, log_dir, 400))
     full = work / "models" / mode.preset
-    steps.append(timed(
-        f"build-{mode.preset}",
-        [sys.executable, "-m", "fluxbooth.synthetic", "--preset", mode.preset, "--device", mode.device, str(full)],
-        env, log_dir, 500,
-    ))
     double, single = reduced_layers(psutil.virtual_memory().total, mode)
     reduced = work / "models" / f"{mode.preset}-{double}x{single}"
+    klein = work / "models" / mode.klein_preset
+    models = {"full": full, "reduced": reduced, KLEIN: klein}
+    for preset, folder, needed in ((mode.preset, full, ("full", "reduced")), (mode.klein_preset, klein, (KLEIN,))):
+        if any(run.model in needed for run in runs):
+            steps.append(timed(
+                f"build-{preset}", [sys.executable, "-m", "fluxbooth.synthetic", "--preset", preset, "--device", mode.device, str(folder)],
+                env, log_dir, 500,
+            ))
     if not any(run.model == "reduced" for run in runs):
-        return {"full": full, "reduced": reduced}, steps
+        return models, steps
     steps.append(timed(
         f"build-reduced-{double}x{single}",
         [sys.executable, "-m", "fluxbooth.synthetic", "--preset", mode.preset, "--device", mode.device,
          "--layers", f"{double},{single}", "--share-encoders-with", str(full), str(reduced)],
         env, log_dir, 300,
     ))
-    return {"full": full, "reduced": reduced}, steps
+    return models, steps
 
 
 # ----------------------------------------------------------------------------------------------
@@ -358,7 +386,7 @@ def section(call: str, where: str, records: list[RunRecord], setup_steps: list[d
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--call", type=int, choices=(1, 2, 3), help="which of the three GPU calls to run")
+    which.add_argument("--call", type=int, choices=(1, 2, 3, 4), help="which of the four GPU calls to run")
     which.add_argument("--dry-run", action="store_true", help="the same code on the CPU: scaled preset, 64², one run")
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
                         help="where the logs go (default: $OUT)")

@@ -50,6 +50,16 @@ def test_every_call_fits_the_device_tool_and_covers_the_issue(gpu: ModuleType) -
     assert gpu.CALL_BUDGET_SECONDS <= 9 * 60 - 30
 
 
+def test_call_four_trains_flux2_klein_4b_on_24_and_16_gib_cards_and_ends_a_job_on_24(gpu: ModuleType) -> None:
+    runs = [run for run in gpu.sequence(gpu.GPU_MODE) if run.call == 4]
+    assert [(run.name, run.card_gib, run.model) for run in runs] == [
+        ("klein4b-lora-r16-1024-24GiB", 24, gpu.KLEIN), ("klein4b-lora-r16-1024-16GiB", 16, gpu.KLEIN),
+        ("klein4b-end-of-job-24GiB", 24, gpu.KLEIN),
+    ]
+    assert gpu.GPU_MODE.klein_preset == "flux2-klein-4b"
+    assert runs[-1].fields["output_formats"] == ["diffusers", "comfyui"] and runs[-1].fields["validation_prompts"]
+
+
 def test_lora_runs_send_the_precision_through_the_request(gpu: ModuleType) -> None:
     runs = {run.name: run for run in gpu.sequence(gpu.GPU_MODE)}
     assert runs["lora-r16-1024-16GiB-nf4"].fields == {
@@ -157,6 +167,16 @@ def test_dry_run_trains_validates_and_exports_through_the_worker(dry_run: tuple[
     assert {"load", "cache", "train", "export", "validate"} <= set(record["phase_seconds"])
     assert record["seconds_per_step"] > 0 and record["host_peak"] > 0
     assert record["plan"]["training_type"] == "lora" and record["plan"]["predicted_host_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_dry_run_trains_the_flux2_klein_run_on_tiny_klein(dry_run: tuple[subprocess.CompletedProcess[str], Path, Path]) -> None:
+    _, out, _ = dry_run
+    records = [json.loads(line) for line in (out / "gpu-runs.jsonl").read_text().splitlines()]
+    klein = next(record for record in records if record["name"] == "klein4b-end-of-job-24GiB")
+    assert (klein["exit_status"], klein["outcome"]) == (0, "ok")
+    assert {"cache", "train", "export", "validate"} <= set(klein["phase_seconds"])
+    assert (out / "setup-build-tiny-flux2-klein.log").is_file()
 
 
 @pytest.mark.slow
