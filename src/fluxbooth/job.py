@@ -35,6 +35,7 @@ from fluxbooth.families import default_lora_targets_of
 from fluxbooth.hardware import Hardware, format_bytes, free_disk_bytes, nvme_root, probe_hardware
 from fluxbooth.launch import classify_outcome, run_trainer, trainer_command
 from fluxbooth.model_source import ResolvedModel, download_base_model, ensure_room_to_download, resolve_hub_model
+from fluxbooth.modelsize import ModelSize
 from fluxbooth.plan import Plan, choose_plan, model_size
 from fluxbooth.redaction import Redactor
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
@@ -414,6 +415,7 @@ class PlannedJob:
 
     request: TrainingRequest
     model: ResolvedModel
+    size: ModelSize
     hardware: Hardware
     plan: Plan
     deadline: float
@@ -448,10 +450,11 @@ async def _plan_job(
         )
         warnings.extend(resume_warnings)
     hardware = await _in_thread(probe_hardware, job_dir, settings.environ)
-    # Planned before the dataset is fetched: sized for the most images this worker's dataset limits accept.
+    size = model_size(str(model.folder))
+    # Before the dataset is fetched its size is unknown: planned for the fewest images a dataset may hold, so
+    # only a job that no dataset could make fit is refused here. _replan_for_dataset sizes it for the real one.
     plan = choose_plan(
-        request, hardware, model_size(str(model.folder)), deadline_seconds=deadline,
-        instance_images=settings.dataset_limits.max_images,
+        request, hardware, size, deadline_seconds=deadline, instance_images=settings.dataset_limits.min_images
     )
     ensure_room_to_download(model, plan.predicted_disk_bytes, settings.work_root)
     warnings.extend(plan.warnings)
@@ -461,8 +464,8 @@ async def _plan_job(
 
         for stale in await _in_thread(remove_stale_swap_dirs, Path(plan.nvme_path), is_live):
             logger.warning("job %s: removed a stale DeepSpeed swap folder %s", job_id, stale)
-        plan = dataclasses.replace(plan, nvme_path=str(job_swap_dir(Path(plan.nvme_path), job_dir.name)))
-    planned = PlannedJob(request, model, hardware, plan, deadline, started, resume_checkpoint, warnings)
+    planned = PlannedJob(request, model, size, hardware, _with_job_swap_dir(plan, job_dir), deadline, started,
+                         resume_checkpoint, warnings)
     planned.seconds["plan"] = _elapsed(started)
     return planned
 
@@ -475,6 +478,26 @@ def quote_job(request: TrainingRequest, settings: WorkerSettings, job_dir: Path)
     model = resolve_base_model(request.base_model, settings, request.base_model_revision)
     job_dir.mkdir(parents=True, exist_ok=True)
     return dry_run_answer(request, settings, hardware=probe_hardware(job_dir, settings.environ), model=model_size(str(model.folder)))
+
+
+def _with_job_swap_dir(plan: Plan, job_dir: Path) -> Plan:
+    """NVMe offload swaps into a folder of this attempt's own under the NVMe root."""
+    if not plan.nvme_path:
+        return plan
+    return dataclasses.replace(plan, nvme_path=str(job_swap_dir(Path(plan.nvme_path), job_dir.name)))
+
+
+def _replan_for_dataset(job: PlannedJob, dataset: PreparedDataset, job_dir: Path) -> None:
+    """The plan made again with the prepared images, in the time left, before the base model is downloaded and
+    the trainer starts: a 4-image job is sized for 4 images, and a job the real dataset cannot fit is refused
+    with its numbers while no GPU time has been spent."""
+    left = job.deadline - (time.monotonic() - job.started)
+    plan = choose_plan(
+        job.request, job.hardware, job.size, deadline_seconds=left, instance_images=dataset.instance_images,
+        bucket_mix=dataset.bucket_mix,
+    )
+    job.warnings.extend(warning for warning in plan.warnings if warning not in job.warnings)
+    job.plan = _with_job_swap_dir(plan, job_dir)
 
 
 async def _trainer_config(
@@ -563,6 +586,8 @@ async def _run(
     job_input: Any, job_id: str, settings: WorkerSettings, reporter: ProgressReporter, job_dir: Path
 ) -> dict[str, Any]:
     from fluxbooth.dataset import prepare_dataset
+    from fluxbooth.dataset.checks import check_prepared, enforce
+    from fluxbooth.report import ReportInputs, make_report, report_artifacts, sheet_images
     from fluxbooth.request import parse_request
     from fluxbooth.storage import local_output_warning
 
@@ -578,13 +603,34 @@ async def _run(
         job.request, job_dir, settings.dataset_limits,
     )
     job.seconds["dataset"] = _elapsed(stage_started)
+    reporter.stage("checks")
+    stage_started = time.monotonic()
+    training_shape = job.request.resolution.training_shape
+    checks = await _in_thread(
+        functools.partial(check_prepared, on_image=reporter.count_from_thread("checks")),
+        dataset, training_shape, job.request.dataset_checks,
+    )
+    job.seconds["checks"] = _elapsed(stage_started)
+    job.warnings.extend(checks.warnings())
+    enforce(checks)
+    _replan_for_dataset(job, dataset, job_dir)
     base_model = await _complete_base_model(job.model, settings, reporter, job.started + job.deadline, job.seconds)
     trainer = await _trainer_config(job, settings, reporter, job_dir, dataset, base_model)
     outcome, uploader = await _train(job, trainer, settings, reporter, job_dir)
 
+    reporter.stage("report")
+    stage_started = time.monotonic()
+    report = await _in_thread(make_report, ReportInputs(
+        job.request.model_name, outcome.events, Path(trainer.output_dir),
+        sheet_images(dataset, job.request.instance_prompt, checks.flags()), training_shape,
+    ))
+    job.warnings.extend(report.warnings)
+    job.seconds["report"] = _elapsed(stage_started)
+
     reporter.stage("upload")
     stage_started = time.monotonic()
     artifacts = await _in_thread(collect_artifacts, Path(trainer.output_dir), outcome.done.artifacts)
+    artifacts += report_artifacts(report, Path(trainer.output_dir))
     stored = await _in_thread(_upload_all, artifacts, settings, job.request.model_name, job_id)
     job.seconds["upload"] = _elapsed(stage_started)
     job.seconds["total"] = _elapsed(job.started)
@@ -599,7 +645,7 @@ async def _run(
         "artifacts": stored,
         "plan": {**job.plan.to_dict(), "export_formats": list(trainer.export_formats)},
         "metrics": {**trainer_metrics, "seconds": {**trainer_metrics.get("seconds", {}), **job.seconds}},
-        "dataset": dataset.summary(),
+        "dataset": {**dataset.summary(), "checks": checks.to_dict()},
         "checkpoints": uploader.uploaded if uploader is not None else [],
         "warnings": job.warnings + trainer_warnings,
     }
