@@ -99,3 +99,64 @@ def test_caption_dropout_from_0_to_1_reaches_the_trainer(dataset_b64: str, tmp_p
 )
 def test_caption_dropout_outside_0_to_1_is_refused(dataset_b64: str, share: object, reason: str) -> None:
     assert refusal(minimal(dataset_b64, caption_dropout=share)) == f"invalid request: input.caption_dropout: {reason}"
+
+
+# ------------------------------------------------------------------- timestep_sampling, EMA, LoRA dropout
+
+
+def trainer_config(dataset_b64: str, tmp_path: Path, **fields: object) -> object:
+    request = parse_request(minimal(dataset_b64, **fields))
+    return trainer_config_for(
+        request, GUIDE_DEFAULT_PLAN, base_model="/models/flux", instance_dir=tmp_path, class_dir=None, job_dir=tmp_path
+    )
+
+
+def test_sampling_ema_and_lora_dropout_keep_todays_training_by_default(dataset_b64: str, tmp_path: Path) -> None:
+    config = trainer_config(dataset_b64, tmp_path)
+
+    assert (config.timestep_sampling, config.ema_decay, config.lora.dropout) == ("uniform", None, 0.0)
+
+
+def test_sampling_ema_and_lora_dropout_reach_the_trainer(dataset_b64: str, tmp_path: Path) -> None:
+    config = trainer_config(dataset_b64, tmp_path, timestep_sampling="flux_shift", ema_decay=0.99, lora_dropout=0.1)
+
+    assert (config.timestep_sampling, config.ema_decay, config.lora.dropout) == ("flux_shift", 0.99, 0.1)
+
+
+def test_an_unknown_timestep_sampling_is_refused_with_the_choices(dataset_b64: str) -> None:
+    assert refusal(minimal(dataset_b64, timestep_sampling="sigma")) == (
+        "invalid request: input.timestep_sampling: is not known; use one of uniform, sigmoid, logit_normal, mode, "
+        "shift, flux_shift"
+    )
+
+
+@pytest.mark.parametrize(
+    ("decay", "reason"),
+    [(0, "Input should be greater than 0"), (1, "Input should be less than 1"), ("0.99", "Input should be a valid number")],
+)
+def test_an_ema_decay_outside_0_to_1_is_refused(dataset_b64: str, decay: object, reason: str) -> None:
+    assert refusal(minimal(dataset_b64, ema_decay=decay)) == f"invalid request: input.ema_decay: {reason}"
+
+
+def test_a_lora_dropout_of_1_is_refused(dataset_b64: str) -> None:
+    assert refusal(minimal(dataset_b64, lora_dropout=1)) == "invalid request: input.lora_dropout: Input should be less than 1"
+
+
+def test_lora_dropout_with_a_full_fine_tune_is_refused(dataset_b64: str) -> None:
+    assert refusal(minimal(dataset_b64, lora_dropout=0.1, training_type="full")) == (
+        "invalid request: input.lora_dropout: only apply when input.training_type is 'lora'; remove them or set "
+        "training_type 'lora'"
+    )
+
+
+def test_an_ema_is_planned_as_an_fp32_copy_of_the_trained_weights_in_host_ram(dataset_b64: str) -> None:
+    from fluxbooth.hardware import GIB, hypothetical_hardware
+    from fluxbooth.modelsize import FLUX_DEV_NAME, model_size
+    from fluxbooth.plan import Strategy, as_job, estimate_memory
+
+    hardware = hypothetical_hardware(gpus=1, gpu_memory_bytes=80 * GIB, host_memory_bytes=256 * GIB, disk_bytes=500 * GIB)
+    strategy, model = Strategy("lora", True, 2, "none", "none"), model_size(FLUX_DEV_NAME)
+
+    estimate = estimate_memory(strategy, model, as_job(parse_request(minimal(dataset_b64, ema_decay=0.99)), 10), hardware, "bf16")
+
+    assert estimate.breakdown["host.ema_shadow"] == 4 * estimate.breakdown["trainable_params"]

@@ -1,6 +1,7 @@
-"""Issue 18's job through the worker: a LoRA on the tiny model with a trigger word, caption dropout and aspect
-buckets at two sizes, on photos of three aspect ratios, trained by the real trainer under `accelerate launch`
-+ DeepSpeed. One run, read by every test here."""
+"""Issue 18's job through the worker: a LoRA on the tiny model with a trigger word, caption dropout, aspect
+buckets at two sizes, FLUX's resolution-dependent timestep shift, an EMA and LoRA dropout, on photos of three
+aspect ratios, trained by the real trainer under `accelerate launch` + DeepSpeed. One run, read by every test
+here."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def job(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, torch_e
         "model_name": "sks-buckets", "base_model": TINY_MODEL_NAME, "training_type": "lora", "lora_rank": 4,
         "dataset": to_base64(make_zip(dataset_members())), "instance_prompt": "a photo of [trigger] dog",
         "trigger_word": "sks", "caption_dropout": 0.5, "resolution": [256, 384], "steps": STEPS, "seed": 7,
+        "timestep_sampling": "flux_shift", "ema_decay": 0.9, "lora_dropout": 0.1,
     }
     progress: list[dict[str, Any]] = []
     result = asyncio.run(run_job(job_input, job_id="buckets", settings=WorkerSettings.from_environ(env), progress=progress.append))
@@ -89,6 +91,8 @@ def test_the_job_trained_every_step_to_a_finite_loss(job: dict[str, Any]) -> Non
     assert math.isfinite(metrics["final_loss"])
 
 
-def test_the_lora_weights_are_in_the_result(job: dict[str, Any]) -> None:
-    assert any(artifact["name"].endswith(".safetensors") for artifact in job["result"]["artifacts"])
+def test_the_lora_weights_and_their_ema_are_in_the_result(job: dict[str, Any]) -> None:
+    names = [artifact["name"] for artifact in job["result"]["artifacts"] if artifact["name"].endswith(".safetensors")]
+    assert any(name.startswith("ema_") for name in names)
+    assert any(not name.startswith("ema_") for name in names)
 

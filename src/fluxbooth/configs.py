@@ -278,6 +278,7 @@ def trainer_config_for(
         rank=request.lora_rank,
         alpha=float(request.lora_alpha if request.lora_alpha is not None else request.lora_rank),
         target_modules=tuple(request.lora_target_modules or default_lora_targets),
+        dropout=request.lora_dropout,
     )
     default_formats = ("diffusers",) if plan.training_type == "full" else ("diffusers", "comfyui")
     learning_rate = request.effective_learning_rate
@@ -329,5 +330,7 @@ def trainer_config_for(
         base_model_name=base_model_name,
         trigger_word=request.trigger_word,
         caption_dropout=request.caption_dropout,
+        timestep_sampling=request.timestep_sampling,
+        ema_decay=request.ema_decay,
         fused_backward_pass=plan.fused_backward_pass,
     )

@@ -33,7 +33,12 @@ from fluxbooth.buckets import BUCKET_MULTIPLE, Resolution
 from fluxbooth.captions import MAX_TRIGGER_CHARS, contains_word
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.settings import TINY_MODEL_NAME
-from fluxbooth.train.names import DEEPSPEED_ONLY_OPTIMIZERS, SUPPORTED_OPTIMIZERS, normalise_optimizer_name
+from fluxbooth.train.names import (
+    DEEPSPEED_ONLY_OPTIMIZERS,
+    SUPPORTED_OPTIMIZERS,
+    SUPPORTED_TIMESTEP_SAMPLING,
+    normalise_optimizer_name,
+)
 
 # LoRA by default: a full fine-tune of FLUX.1-dev needs more host RAM for its offloaded optimizer states than
 # any single-GPU RunPod tier has (the figure: fluxbooth.plan.full_finetune_host_bytes), while a rank-16 LoRA
@@ -70,7 +75,7 @@ Prompt = Annotated[str, StringConstraints(max_length=MAX_PROMPT_CHARS)]
 LoraModuleName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.]+$")]
 DatasetCheckMode = Literal["warn", "strict"]
 OutputFormat = Literal["diffusers", "single_file", "comfyui"]
-LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_target_modules")
+LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_dropout")
 
 
 def _checked_size(size: int) -> int:
@@ -169,6 +174,8 @@ class TrainingRequest(BaseModel):
     lora_rank: int = Field(default=16, ge=1, le=512)
     lora_alpha: float | None = Field(default=None, gt=0, le=100_000)
     lora_target_modules: list[LoraModuleName] | None = Field(default=None, min_length=1, max_length=64)
+    # peft's dropout on the LoRA branch's input (kohya's network_dropout): none by default, as diffusers' scripts.
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1)
 
     # Optimisation details.
     optimizer: str = Field(default="adamw", min_length=1, max_length=32)
@@ -176,6 +183,10 @@ class TrainingRequest(BaseModel):
     lr_warmup_steps: int = Field(default=0, ge=0, le=100_000)
     max_grad_norm: float = Field(default=1.0, gt=0, le=1e6)
     guidance_scale: float = Field(default=1.0, ge=0, le=100)
+    # How training sigmas are drawn (train/flow.py): diffusers' scripts' default, uniform, unless asked.
+    timestep_sampling: str = Field(default="uniform", min_length=1, max_length=32)
+    # An EMA of the trained weights kept on the CPU and exported beside them (ema_lora/, ema_transformer/).
+    ema_decay: float | None = Field(default=None, gt=0, lt=1)
 
     # Checkpoints, outputs, limits.
     checkpointing_steps: int | None = Field(default=None, ge=1, le=100_000)
@@ -303,6 +314,13 @@ class TrainingRequest(BaseModel):
             raise ValueError("contains control characters")
         if _has_parent_reference(value.replace("\\", "/")):
             raise ValueError("must not contain '..'")
+        return value
+
+    @field_validator("timestep_sampling")
+    @classmethod
+    def _timestep_sampling_is_known(cls, value: str) -> str:
+        if value not in SUPPORTED_TIMESTEP_SAMPLING:
+            raise ValueError(f"is not known; use one of {', '.join(SUPPORTED_TIMESTEP_SAMPLING)}")
         return value
 
     @field_validator("optimizer")

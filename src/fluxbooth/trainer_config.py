@@ -57,10 +57,15 @@ class TrainerConfig:
     lr_warmup_steps: int = 0
     max_grad_norm: float = 1.0
     guidance_scale: float = 1.0
-    weighting_scheme: str = "none"  # timestep sampling: "none" (uniform sigmoid-normal) | "logit_normal" | "mode"
+    # How sigmas are drawn (train.names.SUPPORTED_TIMESTEP_SAMPLING; train/flow.py) and the loss weighted by them
+    # ("none" | "sigma_sqrt" | "cosmap"); the parameters at diffusers' and kohya's defaults.
+    timestep_sampling: str = "uniform"
+    weighting_scheme: str = "none"
     logit_mean: float = 0.0
     logit_std: float = 1.0
     mode_scale: float = 1.29
+    sigmoid_scale: float = 1.0
+    discrete_flow_shift: float = 3.0
     lora: LoraSettings = field(default_factory=LoraSettings)
     checkpointing_steps: int | None = None
     checkpoint_dir: str | None = None
@@ -104,6 +109,11 @@ class TrainerConfig:
     # A full fine-tune on bf16 weights, stepped by Adafactor per parameter inside the backward pass, without
     # DeepSpeed (train/fused_adafactor.py; kohya's --fused_backward_pass --full_bf16; Plan.fused_backward_pass).
     fused_backward_pass: bool = False
+    # Image pairs (FLUX.1 Kontext): the control image of each instance image, same stem as a PNG in this folder
+    # (the dataset's `control/` folder); None: no pairs.
+    control_dir: str | None = None
+    # Each validation prompt's control image (FLUX.1 Kontext), by prompt order; fewer than the prompts: none for the rest.
+    validation_images: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))
@@ -120,6 +130,7 @@ class TrainerConfig:
             **{**values.get("lora", {}), "target_modules": tuple(values.get("lora", {}).get("target_modules", LoraSettings.target_modules))}
         )
         values["validation_prompts"] = tuple(values.get("validation_prompts", ()))
+        values["validation_images"] = tuple(values.get("validation_images", ()))
         values["export_formats"] = tuple(values.get("export_formats", ("diffusers",)))
         return cls(**values)
 

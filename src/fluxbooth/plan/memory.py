@@ -396,6 +396,9 @@ def estimate_memory(
         device["cuda_context"] = CUDA_CONTEXT_GPU_BYTES
     # Cached embeddings and latents stay in host RAM for the whole run.
     host["cached_embeddings"] = processes * cached_bytes(model, job, width)
+    if job.ema:
+        # train/ema.py: an fp32 copy of every trained weight on the main process's CPU, exported beside them.
+        host["ema_shadow"] = trainable * 4
 
     encoders = encoder_bytes(model, width)
     gpu_limit = hardware.gpu_memory_bytes / (1 + GPU_MARGIN)
@@ -446,7 +449,8 @@ def estimate_memory(
     fixed = sum(fixed_host.values())
     skipped = {name for name, runs in (("class_images", job.num_class_images), ("validation", job.validation_prompts)) if not runs}
     phase_host = {name: 0 if name in skipped else value + fixed for name, value in phase_host.items()}
-    disk_work = _work_disk(exported, cached_bytes(model, job, width), trainable, width, state, job)
+    exported_files = exported * (2 if job.ema else 1)
+    disk_work = _work_disk(exported_files, cached_bytes(model, job, width), trainable, width, state, job)
     nvme = sum(disk.values())
     breakdown = {**{f"gpu.{k}": v for k, v in device.items()}, **{f"host.{k}": v for k, v in host.items()}}
     breakdown.update({f"host.{k}": v for k, v in fixed_host.items()})

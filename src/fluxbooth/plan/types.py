@@ -112,6 +112,8 @@ class JobShape:
     # The trainer follows the model (schnell: 4); the planner budgets for dev's longer sampling.
     validation_inference_steps: int = GUIDANCE_DISTILLED_SAMPLING.inference_steps
     class_image_inference_steps: int = GUIDANCE_DISTILLED_SAMPLING.inference_steps
+    # An EMA of the trained weights (the request's ema_decay): host RAM, and a second export.
+    ema: bool = False
 
     @classmethod
     def from_request(
@@ -154,6 +156,7 @@ class JobShape:
             timeout_seconds=getattr(request, "timeout_seconds", None),
             validation_prompts=len(getattr(request, "validation_prompts", None) or ()),
             validation_steps=getattr(request, "validation_steps", None),
+            ema=getattr(request, "ema_decay", None) is not None,
         )
 
     @property

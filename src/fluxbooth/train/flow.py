@@ -1,7 +1,8 @@
 """FLUX's rectified-flow training objective, as diffusers' DreamBooth LoRA scripts compute it for each family.
 
 x0: normalised VAE latents (the family's normalisation: train.family_ops); noise ~ N(0, I); sigma sampled
-per sample from the scheduler's training sigmas by `compute_density_for_timestep_sampling`; the model sees
+per sample as train.json's timestep_sampling says (diffusers' densities over the scheduler's training sigmas,
+or kohya's continuous sigmoid draws, optionally shifted); the model sees
 (1 - sigma) x0 + sigma noise, packed into tokens as the family lays them out (FLUX.1: 2x2 patches; FLUX.2:
 one token per patched latent pixel), with timestep = sigma (the transformer multiplies by 1000 itself), and
 predicts the velocity noise - x0. FLUX.1 Kontext also sees the clean control latents' tokens after the
@@ -11,44 +12,79 @@ squared error.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from diffusers.training_utils import compute_density_for_timestep_sampling, compute_loss_weighting_for_sd3
 
 from fluxbooth.train.family_ops import FamilyOps
+from fluxbooth.trainer_config import TrainerConfig
+
+
+# FLUX's resolution-dependent shift (its scheduler's config; these are FLUX.1's, which kohya hard-codes):
+# mu grows linearly from base_shift at base_image_seq_len image tokens to max_shift at max_image_seq_len.
+FLUX_SHIFT_DEFAULTS = {"base_image_seq_len": 256, "max_image_seq_len": 4096, "base_shift": 0.5, "max_shift": 1.15}
+DIFFUSERS_DENSITIES = {"uniform": "none", "logit_normal": "logit_normal", "mode": "mode"}
+
+
+def shifted(sigmas: torch.Tensor, shift: float) -> torch.Tensor:
+    """sigma' = shift·sigma / (1 + (shift - 1)·sigma): more of the draws at high noise for shift > 1 (kohya's
+    "shift"; with shift = e^mu, FLUX's time_shift(mu, 1, sigma))."""
+    return shift * sigmas / (1 + (shift - 1) * sigmas)
 
 
 @dataclass(frozen=True)
 class SigmaSampler:
-    """Draws training sigmas from a FlowMatchEulerDiscreteScheduler's table."""
+    """Draws training sigmas (train.json's timestep_sampling) and weighs the loss by them (weighting_scheme)."""
 
     sigmas: torch.Tensor  # [num_train_timesteps] descending, as the scheduler stores them (without the final 0)
+    timestep_sampling: str
     weighting_scheme: str
     logit_mean: float
     logit_std: float
     mode_scale: float
+    sigmoid_scale: float
+    discrete_flow_shift: float
+    shift_config: dict[str, float]  # FLUX_SHIFT_DEFAULTS' keys, from the scheduler's config
 
     @classmethod
-    def from_scheduler(
-        cls, scheduler: object, weighting_scheme: str, logit_mean: float, logit_std: float, mode_scale: float
-    ) -> SigmaSampler:
+    def from_scheduler(cls, scheduler: Any, config: TrainerConfig) -> SigmaSampler:
         # The scheduler's training table: timesteps = sigmas * num_train_timesteps, so timestep / 1000 == sigma.
         num_train_timesteps = int(scheduler.config.num_train_timesteps)
         sigmas = scheduler.sigmas[:num_train_timesteps].detach().float().cpu().clone()
-        return cls(sigmas, weighting_scheme, logit_mean, logit_std, mode_scale)
-
-    def sample(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
-        u = compute_density_for_timestep_sampling(
-            weighting_scheme=self.weighting_scheme,
-            batch_size=batch_size,
-            logit_mean=self.logit_mean,
-            logit_std=self.logit_std,
-            mode_scale=self.mode_scale,
-            generator=generator,
+        shift_config = {name: float(scheduler.config.get(name) or value) for name, value in FLUX_SHIFT_DEFAULTS.items()}
+        return cls(
+            sigmas, config.timestep_sampling, config.weighting_scheme, config.logit_mean, config.logit_std,
+            config.mode_scale, config.sigmoid_scale, config.discrete_flow_shift, shift_config,
         )
-        indices = (u * len(self.sigmas)).long().clamp(0, len(self.sigmas) - 1)
-        return self.sigmas[indices]
+
+    def flux_mu(self, image_tokens: int) -> float:
+        """FLUX's shift exponent for an image of `image_tokens` tokens (diffusers' calculate_shift)."""
+        config = self.shift_config
+        slope = (config["max_shift"] - config["base_shift"]) / (config["max_image_seq_len"] - config["base_image_seq_len"])
+        return config["base_shift"] + slope * (image_tokens - config["base_image_seq_len"])
+
+    def sample(self, batch_size: int, generator: torch.Generator, image_tokens: int) -> torch.Tensor:
+        """`batch_size` sigmas for images of `image_tokens` tokens, all randomness from `generator`."""
+        if self.timestep_sampling in DIFFUSERS_DENSITIES:
+            u = compute_density_for_timestep_sampling(
+                weighting_scheme=DIFFUSERS_DENSITIES[self.timestep_sampling],
+                batch_size=batch_size,
+                logit_mean=self.logit_mean,
+                logit_std=self.logit_std,
+                mode_scale=self.mode_scale,
+                generator=generator,
+            )
+            indices = (u * len(self.sigmas)).long().clamp(0, len(self.sigmas) - 1)
+            return self.sigmas[indices]
+        sigmas = torch.sigmoid(self.sigmoid_scale * torch.randn(batch_size, generator=generator))
+        if self.timestep_sampling == "shift":
+            return shifted(sigmas, self.discrete_flow_shift)
+        if self.timestep_sampling == "flux_shift":
+            return shifted(sigmas, math.exp(self.flux_mu(image_tokens)))
+        return sigmas
 
     def loss_weighting(self, sigmas: torch.Tensor) -> torch.Tensor:
         return compute_loss_weighting_for_sd3(weighting_scheme=self.weighting_scheme, sigmas=sigmas)
@@ -86,7 +122,7 @@ def build_flow_inputs(
     batch_size, channels, height, width = latents.shape
     noise = torch.randn(latents.shape, generator=generator, dtype=torch.float32)
     if sigmas is None:
-        sigmas = sampler.sample(batch_size, generator)
+        sigmas = sampler.sample(batch_size, generator, image_tokens=layout.pack(latents[:1]).shape[1])
     sigmas_b = sigmas.view(batch_size, 1, 1, 1)
     noisy = (1.0 - sigmas_b) * latents + sigmas_b * noise
     packed = layout.pack(noisy)

@@ -53,7 +53,7 @@ def start_training(session: Session, data: CachedData, transformer: Any) -> Trai
         scheduler_stepped_by_engine=stepped_by_engine,
         optimizer_class=optimizer_class_name(optimizer),
         ema=None,
-        sampler=SigmaSampler.from_scheduler(noise_scheduler, config.weighting_scheme, config.logit_mean, config.logit_std, config.mode_scale),
+        sampler=SigmaSampler.from_scheduler(noise_scheduler, config),
         normalisation=ops_for(config.base_model).latent_normalisation(),
         guidance_scale=config.guidance_scale if accelerator.unwrap_model(engine).config.guidance_embeds else None,
     )
@@ -178,7 +178,7 @@ def fixed_noise_loss(
     losses = []
     with torch.no_grad():
         for index, sample in enumerate(first_samples(instance_set, images)):
-            batch = {**sample, "latents": run.normalisation.apply(sample["latents"])}
+            batch = {**sample, **{key: run.normalisation.apply(sample[key]) for key in ("latents", "control_latents") if key in sample}}
             for sigma in sigmas:
                 generator = torch.Generator("cpu").manual_seed(seed_for(session.config.seed, "fixed_noise", index, sigma))
                 losses.append(float(per_sample_losses(session, run, batch, generator, torch.tensor([sigma])).mean()))

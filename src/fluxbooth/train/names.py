@@ -78,8 +78,14 @@ def sampling_defaults(transformer_config: dict[str, object]) -> SamplingDefaults
 # Learning-rate schedules (with optional linear warm-up in front).
 SUPPORTED_LR_SCHEDULERS = ("constant", "cosine")
 
-# Timestep (sigma) sampling and loss weighting, as diffusers' FLUX DreamBooth script names them.
-SUPPORTED_WEIGHTING_SCHEMES = ("none", "logit_normal", "mode", "sigma_sqrt", "cosmap")
+# How training sigmas are drawn (train/flow.py). diffusers' FLUX scripts index the scheduler's table with a
+# density over [0, 1): "uniform" (their weighting_scheme "none", the default), "logit_normal", "mode". kohya's
+# sd-scripts draw them continuously: "sigmoid" (sigmoid of a scaled normal), "shift" (that, shifted by a fixed
+# discrete_flow_shift) and "flux_shift" (shifted by FLUX's resolution-dependent mu, as its sampler does).
+SUPPORTED_TIMESTEP_SAMPLING = ("uniform", "sigmoid", "logit_normal", "mode", "shift", "flux_shift")
+# Loss weighting by sigma, as diffusers' compute_loss_weighting_for_sd3 names it (their logit_normal and mode
+# are densities, set by timestep_sampling).
+SUPPORTED_WEIGHTING_SCHEMES = ("none", "sigma_sqrt", "cosmap")
 
 # Export formats: "diffusers" (full: the transformer folder; LoRA: pytorch_lora_weights.safetensors),
 # "single_file" (full only: one safetensors file in the original FLUX key layout),

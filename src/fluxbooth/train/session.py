@@ -13,7 +13,12 @@ import torch
 
 from fluxbooth.buckets import BUCKET_MULTIPLE
 from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.names import FULL_EXPORT_FORMATS, LORA_EXPORT_FORMATS, SUPPORTED_WEIGHTING_SCHEMES
+from fluxbooth.train.names import (
+    FULL_EXPORT_FORMATS,
+    LORA_EXPORT_FORMATS,
+    SUPPORTED_TIMESTEP_SAMPLING,
+    SUPPORTED_WEIGHTING_SCHEMES,
+)
 from fluxbooth.train.runtime import EventReporter, StageClock
 from fluxbooth.train.state import Precision, Session
 from fluxbooth.trainer_config import TrainerConfig
@@ -97,9 +102,15 @@ def limit_cuda_memory(environ: Any) -> float | None:
 def validate_config(config: TrainerConfig) -> None:
     if config.training_type not in ("full", "lora"):
         raise TrainerFailure("invalid_config", f"training_type {config.training_type!r} must be 'full' or 'lora'")
+    if config.timestep_sampling not in SUPPORTED_TIMESTEP_SAMPLING:
+        raise TrainerFailure(
+            "invalid_config", f"timestep_sampling {config.timestep_sampling!r} must be one of {list(SUPPORTED_TIMESTEP_SAMPLING)}"
+        )
     if config.weighting_scheme not in SUPPORTED_WEIGHTING_SCHEMES:
         raise TrainerFailure(
-            "invalid_config", f"weighting_scheme {config.weighting_scheme!r} must be one of {list(SUPPORTED_WEIGHTING_SCHEMES)}"
+            "invalid_config",
+            f"weighting_scheme {config.weighting_scheme!r} must be one of {list(SUPPORTED_WEIGHTING_SCHEMES)} (it weighs "
+            "the loss; a sigma density such as logit_normal or mode is timestep_sampling)",
         )
     allowed = FULL_EXPORT_FORMATS if config.training_type == "full" else LORA_EXPORT_FORMATS
     wrong = [name for name in config.export_formats if name not in allowed]
