@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from activations import replace_section  # noqa: E402 (bench/activations.py)
 
 from fluxbooth.hardware import GIB, hypothetical_hardware  # noqa: E402
 from fluxbooth.modelsize import FLUX_DEV_NAME, ModelSize, model_size  # noqa: E402
@@ -165,16 +168,6 @@ def section(rows: list[Row], fitted: tuple[float, float]) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, text: str) -> None:
-    current = path.read_text() if path.is_file() else ""
-    if SECTION_BEGIN in current:
-        head, rest = current.split(SECTION_BEGIN, 1)
-        current = head + text + rest.split(SECTION_END, 1)[1]
-    else:
-        current = current.rstrip("\n") + "\n\n" + text + "\n"
-    path.write_text(current)
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", type=Path, help="replace this script's section in a RESULTS.md")
@@ -187,7 +180,7 @@ def main(argv: list[str]) -> int:
     text = section(rows, fitted)
     print(text)
     if arguments.write:
-        write_section(arguments.write, text)
+        replace_section(arguments.write, SECTION_BEGIN, SECTION_END, text)
     return 0
 
 

@@ -247,16 +247,6 @@ def section(rows: list[tuple[str, list[dict[str, int]], dict[str, int]]], parame
     return "\n".join(lines)
 
 
-def write_section(path: Path, text: str) -> None:
-    current = path.read_text() if path.is_file() else ""
-    if SECTION_BEGIN in current:
-        head, rest = current.split(SECTION_BEGIN, 1)
-        current = head + text + rest.split(SECTION_END, 1)[1]
-    else:
-        current = current.rstrip("\n") + "\n\n" + text + "\n"
-    path.write_text(current)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", nargs=3, metavar=("PRECISION", "MODEL_DIR", "WARM_UP_DIR"), help=argparse.SUPPRESS)
@@ -283,7 +273,9 @@ def main() -> int:
         text = section(rows, model_size(str(models["scaled"])).transformer_params)
         print(text)
         if arguments.write:
-            write_section(arguments.write, text)
+            from activations import replace_section  # bench/activations.py (build_models put bench/ on the path)
+
+            replace_section(arguments.write, SECTION_BEGIN, SECTION_END, text)
         worst = max(
             abs(error(measured[phase], expected[phase]))
             for _, measured_runs, expected in rows
