@@ -6,15 +6,17 @@ here."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
-import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
 from fluxbooth.job import run_job
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
+from tests.conftest import worker_environment
 from tests.factories import make_zip, to_base64
 from tests.photos import encoded, textured_photo
 
@@ -36,14 +38,10 @@ def dataset_members() -> list[tuple[str, bytes]]:
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, torch_extensions_dir: Path) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("buckets-job")
+    # Planned for at most 10 images before the dataset arrives: the CPU's time estimate for caching a thousand
+    # at two sizes would not fit the default deadline.
     env = {
-        "PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(root)), "FLUXBOOTH_WORK_DIR": str(root / "work"),
-        "FLUXBOOTH_OUTPUT_DIR": str(root / "outputs"), "FLUXBOOTH_CACHE_DIR": str(model_cache_dir),
-        "FLUXBOOTH_VOLUME_DIR": str(root / "no-volume"), "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir),
-        "HF_HUB_OFFLINE": "1",
-        # Planned for at most 10 images before the dataset arrives: the CPU's time estimate for caching a
-        # thousand at two sizes would not fit the default deadline.
+        **worker_environment(tmp_path_factory.mktemp("buckets-job"), model_cache_dir, torch_extensions_dir),
         "FLUXBOOTH_MAX_IMAGES": "10",
     }
     job_input = {
@@ -96,3 +94,28 @@ def test_the_lora_weights_and_their_ema_are_in_the_result(job: dict[str, Any]) -
     assert any(name.startswith("ema_") for name in names)
     assert any(not name.startswith("ema_") for name in names)
 
+
+def lora_metadata(job: dict[str, Any]) -> dict[str, str]:
+    from safetensors import safe_open
+
+    (uri,) = [
+        artifact["uri"] for artifact in job["result"]["artifacts"] if artifact["name"] == "lora/pytorch_lora_weights.safetensors"
+    ]
+    with safe_open(unquote(urlsplit(uri).path), framework="pt") as opened:
+        return dict(opened.metadata())
+
+
+def test_the_lora_file_names_the_trigger_word_and_its_buckets(job: dict[str, Any]) -> None:
+    metadata = lora_metadata(job)
+
+    assert metadata["modelspec.trigger_phrase"] == "sks"
+    buckets = json.loads(metadata["ss_bucket_info"])["buckets"].values()
+    assert sorted((*bucket["resolution"], bucket["count"]) for bucket in buckets) == [
+        (bucket["width"], bucket["height"], bucket["images"]) for bucket in job["result"]["dataset"]["buckets"]
+    ]
+
+
+def test_captions_trained_with_the_trigger_word_put_in(job: dict[str, Any]) -> None:
+    tags = json.loads(lora_metadata(job)["ss_tag_frequency"])["instance"]
+
+    assert tags == {"sks a dog on the grass": 1, "a photo of sks dog": 5}

@@ -126,7 +126,7 @@ def add_plan_parser(subparsers: Any) -> None:
     job.add_argument(
         "--base-precision", choices=_request_choices("base_precision"), help="how a LoRA's frozen base is stored (default: auto)"
     )
-    job.add_argument("--resolution", help="1024 or 768x1024 (width x height)")
+    job.add_argument("--resolution", help="sizes for aspect buckets (1024 or 512,768,1024), or one fixed shape (768x1024)")
     job.add_argument("--batch-size", type=_integer)
     job.add_argument("--gradient-accumulation-steps", type=_integer)
     job.add_argument("--steps", type=_integer)

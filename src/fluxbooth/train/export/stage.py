@@ -78,6 +78,7 @@ def training_record(state: TrainerState) -> TrainingRecord:
         total_batch_size=config.batch_size * config.gradient_accumulation_steps * session.accelerator.num_processes,
         resolution=config.resolution,
         captions={name: image_captions(images) for name, images in image_sets.items() if images is not None},
+        buckets=data.instance_set.bucket_counts() if config.bucket_sizes else {},
     )
 
 
