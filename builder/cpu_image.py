@@ -22,6 +22,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -147,10 +148,12 @@ def build(context: Path = REPO_ROOT, tag: str = CPU_IMAGE, log: Path | None = No
         raise RuntimeError(f"missing {', '.join(missing)}: apt-get install buildah podman mmdebstrap (as root)")
     base = import_base(base_rootfs(cache_dir(dict(os.environ)), log), log)
     pip = this_machines_pip_settings()
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fluxbooth-pip-") as folder:
         settings_file = Path(folder) / "pip.conf"
         settings_file.write_text(pip.config_text())
         run(bud_command(settings_file, pip, base, tag, context), log)
+    print(f"built {tag} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     return tag
 
 
@@ -165,9 +168,14 @@ def working_container(image: str) -> Iterator[str]:
 
 
 def run_command(container: str, command: Sequence[str], environ: dict[str, str] | None = None) -> list[str]:
-    """The `buildah run` call for `command` in a container, with extra environment variables."""
+    """The `buildah run` call for `command` in a container, with extra environment variables. The host's network
+    and hostname, as `docker run --network host` gives: torch's elastic agent (accelerate launch) connects to its
+    own store at the hostname, which buildah's own per-container hostname is not listed for in /etc/hosts."""
     env_flags = [f"--env={name}={value}" for name, value in (environ or {}).items()]
-    return ["buildah", "run", "--isolation", "chroot", "--network", "host", *env_flags, container, "--", *command]
+    return [
+        "buildah", "run", "--isolation", "chroot", "--network", "host", "--uts", "host", *env_flags, container, "--",
+        *command,
+    ]
 
 
 def main(arguments: list[str]) -> int:
