@@ -320,7 +320,7 @@ def test_a_request_without_training_type_gets_a_lora_plan_on_every_runpod_tier(
     assert (plan["training_type"], plan["base_precision"], plan["offload_param"]) == ("lora", base, "none")
     assert (report["job"]["steps"], report["job"]["resolution"]) == (1000, [1024, 1024])
     assert report["warnings"] == []
-    assert list(plan["phases"]) == ["loading", "caching", "class_images", "training", "validation", "export"]
+    assert list(plan["phases"]) == ["loading", "caching", "class_images", "training", "validation", "export", "report"]
     assert set(plan["phases"]["training"]) == {"gpu_bytes", "host_bytes", "seconds"}
 
 
@@ -347,7 +347,7 @@ def test_at_the_workers_default_deadline_the_guides_basic_request_is_refused_wit
     assert code == EXIT_FAILED
     assert report["error"]["code"] == "does_not_fit"
     assert report["error"]["message"].endswith(
-        "beyond the job deadline of 0.9 h; use about 1057 steps, or timeout_seconds 7740 (and an endpoint "
+        "beyond the job deadline of 0.9 h; use about 1056 steps, or timeout_seconds 7740 (and an endpoint "
         "execution timeout above it), or a faster GPU"
     )
 
@@ -369,7 +369,7 @@ def test_plan_table_shows_the_base_precision_and_every_phase(cli_env: dict[str, 
         "from host RAM" in output
     )
     assert "phase         GPU peak  host peak  time" in output
-    assert all(f"\n{phase} " in output for phase in ("loading", "caching", "class_images", "training", "validation", "export"))
+    assert all(f"\n{phase} " in output for phase in ("loading", "caching", "class_images", "training", "validation", "export", "report"))
 
 
 # ---- plan on an 8 GiB card: only strategies the trainer runs (issue 11) ---------------------------------
@@ -424,7 +424,7 @@ def test_an_8_gib_card_at_1024_and_the_default_deadline_is_refused_naming_steps_
     assert report["error"]["message"] == (
         "steps: 1000 steps at ≈6.4 s/step with LoRA rank 16 with ZeRO-2, no offload, frozen blocks swapped in from "
         "host RAM, with every phase (caching ≈3 min, training ≈106 min), take ≈1.8 h, beyond the job deadline of "
-        "0.9 h; use about 489 steps, or timeout_seconds 8220 (and an endpoint execution timeout above it), or a "
+        "0.9 h; use about 488 steps, or timeout_seconds 8220 (and an endpoint execution timeout above it), or a "
         "faster GPU"
     )
 

@@ -203,7 +203,7 @@ def test_an_unknown_gpu_is_planned_with_a_warning(flux_dev: ModelSize) -> None:
 def test_the_plan_carries_memory_and_time_for_every_phase(flux_dev: ModelSize) -> None:
     plan = choose_plan(lora(with_prior_preservation=True, num_class_images=10, validation_prompts=2), card(24, RTX_4090), flux_dev)
     phases = plan.to_dict()["phases"]
-    assert list(phases) == ["loading", "caching", "class_images", "training", "validation", "export"]
+    assert list(phases) == ["loading", "caching", "class_images", "training", "validation", "export", "report"]
     assert all(phase["seconds"] > 0 and phase["host_bytes"] > 0 for phase in phases.values())
     assert max(phase["gpu_bytes"] for phase in phases.values()) == plan.predicted_gpu_bytes
     assert plan.predicted_total_seconds == pytest.approx(sum(phase["seconds"] for phase in phases.values()), abs=1)

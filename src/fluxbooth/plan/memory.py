@@ -36,6 +36,8 @@ CPU_ALLOCATOR_RETENTION_ZERO3 = 2.0
 # with kernel images and workspaces to every GPU. Not measured here (no GPU in CI); published
 # figures for torch 2.x on Hopper/Ampere are 0.5-0.9 GiB per context and 1.5-3 GiB of host RSS.
 CUDA_CONTEXT_GPU_BYTES = int(0.75 * GIB)
+# The training report in the worker process: matplotlib, one decoded image and a sheet at a time.
+REPORT_HOST_BYTES = 256 * 2**20
 CUDA_RUNTIME_HOST_BYTES = int(2.5 * GIB)
 
 # ---- Activation coefficients (bench/activations.py, docs/memory.md "Activations"). -------------
@@ -434,6 +436,7 @@ def estimate_memory(
             "training": sum(device.values()),
             "validation": renders if job.validation_prompts else 0,
             "export": weights_on_gpu,
+            "report": 0,
         }
         render_host = training_host
         export_host = training_host + export_transient
@@ -444,6 +447,8 @@ def estimate_memory(
         "training": training_host,
         "validation": render_host if job.validation_prompts else 0,
         "export": export_host,
+        # The trainer has exited: the worker alone, drawing (bench/dataset_checks.py: 115 MiB at its peak).
+        "report": REPORT_HOST_BYTES,
     }
     # The fixed costs count in every phase the job runs; a phase it skips costs nothing.
     fixed = sum(fixed_host.values())

@@ -15,6 +15,8 @@ from fluxbooth.modelsize import ModelSize, is_quantised_layer
 from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec
 from fluxbooth.plan.memory import compute_dtype_bytes, frozen_block_bytes, image_tokens
 from fluxbooth.plan.types import JobShape, Strategy
+from fluxbooth.report.history import MAX_SHOWN_ROUNDS
+from fluxbooth.report.sheets import MAX_SHEET_IMAGES
 
 # Sustained share of the datasheet's dense bf16 peak a FLUX step reaches (large matmuls, flash attention),
 # and share of the datasheet memory bandwidth the dequantising element-wise ops reach: fitted by
@@ -62,6 +64,13 @@ DEQUANTISE_TRAFFIC_BYTES = {"fp8": 9.0, "nf4": 12.5}
 # pixel to encode and 9 MFLOP per pixel to decode, counted layer by layer from the config's layout.
 VAE_ENCODE_FLOPS_PER_PIXEL = 4e6
 VAE_DECODE_FLOPS_PER_PIXEL = 9e6
+# The training report, on the worker's CPU after training (bench/dataset_checks.py, a shared 2-core machine):
+# 1.4 s whatever the run (matplotlib, the loss curve, empty sheets); 36 to 66 ns per pixel of each image it decodes
+# and scales (the contact sheet's images, the shown renders) in two runs under load, the slower one used; 75 us
+# of CPU per step (history and event file).
+REPORT_FIXED_SECONDS = 1.5
+REPORT_SECONDS_PER_PIXEL = 66e-9
+REPORT_SECONDS_PER_STEP = 1e-4
 
 
 def gpu_spec_for(hardware: Hardware) -> tuple[GpuSpec, bool]:
@@ -260,4 +269,13 @@ def phase_seconds(
         * render_seconds(strategy, model, job, hardware, trainable, job.validation_inference_steps),
         # Written, then read back to verify.
         "export": 2 * exported * width / DISK_WRITE_BYTES_PER_SECOND,
+        "report": report_seconds(job),
     }
+
+
+def report_seconds(job: JobShape) -> float:
+    """The training report: a fixed cost, the images it decodes (at most the contact sheet's and the shown
+    rounds' renders), every step's history."""
+    images = min(job.num_instance_images, MAX_SHEET_IMAGES) + min(job.validation_rounds, MAX_SHOWN_ROUNDS) * job.validation_prompts
+    pixels = images * job.resolution[0] * job.resolution[1]
+    return REPORT_FIXED_SECONDS + pixels * REPORT_SECONDS_PER_PIXEL + job.steps * REPORT_SECONDS_PER_STEP

@@ -24,7 +24,7 @@ ALTERNATIVE_LORA_RANK = 16
 BASE_PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "nf4")
 QUANTISED_PRECISIONS: tuple[str, ...] = ("fp8", "nf4")
 # Phases of a job, in the order they run (docs/memory.md, "Phases").
-PHASES: tuple[str, ...] = ("loading", "caching", "class_images", "training", "validation", "export")
+PHASES: tuple[str, ...] = ("loading", "caching", "class_images", "training", "validation", "export", "report")
 
 
 @dataclass(frozen=True)
