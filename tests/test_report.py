@@ -185,3 +185,30 @@ def test_the_smoothed_line_follows_a_long_run_and_leaves_a_short_one_as_it_is() 
     noisy = [1.0 + (0.5 if step % 2 else -0.5) for step in range(1000)]
     tail = smoothed(noisy)[500:]
     assert all(math.isclose(value, 1.0, abs_tol=0.05) for value in tail)
+
+
+def test_the_contact_sheet_shows_each_caption_as_trained_with_the_trigger_word(tmp_path: Path) -> None:
+    from fluxbooth.dataset import prepare_dataset
+    from fluxbooth.report import sheet_images
+    from fluxbooth.request import parse_request
+    from fluxbooth.settings import DatasetLimits
+    from tests.factories import make_zip, to_base64
+    from tests.photos import encoded
+
+    members = [
+        ("bench.png", encoded(textured_photo(0), "PNG")),
+        ("bench.txt", b"a photo of [trigger] on a bench"),
+        ("lawn.png", encoded(textured_photo(1), "PNG")),
+        ("pond.png", encoded(textured_photo(2), "PNG")),
+    ]
+    request = parse_request({
+        "model_name": "sks-dog", "dataset": to_base64(make_zip(members)), "instance_prompt": "a photo of a dog",
+        "trigger_word": "sks", "resolution": 64,
+    })
+    dataset = prepare_dataset(request, tmp_path / "job", DatasetLimits())
+    images = sheet_images(dataset, request.instance_prompt, {"lawn.png": ["blurry"]})
+    assert [(image.name, image.caption, image.flags) for image in images] == [
+        ("bench.png", "a photo of sks on a bench", ()),
+        ("lawn.png", "sks a photo of a dog", ("blurry",)),
+        ("pond.png", "sks a photo of a dog", ()),
+    ]

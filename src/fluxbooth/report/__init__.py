@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fluxbooth.artifacts import LocalArtifact, sha256_file
+from fluxbooth.captions import with_trigger
 from fluxbooth.events import TrainerEvent
 from fluxbooth.report.history import TrainingHistory, history_from
 from fluxbooth.report.loss import draw_loss
@@ -55,14 +56,15 @@ class Report:
 
 def sheet_images(dataset: PreparedDataset, default_prompt: str, flags: Mapping[str, Sequence[str]]) -> list[SheetImage]:
     """The prepared instance images in upload order, each with the caption it trains with (its `.txt`
-    file, else the instance prompt) and the dataset check's flags for it."""
+    file, else the instance prompt, with the trigger word as the trainer puts it) and the dataset check's flags."""
     images = []
     for prepared, uploaded in dataset.uploaded_names.items():
         path = dataset.instance_dir / prepared
         caption_file = path.with_suffix(CAPTION_SUFFIX)
         # The dataset stage wrote it as UTF-8; a sheet is never worth failing the job over a caption.
         caption = caption_file.read_text(encoding="utf-8", errors="replace").strip() if caption_file.is_file() else ""
-        images.append(SheetImage(uploaded, path, caption or default_prompt, tuple(flags.get(uploaded, ()))))
+        trained = with_trigger(caption or default_prompt, dataset.trigger_word)
+        images.append(SheetImage(uploaded, path, trained, tuple(flags.get(uploaded, ()))))
     return images
 
 
