@@ -189,6 +189,22 @@ def predicted_host_bytes(plan_bytes: int, strategy: Strategy, request: Any, hard
     return plan_bytes - estimate.breakdown.get("host.allocator_retention", 0)
 
 
+def bench_request(strategy: Strategy, resolution: int, **fields: Any) -> Any:
+    """The request a benchmark job of `strategy` runs (a LoRA at rank 4), as the worker parses it."""
+    return parse_request(
+        {
+            "model_name": "bench",
+            "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==",
+            "instance_prompt": "a photo of sks dog",
+            "resolution": resolution,
+            "training_type": strategy.training_type,
+            "use_deepspeed": strategy.use_deepspeed,
+            **({"lora_rank": 4} if strategy.training_type == "lora" else {}),
+            **fields,
+        }
+    )
+
+
 def run_one(
     model_name: str, model_dir: Path, strategy: Strategy, resolution: int, steps: int, work: Path, allocator: str
 ) -> Measurement:
@@ -196,18 +212,7 @@ def run_one(
     shutil.rmtree(job_dir, ignore_errors=True)
     instance_dir = job_dir / "data" / "instance"
     make_images(instance_dir, BENCH_IMAGES, resolution)
-    request = parse_request(
-        {
-            "model_name": "bench",
-            "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==",
-            "instance_prompt": "a photo of sks dog",
-            "resolution": resolution,
-            "steps": steps,
-            "training_type": strategy.training_type,
-            "use_deepspeed": strategy.use_deepspeed,
-            **({"lora_rank": 4} if strategy.training_type == "lora" else {}),
-        }
-    )
+    request = bench_request(strategy, resolution, steps=steps)
     hardware = probe_hardware(job_dir, {"PATH": os.environ.get("PATH", "")})
     size = model_size(str(model_dir))
     plan = plan_for_strategy(strategy, request, hardware, size, instance_images=BENCH_IMAGES)
@@ -342,17 +347,7 @@ def rerender(log: Path, models: dict[str, Path], jobs: Path) -> tuple[list[Measu
         model_dir = models[row["model"]]
         size = model_size(str(model_dir))
         sizes[row["model"]] = size.transformer_params
-        request = parse_request(
-            {
-                "model_name": "bench",
-                "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==",
-                "instance_prompt": "a photo of sks dog",
-                "resolution": row["resolution"],
-                "training_type": strategy.training_type,
-                "use_deepspeed": strategy.use_deepspeed,
-                **({"lora_rank": 4} if strategy.training_type == "lora" else {}),
-            }
-        )
+        request = bench_request(strategy, row["resolution"])
         hardware = probe_hardware(jobs, {"PATH": os.environ.get("PATH", "")})
         plan = plan_for_strategy(strategy, request, hardware, size, instance_images=BENCH_IMAGES)
         measurements.append(
