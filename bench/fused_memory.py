@@ -15,17 +15,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).parent))
 from activations import replace_section  # noqa: E402
-from memory import BENCH_IMAGES, RESOLUTIONS, Measurement, bench_request, build_models, run_one  # noqa: E402
+from memory import (  # noqa: E402
+    BENCH_IMAGES,
+    RESOLUTIONS,
+    Measurement,
+    bench_request,
+    build_models,
+    machine_description,
+    run_one,
+)
 
 from fluxbooth.hardware import format_bytes, probe_hardware  # noqa: E402
 from fluxbooth.modelsize import model_size  # noqa: E402
@@ -49,12 +54,7 @@ def trainer_phases_prediction(model_dir: Path, resolution: int, steps: int, work
 
 
 def section(measurements: list[Measurement], sizes: dict[str, int]) -> str:
-    import torch
-
-    machine = (
-        f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, {format_bytes(psutil.virtual_memory().total)} RAM, "
-        f"torch {torch.__version__}, no GPU"
-    )
+    machine = machine_description()
     lines = [
         SECTION_BEGIN,
         "### Fused Adafactor full fine-tune: host RAM on the CPU, predicted vs measured (bench/fused_memory.py)",

@@ -277,13 +277,18 @@ def describe(strategy: Strategy) -> str:
     return f"{strategy.training_type}, ZeRO-{strategy.zero_stage}, offload {strategy.offload_optimizer}/{strategy.offload_param}"
 
 
-def section(measurements: list[Measurement], sizes: dict[str, Any]) -> str:
+def machine_description() -> str:
+    """This machine as the RESULTS sections name it (the CPU benches run without a GPU)."""
     import torch
 
-    machine = (
+    return (
         f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, "
         f"{format_bytes(psutil.virtual_memory().total)} RAM, torch {torch.__version__}, no GPU"
     )
+
+
+def section(measurements: list[Measurement], sizes: dict[str, Any]) -> str:
+    machine = machine_description()
     lines = [
         SECTION_BEGIN,
         "### Host RAM on the CPU: predicted vs measured (bench/memory.py)",
