@@ -40,9 +40,10 @@ from fluxbooth.train.names import (
     normalise_optimizer_name,
 )
 
-# LoRA by default: a full fine-tune of FLUX.1-dev needs more host RAM for its offloaded optimizer states than
-# any single-GPU RunPod tier has (the figure: fluxbooth.plan.full_finetune_host_bytes), while a rank-16 LoRA
-# trains on 24, 48 and 80 GiB cards.
+# LoRA by default: a rank-16 LoRA trains on 24, 48 and 80 GiB cards, while a full fine-tune of FLUX.1-dev with
+# AdamW needs more host RAM for its offloaded optimizer states than any single-GPU RunPod tier has (the figure:
+# fluxbooth.plan.full_finetune_host_bytes), and with Adafactor fused into the backward pass (bf16 weights) it
+# needs a 48 or 80 GiB card.
 DEFAULT_TRAINING_TYPE = "lora"
 DEFAULT_FULL_LEARNING_RATE = 2e-6
 DEFAULT_LORA_LEARNING_RATE = 1e-4
