@@ -102,6 +102,7 @@ def test_summary_reports_counts(job_dir: Path) -> None:
     assert prepared.summary() == {
         "instance_images": 3,
         "class_images": 0,
+        "control_images": 0,
         "captions": 0,
         "skipped": {"not_image": 1},
         "smaller_than_resolution": 3,

@@ -129,3 +129,77 @@ def test_the_comfyui_lora_changes_the_output_as_the_diffusers_one_does(
     diffusers_file = render(pipeline_class, family_bases[name], artifact_named(family_runs[name], "lora/pytorch_lora_weights.safetensors"))
     comfyui_file = render(pipeline_class, family_bases[name], artifact_named(family_runs[name], "lora/lora_comfyui.safetensors"))
     assert float((diffusers_file - comfyui_file).abs().max()) < 1e-3
+
+
+# ---- FLUX.1 Kontext: image pairs ----------------------------------------------------------------------------
+
+
+def pairs_zip() -> bytes:
+    from tests.factories import make_image, make_zip
+
+    members = []
+    for index in range(3):
+        members.append((f"edit{index}.png", make_image("PNG", size=(96, 80), color=(200, 40 + 30 * index, 40))))
+        members.append((f"edit{index}.txt", b"make the sky red\n"))
+        members.append((f"control/edit{index}.png", make_image("PNG", size=(96, 80), color=(40, 40 + 30 * index, 200))))
+    return make_zip(members)
+
+
+@pytest.fixture(scope="module")
+def kontext_run(tmp_path_factory: pytest.TempPathFactory, torch_extensions_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], Path]:
+    from tests.factories import make_image
+
+    root = tmp_path_factory.mktemp("worker-kontext")
+    base = build_pipeline(preset("tiny-kontext"), root / "tiny-kontext")
+    settings = WorkerSettings.from_environ({
+        "PATH": "/usr/bin:/bin", "HOME": str(root), "FLUXBOOTH_WORK_DIR": str(root / "work"),
+        "FLUXBOOTH_OUTPUT_DIR": str(root / "outputs"), "FLUXBOOTH_CACHE_DIR": str(root / "cache"),
+        "FLUXBOOTH_VOLUME_DIR": str(root / "no-volume"), "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir), "HF_HUB_OFFLINE": "1",
+    })
+    request = {
+        **lora_request(base), "dataset": to_base64(pairs_zip()), "instance_prompt": "make the sky red",
+        "validation_prompts": ["make the sky red"], "validation_images": [to_base64(make_image("JPEG", size=(90, 70), color=(40, 90, 200)))],
+    }
+    progress: list[dict[str, Any]] = []
+    result = asyncio.run(run_job(request, job_id="family-kontext", settings=settings, progress=progress.append))
+    return result, progress, base
+
+
+def test_a_kontext_job_trains_on_the_image_pairs(kontext_run: tuple[dict[str, Any], list[dict[str, Any]], Path]) -> None:
+    result, progress, _ = kontext_run
+    assert "error" not in result, result
+    assert result["dataset"]["control_images"] == 3
+    assert any(update.get("stage") == "cache" and update.get("image_pairs") == 3 for update in progress)
+    assert math.isfinite(result["metrics"]["final_loss"])
+
+
+def test_a_kontext_job_validates_with_the_control_image_and_kontexts_sampling(
+    kontext_run: tuple[dict[str, Any], list[dict[str, Any]], Path]
+) -> None:
+    result, _, _ = kontext_run
+    index = json.loads(artifact_named(result, "validation/validation.json").read_text())
+    assert ([image["steps"] for image in index["images"]], index["guidance_scale"]) == ([28], 3.5)
+
+
+def test_the_kontext_lora_loads_into_flux_kontext_pipeline_and_changes_an_edit(
+    kontext_run: tuple[dict[str, Any], list[dict[str, Any]], Path]
+) -> None:
+    import torch
+    from diffusers import FluxKontextPipeline
+    from PIL import Image
+
+    result, _, base = kontext_run
+    lora = artifact_named(result, "lora/pytorch_lora_weights.safetensors")
+    control = Image.new("RGB", (64, 64), (40, 90, 200))
+
+    def edit(with_lora: bool) -> torch.Tensor:
+        pipeline = FluxKontextPipeline.from_pretrained(base)
+        pipeline.set_progress_bar_config(disable=True)
+        if with_lora:
+            pipeline.load_lora_weights(lora.parent, weight_name=lora.name)
+        return pipeline(
+            image=control, prompt="make the sky red", height=64, width=64, max_area=64 * 64, _auto_resize=False,
+            num_inference_steps=2, max_sequence_length=32, generator=torch.Generator().manual_seed(0), output_type="pt",
+        ).images[0]
+
+    assert float((edit(True) - edit(False)).abs().max()) > 0

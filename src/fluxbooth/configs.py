@@ -269,6 +269,8 @@ def trainer_config_for(
     class_image_cache_dir: Path | None = None,
     base_model_name: str = "",
     default_lora_targets: tuple[str, ...] = LoraSettings.target_modules,
+    control_dir: Path | None = None,
+    validation_images: tuple[Path, ...] = (),
 ) -> TrainerConfig:
     """The trainer's input for one job. `request` is a validated `TrainingRequest`; generated class images
     are kept in `class_image_cache_dir` (outside the job) for the next job with the same recipe;
@@ -289,6 +291,8 @@ def trainer_config_for(
         base_model=base_model,
         instance_dir=str(instance_dir),
         class_dir=str(class_dir) if class_dir else None,
+        control_dir=str(control_dir) if control_dir else None,
+        validation_images=tuple(str(path) for path in validation_images),
         output_dir=str(job_dir / "output"),
         cache_dir=str(job_dir / "cache"),
         instance_prompt=request.instance_prompt,

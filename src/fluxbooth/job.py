@@ -504,12 +504,17 @@ async def _trainer_config(
     job: PlannedJob, settings: WorkerSettings, reporter: ProgressReporter, job_dir: Path, dataset: PreparedDataset,
     base_model: str,
 ) -> TrainerConfig:
-    """The trainer's config, with the checkpoint to resume from downloaded to a local folder."""
+    """The trainer's config, with the validation control images fetched and checked like the dataset, and the
+    checkpoint to resume from downloaded to a local folder."""
+    from fluxbooth.dataset.controls import fetch_validation_images
+
+    validation_images = await _in_thread(fetch_validation_images, job.request, job_dir, settings.dataset_limits)
     trainer = trainer_config_for(
         job.request, job.plan, base_model=base_model, instance_dir=dataset.instance_dir,
         class_dir=dataset.class_dir, job_dir=job_dir, class_image_cache_dir=settings.cache_dir / "class-images",
         base_model_name=job.request.base_model or settings.default_base_model,
         default_lora_targets=default_lora_targets_of(Path(base_model)),
+        control_dir=dataset.control_dir, validation_images=validation_images,
     )
     resume_folder = None
     if job.resume_checkpoint is not None:

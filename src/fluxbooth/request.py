@@ -74,6 +74,8 @@ _DATA_URI_PREFIX = re.compile(r"^data:[^,]{0,200};base64,", re.IGNORECASE)
 
 Prompt = Annotated[str, StringConstraints(max_length=MAX_PROMPT_CHARS)]
 LoraModuleName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.]+$")]
+# A control image: base64 (a `data:` prefix allowed) or an http(s) URL; its content is checked when fetched.
+ValidationImage = Annotated[str, StringConstraints(min_length=1, max_length=64 * 1024 * 1024, strip_whitespace=True)]
 DatasetCheckMode = Literal["warn", "strict"]
 OutputFormat = Literal["diffusers", "single_file", "comfyui"]
 LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_dropout")
@@ -193,6 +195,9 @@ class TrainingRequest(BaseModel):
     checkpointing_steps: int | None = Field(default=None, ge=1, le=100_000)
     resume_from: str | None = Field(default=None, min_length=1, max_length=1024)
     validation_prompts: list[Prompt] = Field(default_factory=list, max_length=8)
+    # Each validation prompt's control image (FLUX.1 Kontext edits), in prompt order: base64 or an http(s) URL,
+    # fetched and checked like the dataset. Kept out of repr(): base64 images are megabytes.
+    validation_images: list[ValidationImage] = Field(default_factory=list, max_length=8, repr=False)
     validation_steps: int | None = Field(default=None, ge=1, le=100_000)
     output_formats: list[OutputFormat] | None = Field(default=None, min_length=1, max_length=3)
     timeout_seconds: int | None = Field(default=None, ge=60, le=MAX_TIMEOUT_SECONDS)
@@ -384,6 +389,11 @@ class TrainingRequest(BaseModel):
             problems.append(
                 "input.offload, input.zero_stage: 'nvme' offload needs ZeRO stage 3; at stages 1 and 2 "
                 "DeepSpeed silently keeps the optimizer in CPU RAM instead. Use zero_stage 3 or offload 'cpu'"
+            )
+        if len(self.validation_images) > len(self.validation_prompts):
+            problems.append(
+                f"input.validation_images: {len(self.validation_images)} control image(s) for {len(self.validation_prompts)} "
+                "validation prompt(s); give at most one per prompt, in prompt order"
             )
         if self.validation_steps is not None and not self.validation_prompts:
             problems.append(

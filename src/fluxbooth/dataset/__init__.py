@@ -6,6 +6,8 @@ Layout inside the job directory:
     job_dir/raw/                extraction scratch, one file per accepted member (removed once prepared)
     job_dir/data/instance/      normalised 8-bit RGB PNGs, plus `<stem>.txt` captions
     job_dir/data/class/         the same for the zip's top-level `class/` folder, if any
+    job_dir/data/control/       the same for its `control/` folder: each instance image's input image, same file
+                                stem (FLUX.1 Kontext's image pairs), if any
 
 The stages: `fetch` (base64 or an SSRF-safe download), `archive` (zip hardening and total-work budgets),
 `images` (decode, orientation, RGB, stored at the size training needs). This module only runs them in
@@ -29,7 +31,15 @@ from pathlib import Path, PurePosixPath
 from fluxbooth.buckets import Shape, mix_to_json
 from fluxbooth.dataset.archive import ExtractedArchive, ExtractedImage, extract_archive
 from fluxbooth.dataset.fetch import decode_base64_dataset, download_dataset, fetch_archive, forbidden_address_reason
-from fluxbooth.dataset.guards import DISK_RESERVE_BYTES, Role, disk_full_is_does_not_fit, disk_stage, ensure_inside
+from fluxbooth.dataset.guards import (
+    DISK_RESERVE_BYTES,
+    Role,
+    dataset_error,
+    disk_full_is_does_not_fit,
+    disk_stage,
+    ensure_inside,
+    quoted,
+)
 from fluxbooth.dataset.images import (
     MAX_CAPTION_CHARS,
     NormalisedImage,
@@ -78,11 +88,14 @@ class PreparedDataset:
     bucket_mix: dict[Shape, int] = field(default_factory=dict)
     # Each prepared instance file's name → the archive member it came from, for messages that name files.
     uploaded_names: dict[str, str] = field(default_factory=dict)
+    control_dir: Path | None = None  # from the zip's `control/` folder: image pairs (FLUX.1 Kontext), if any
+    control_images: int = 0
 
     def summary(self) -> dict[str, object]:
         return {
             "instance_images": self.instance_images,
             "class_images": self.class_images,
+            "control_images": self.control_images,
             "captions": self.captions,
             "skipped": dict(sorted(self.skipped.items())),
             "smaller_than_resolution": self.smaller_than_resolution,
@@ -95,9 +108,13 @@ class PreparedDataset:
         }
 
 
+def _safe_stem(member: str) -> str:
+    return _UNSAFE_STEM_CHARACTERS.sub("_", PurePosixPath(member).stem).strip("._")[:80] or "image"
+
+
 def _output_stem(member: str, taken: set[str]) -> str:
     """A readable, unique file stem: `photo1`, and `photo1-2` for a second `photo1` in another folder."""
-    stem = _UNSAFE_STEM_CHARACTERS.sub("_", PurePosixPath(member).stem).strip("._")[:80] or "image"
+    stem = _safe_stem(member)
     candidate = stem
     suffix = 2
     while candidate.casefold() in taken:
@@ -105,6 +122,39 @@ def _output_stem(member: str, taken: set[str]) -> str:
         suffix += 1
     taken.add(candidate.casefold())
     return candidate
+
+
+def _stems_of(extracted: ExtractedArchive, role: Role) -> dict[str, str]:
+    """Each image of a role by its file stem; two sharing one cannot be paired."""
+    stems: dict[str, str] = {}
+    for item in extracted.images:
+        if item.role != role:
+            continue
+        stem = _safe_stem(item.member).casefold()
+        if stem in stems:
+            raise dataset_error(
+                f"{quoted(item.member)} and {quoted(stems[stem])} share the file stem {stem!r}; image pairs are matched by file "
+                "stem, so give each pair a stem of its own"
+            )
+        stems[stem] = item.member
+    return stems
+
+
+def _check_pairs(extracted: ExtractedArchive) -> None:
+    """With a `control/` folder, every instance image has the control image of its file stem and every control
+    image its instance image, before any image is decoded."""
+    if not extracted.count("control"):
+        return
+    instance, control = _stems_of(extracted, "instance"), _stems_of(extracted, "control")
+    for stem, member in sorted(instance.items()):
+        if stem not in control:
+            raise dataset_error(
+                f"{quoted(member)} has no control image: put its input image at control/{stem}.<ext> (the same file stem); "
+                "with a control/ folder every training image needs one"
+            )
+    for stem, member in sorted(control.items()):
+        if stem not in instance:
+            raise dataset_error(f"{quoted(member)} has no training image {stem}.<ext> at the zip's root; remove it or add its pair")
 
 
 def _same_file_again(earlier: Path, destination: Path) -> None:
@@ -127,7 +177,7 @@ def _normalise_all(
 ) -> Counter[str]:
     """Each image into its role's folder, identical files decoded once; returns the counts for the summary
     and adds each instance image's training shapes to `buckets`."""
-    taken: dict[Role, set[str]] = {"instance": set(), "class": set()}
+    taken: dict[Role, set[str]] = {"instance": set(), "class": set(), "control": set()}
     stored: dict[str, tuple[Path, NormalisedImage]] = {}
     counts: Counter[str] = Counter()
     for done, item in enumerate(extracted.images, start=1):
@@ -203,6 +253,7 @@ def prepare_dataset(
         fetch_archive(request, archive_path, limits)
         extracted = extract_archive(archive_path, raw_dir, limits)
         archive_path.unlink()
+        _check_pairs(extracted)
         pixels, stored_bound = check_image_budgets(
             ((item.digest or str(item.path), item.path, item.member) for item in extracted.images),
             request.resolution,
@@ -213,8 +264,9 @@ def prepare_dataset(
         output_dirs: dict[Role, Path] = {"instance": data_dir / "instance"}
         uploaded_names: dict[str, str] = {}
         buckets: Counter[Shape] = Counter()
-        if extracted.count("class"):
-            output_dirs["class"] = data_dir / "class"
+        for role in ("class", "control"):
+            if extracted.count(role):
+                output_dirs[role] = data_dir / role
         for directory in output_dirs.values():
             directory.mkdir(parents=True, exist_ok=True)
         needed = stored_bound + captions_bound + DISK_RESERVE_BYTES
@@ -225,8 +277,10 @@ def prepare_dataset(
     return PreparedDataset(
         instance_dir=output_dirs["instance"],
         class_dir=output_dirs.get("class"),
+        control_dir=output_dirs.get("control"),
         instance_images=counts["instance_images"],
         class_images=counts["class_images"],
+        control_images=counts["control_images"],
         captions=counts["captions"],
         skipped=dict(extracted.skipped),
         smaller_than_resolution=counts["smaller"],

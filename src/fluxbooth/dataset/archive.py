@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 from fluxbooth.dataset.guards import (
     CHUNK_BYTES,
     DISK_RESERVE_BYTES,
+    ROLE_FOLDERS,
     Role,
     dataset_error,
     disk_stage,
@@ -170,13 +171,14 @@ def _strip_wrapper_folder(members: list[_Candidate]) -> list[_Candidate]:
     if not members or any(len(parts) < 2 for parts, _ in members):
         return members
     roots = {parts[0] for parts, _ in members}
-    if len(roots) != 1 or next(iter(roots)).lower() == "class":
+    if len(roots) != 1 or next(iter(roots)).lower() in ROLE_FOLDERS:
         return members
     return [(parts[1:], info) for parts, info in members]
 
 
 def _role(parts: tuple[str, ...]) -> Role:
-    return "class" if len(parts) > 1 and parts[0].lower() == "class" else "instance"
+    folder = parts[0].lower() if len(parts) > 1 else ""
+    return "class" if folder == "class" else "control" if folder == "control" else "instance"
 
 
 def _pairing_key(parts: tuple[str, ...]) -> tuple[str, ...]:
@@ -223,7 +225,7 @@ def _plan_extraction(infos: Iterable[zipfile.ZipInfo]) -> tuple[list[_PlannedMem
             used_captions.add(key)
         planned.append(_PlannedMember(info, info.filename, role, caption[1] if caption else None))
     for key in captions.keys() - used_captions:
-        skipped["class_caption" if key[0] == "class" else "unpaired_caption"] += 1
+        skipped[f"{key[0]}_caption" if key[0] in ROLE_FOLDERS else "unpaired_caption"] += 1
     return planned, skipped
 
 
@@ -302,7 +304,9 @@ def _check_no_shared_data(archive_path: Path, infos: list[zipfile.ZipInfo], dire
 
 def _check_counts(planned: list[_PlannedMember], skipped: Counter[str], limits: DatasetLimits) -> None:
     instance = sum(1 for member in planned if member.role == "instance")
-    class_count = len(planned) - instance
+    class_count = sum(1 for member in planned if member.role == "class")
+    if sum(1 for member in planned if member.role == "control") > limits.max_images:
+        raise dataset_error(f"found more than {limits.max_images} control images; at most {limits.max_images} are accepted")
     if instance == 0:
         found = ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items())) or "nothing"
         held = f" (class/ holds {class_count})" if class_count else ""

@@ -19,7 +19,10 @@ CHUNK_BYTES = 1024 * 1024
 # Out of space, or out of the user's quota: either way the job needs more disk than it has.
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
-Role = Literal["instance", "class"]
+# The zip's top-level folders: instance images at its root, `class/` (prior preservation), `control/` (the input
+# image of each instance image's pair, same file stem: FLUX.1 Kontext).
+Role = Literal["instance", "class", "control"]
+ROLE_FOLDERS: tuple[Role, ...] = ("class", "control")
 
 
 def dataset_error(message: str) -> FluxboothError:

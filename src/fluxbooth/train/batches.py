@@ -71,6 +71,12 @@ def _samples(
     return latents, encoded.prompt_embeds[prompt], encoded.pooled_prompt_embeds[prompt]
 
 
+def _controls(encoded: EncodedImages, shape: Shape, rows: tuple[int, ...]) -> torch.Tensor | None:
+    """The control latents of `rows` of a bucket (Kontext pairs; their posterior's mean), or None without pairs."""
+    control = encoded.buckets[shape].control_mean
+    return None if control is None else control[torch.tensor(rows, dtype=torch.long)]
+
+
 def _drop_captions(
     prompt_embeds: torch.Tensor, pooled: torch.Tensor, empty: EncodedPrompts, rate: float, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,6 +94,7 @@ def micro_batch(
     images of the same shape), their latents normalised, with caption dropout applied."""
     shape, rows = instance_batch(seed, batch_size, data.instance_set, index)
     latents, prompt_embeds, pooled = _samples(seed, data.instance_set, shape, rows, "instance", index)
+    control = _controls(data.instance_set, shape, rows)
     if caption_dropout > 0 and data.empty_prompt is not None:
         dropout_seed = seed_for(seed, "caption_dropout", index)
         prompt_embeds, pooled = _drop_captions(prompt_embeds, pooled, data.empty_prompt, caption_dropout, dropout_seed)
@@ -97,23 +104,24 @@ def micro_batch(
         latents = torch.cat([latents, class_latents])
         prompt_embeds = torch.cat([prompt_embeds, class_prompt_embeds])
         pooled = torch.cat([pooled, class_pooled])
-    return {"latents": normalisation.apply(latents), "prompt_embeds": prompt_embeds, "pooled_prompt_embeds": pooled}
+    batch = {"latents": normalisation.apply(latents), "prompt_embeds": prompt_embeds, "pooled_prompt_embeds": pooled}
+    return batch if control is None else {**batch, "control_latents": normalisation.apply(control)}
 
 
 def first_samples(encoded: EncodedImages, count: int) -> list[dict[str, torch.Tensor]]:
-    """Up to `count` single-sample batches (posterior means, not normalised), the first of each bucket in
-    turn: a fixed set to measure the loss on."""
+    """Up to `count` single-sample batches (posterior means and control latents, not normalised), the first of
+    each bucket in turn: a fixed set to measure the loss on."""
     rows = [(shape, row) for row in range(max(map(len, encoded.buckets.values()))) for shape in sorted(encoded.buckets)]
     chosen = [(shape, row) for shape, row in rows if row < len(encoded.buckets[shape])][:count]
     batches = []
     for shape, row in chosen:
         bucket = encoded.buckets[shape]
         prompt = encoded.prompt_index[bucket.image_index[row : row + 1]]
-        batches.append(
-            {
-                "latents": bucket.latent_mean[row : row + 1],
-                "prompt_embeds": encoded.prompt_embeds[prompt],
-                "pooled_prompt_embeds": encoded.pooled_prompt_embeds[prompt],
-            }
-        )
+        sample = {
+            "latents": bucket.latent_mean[row : row + 1],
+            "prompt_embeds": encoded.prompt_embeds[prompt],
+            "pooled_prompt_embeds": encoded.pooled_prompt_embeds[prompt],
+        }
+        control = _controls(encoded, shape, (row,))
+        batches.append(sample if control is None else {**sample, "control_latents": control})
     return batches

@@ -22,9 +22,9 @@ import torch
 
 from fluxbooth.train.class_images import class_images
 from fluxbooth.buckets import Resolution, Shape
-from fluxbooth.train.data import TrainingImage, discover_images, oriented_size, pixel_batch
+from fluxbooth.train.data import TrainingImage, discover_images, oriented_size, pixel_batch, with_controls
 from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.family_ops import ops_for, posterior_spread
+from fluxbooth.train.family_ops import ops_for
 from fluxbooth.train.runtime import ReleaseTracker, free_accelerator_memory
 from fluxbooth.train.state import (
     CachedData,
@@ -79,6 +79,7 @@ def build_caches(session: Session) -> CachedData:
             "cache",
             instance_images=len(loaded["instance"]),
             class_images=len(loaded["class"]) if "class" in loaded else 0,
+            image_pairs=sum(len(bucket) for bucket in loaded["instance"].buckets.values() if bucket.control_mean is not None),
             buckets=loaded["instance"].bucket_counts(),
             status="ready",
         )
@@ -100,12 +101,31 @@ def _image_sets(session: Session) -> dict[str, list[TrainingImage]]:
     instance = discover_images(Path(config.instance_dir), config.instance_prompt, trigger_word=config.trigger_word)
     if not instance:
         raise TrainerFailure("invalid_dataset", f"no images in the instance folder {Path(config.instance_dir).name}/; add PNG or JPEG files")
+    instance = _paired(session, instance)
     sets = {"instance": instance}
     if config.with_prior_preservation:
         generated_or_supplied = class_images(session)
         if generated_or_supplied:
             sets["class"] = generated_or_supplied
     return sets
+
+
+def _paired(session: Session, instance: list[TrainingImage]) -> list[TrainingImage]:
+    """The instance images with their control images when the dataset has pairs and the family trains on them
+    (FLUX.1 Kontext); pairs for another family are left unused, with a warning."""
+    config = session.config
+    if not config.control_dir:
+        return instance
+    family = ops_for(config.base_model).family
+    if not family.control_images:
+        session.reporter.warning(f"the dataset's control/ images are unused: {family.title} does not train on image pairs")
+        return instance
+    if config.with_prior_preservation:
+        raise TrainerFailure(
+            "invalid_config", "with_prior_preservation needs class images with control images, which image-pair datasets do not "
+            "have; turn with_prior_preservation off, or train without the control/ folder"
+        )
+    return with_controls(instance, Path(config.control_dir))
 
 
 def _samples_per_shape(
@@ -173,7 +193,10 @@ def _encode_missing(
     tracker.track("vae", vae)
     try:
         for name in missing:
-            encoded_set = encode_image_set(image_sets[name], samples[name], encoded, vae=vae, device=session.encoder_device)
+            encoded_set = encode_image_set(
+                image_sets[name], samples[name], encoded, vae=vae, device=session.encoder_device,
+                samples_posterior=ops_for(config.base_model).samples_posterior,
+            )
             save_encoded(encoded_set, paths[name])
     finally:
         del vae
@@ -210,7 +233,9 @@ def cache_fingerprint(
             "max_sequence_length": max_sequence_length,
             "text_dtype": text_dtype,
             "images": [
-                [image.path.name, image.path.stat().st_size, image.path.stat().st_mtime_ns, image.prompt] for image in images
+                [image.path.name, image.path.stat().st_size, image.path.stat().st_mtime_ns, image.prompt]
+                + ([] if image.control is None else [image.control.name, image.control.stat().st_size, image.control.stat().st_mtime_ns])
+                for image in images
             ],
         }
     )
@@ -317,10 +342,11 @@ def load_encoded_prompts(path: Path) -> EncodedPrompts:
 
 
 def encode_images(
-    vae: Any, paths: Sequence[Path], shape: Shape, *, device: torch.device
+    vae: Any, paths: Sequence[Path], shape: Shape, *, device: torch.device, samples_posterior: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, std) of the VAE posterior for each image scaled to cover `shape` and centre-cropped to it,
-    [N, C, h, w] float32 on the CPU."""
+    [N, C, h, w] float32 on the CPU. Without `samples_posterior` (the families whose objective takes the
+    posterior's mode) the std is zero, so every draw is the mean."""
     means, stds = [], []
     with _on_device(vae, pick_encoding_device(device, _parameter_bytes(vae))) as on_device, torch.no_grad():
         vae_device = next(on_device.parameters()).device
@@ -328,7 +354,8 @@ def encode_images(
             pixels = pixel_batch(list(paths[start : start + IMAGE_BATCH]), shape).to(vae_device)
             posterior = on_device.encode(pixels).latent_dist
             means.append(posterior.mean.float().cpu())
-            stds.append(posterior_spread(on_device, posterior))
+            spread = posterior.std if samples_posterior else torch.zeros_like(posterior.mean)
+            stds.append(spread.float().cpu())
     return torch.cat(means), torch.cat(stds)
 
 
@@ -339,16 +366,21 @@ def encode_image_set(
     *,
     vae: Any,
     device: torch.device,
+    samples_posterior: bool = True,
 ) -> EncodedImages:
-    """The image set's latents at each training shape (`samples`: the images encoded at it), with the
-    embeddings of its prompts taken from `prompts` (encoded beforehand together with every other prompt set,
-    so the text encoders load once)."""
+    """The image set's latents at each training shape (`samples`: the images encoded at it), and its control
+    images' at the same shape when the images come in pairs, with the embeddings of its prompts taken from
+    `prompts` (encoded beforehand together with every other prompt set, so the text encoders load once)."""
     own_prompts = sorted({image.prompt for image in images})
     rows = torch.tensor([prompts.prompts.index(prompt) for prompt in own_prompts], dtype=torch.long)
     buckets = {}
     for shape, indices in samples.items():
-        latent_mean, latent_std = encode_images(vae, [images[index].path for index in indices], shape, device=device)
-        buckets[shape] = EncodedBucket(torch.tensor(indices, dtype=torch.long), latent_mean, latent_std)
+        picked = [images[index] for index in indices]
+        latent_mean, latent_std = encode_images(vae, [image.path for image in picked], shape, device=device, samples_posterior=samples_posterior)
+        control_mean = None
+        if all(image.control is not None for image in picked):
+            control_mean, _ = encode_images(vae, [image.control for image in picked], shape, device=device, samples_posterior=False)
+        buckets[shape] = EncodedBucket(torch.tensor(indices, dtype=torch.long), latent_mean, latent_std, control_mean)
     return EncodedImages(
         prompt_index=torch.tensor([own_prompts.index(image.prompt) for image in images], dtype=torch.long),
         prompt_embeds=prompts.prompt_embeds[rows],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,7 @@ MAX_CAPTION_CHARS = 2000
 class TrainingImage:
     path: Path
     prompt: str
+    control: Path | None = None  # its control image (FLUX.1 Kontext pairs)
 
 
 def list_image_files(folder: Path) -> list[Path]:
@@ -65,6 +66,19 @@ def discover_images(
         prompt = with_trigger(caption, trigger_word) if caption else default_prompt
         images.append(TrainingImage(path=path, prompt=prompt))
     return images
+
+
+def with_controls(images: list[TrainingImage], control_dir: Path) -> list[TrainingImage]:
+    """Each image paired with the control image of its stem in `control_dir` (the worker stores both as
+    `<stem>.png`); an image without one is an invalid dataset naming it."""
+    by_stem = {path.stem: path for path in list_image_files(control_dir)}
+    missing = [image.path.name for image in images if image.path.stem not in by_stem]
+    if missing:
+        raise TrainerFailure(
+            "invalid_dataset", f"{missing[0]} has no control image in {control_dir.name}/ (same file stem); every training "
+            f"image of an image-pair dataset needs one ({len(missing)} missing)"
+        )
+    return [replace(image, control=by_stem[image.path.stem]) for image in images]
 
 
 def oriented_size(path: Path) -> tuple[int, int]:

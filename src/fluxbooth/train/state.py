@@ -100,6 +100,7 @@ class EncodedBucket:
     image_index: torch.Tensor  # [S] int64: which image of the set each sample is
     latent_mean: torch.Tensor  # [S, C, h, w] float32, raw VAE space (not yet shifted/scaled)
     latent_std: torch.Tensor  # [S, C, h, w] float32
+    control_mean: torch.Tensor | None = None  # [S, C, h, w]: each sample's control image at the same shape (Kontext pairs)
 
     def __len__(self) -> int:
         return int(self.image_index.shape[0])
@@ -130,7 +131,10 @@ class EncodedImages:
             "pooled_prompt_embeds": self.pooled_prompt_embeds,
             "prompts": list(self.prompts),
             "buckets": {
-                f"{width}x{height}": {"image_index": bucket.image_index, "latent_mean": bucket.latent_mean, "latent_std": bucket.latent_std}
+                f"{width}x{height}": {
+                    "image_index": bucket.image_index, "latent_mean": bucket.latent_mean, "latent_std": bucket.latent_std,
+                    **({} if bucket.control_mean is None else {"control_mean": bucket.control_mean}),
+                }
                 for (width, height), bucket in self.buckets.items()
             },
         }
@@ -140,7 +144,9 @@ class EncodedImages:
         buckets = {}
         for name, bucket in data["buckets"].items():
             width, height = (int(side) for side in name.split("x"))
-            buckets[(width, height)] = EncodedBucket(bucket["image_index"], bucket["latent_mean"], bucket["latent_std"])
+            buckets[(width, height)] = EncodedBucket(
+                bucket["image_index"], bucket["latent_mean"], bucket["latent_std"], bucket.get("control_mean")
+            )
         return cls(data["prompt_index"], data["prompt_embeds"], data["pooled_prompt_embeds"], list(data["prompts"]), buckets)
 
 

@@ -109,7 +109,7 @@ def _negative_embeddings(state: TrainerState, ops: FamilyOps, device: torch.devi
 
 def _control_image(config: Any, index: int) -> Any:
     """The validation prompt's control image (FLUX.1 Kontext), at the render size; None without one."""
-    images = getattr(config, "validation_images", ())
+    images = config.validation_images
     if index >= len(images):
         return None
     from fluxbooth.train.data import load_image, resize_and_center_crop
