@@ -203,3 +203,33 @@ def test_the_kontext_lora_loads_into_flux_kontext_pipeline_and_changes_an_edit(
         ).images[0]
 
     assert float((edit(True) - edit(False)).abs().max()) > 0
+
+
+# ---- FLUX.2 full fine-tune ----------------------------------------------------------------------------------
+
+
+def test_a_flux2_full_fine_tune_exports_a_single_file_in_flux2s_original_layout(
+    family_bases: dict[str, Path], tmp_path: Path, torch_extensions_dir: Path
+) -> None:
+    """The single file uses FLUX.2's original (BFL) names; diffusers' own FLUX.2 single-file converter reads it
+    back to exactly the diffusers export."""
+    import torch
+    from diffusers import Flux2Transformer2DModel
+
+    base = family_bases["tiny-flux2-klein"]
+    settings = WorkerSettings.from_environ({
+        "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "FLUXBOOTH_WORK_DIR": str(tmp_path / "work"),
+        "FLUXBOOTH_OUTPUT_DIR": str(tmp_path / "outputs"), "FLUXBOOTH_CACHE_DIR": str(tmp_path / "cache"),
+        "FLUXBOOTH_VOLUME_DIR": str(tmp_path / "no-volume"), "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir), "HF_HUB_OFFLINE": "1",
+    })
+    request = {key: value for key, value in lora_request(base).items() if key not in ("lora_rank", "learning_rate", "validation_prompts")}
+    request.update(training_type="full", steps=2, output_formats=["diffusers", "single_file"])
+    result = asyncio.run(run_job(request, job_id="family-flux2-full", settings=settings))
+    assert "error" not in result, result
+    single_file = artifact_named(result, "flux_transformer.safetensors")
+    exported = artifact_named(result, "transformer/config.json").parent
+    single = Flux2Transformer2DModel.from_single_file(single_file, config=str(base), subfolder="transformer", torch_dtype=torch.float32)
+    reference = Flux2Transformer2DModel.from_pretrained(exported, torch_dtype=torch.float32)
+    single_state, reference_state = single.state_dict(), reference.state_dict()
+    assert single_state.keys() == reference_state.keys()
+    assert all(torch.equal(single_state[name], reference_state[name]) for name in reference_state)
