@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -129,14 +129,8 @@ FLUX1 = Family(
     text_encoders=("text_encoder", "text_encoder_2"),
     tokenizers=("tokenizer", "tokenizer_2"),
 )
-FLUX1_KONTEXT = Family(
-    name="flux1-kontext",
-    title="FLUX.1 Kontext [dev] (FluxKontextPipeline)",
-    pipeline_class="FluxKontextPipeline",
-    transformer_class="FluxTransformer2DModel",
-    vae_class="AutoencoderKL",
-    text_encoders=("text_encoder", "text_encoder_2"),
-    tokenizers=("tokenizer", "tokenizer_2"),
+FLUX1_KONTEXT = replace(
+    FLUX1, name="flux1-kontext", title="FLUX.1 Kontext [dev] (FluxKontextPipeline)", pipeline_class="FluxKontextPipeline",
     control_images=True,
 )
 FLUX2 = Family(
@@ -148,15 +142,7 @@ FLUX2 = Family(
     text_encoders=("text_encoder",),
     tokenizers=("tokenizer",),
 )
-FLUX2_KLEIN = Family(
-    name="flux2-klein",
-    title="FLUX.2 [klein] 4B and 9B (Flux2KleinPipeline)",
-    pipeline_class="Flux2KleinPipeline",
-    transformer_class="Flux2Transformer2DModel",
-    vae_class="AutoencoderKLFlux2",
-    text_encoders=("text_encoder",),
-    tokenizers=("tokenizer",),
-)
+FLUX2_KLEIN = replace(FLUX2, name="flux2-klein", title="FLUX.2 [klein] 4B and 9B (Flux2KleinPipeline)", pipeline_class="Flux2KleinPipeline")
 FAMILIES: tuple[Family, ...] = (FLUX1, FLUX1_KONTEXT, FLUX2, FLUX2_KLEIN)
 # Every folder any family's pipeline has: what a download fetches (a family's absent folders match nothing).
 ALL_PIPELINE_FOLDERS: tuple[str, ...] = tuple(dict.fromkeys(folder for family in FAMILIES for folder in family.pipeline_folders))

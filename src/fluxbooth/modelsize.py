@@ -257,14 +257,11 @@ def _norm_params_per_module(shape: TransformerShape) -> dict[str, int]:
     return norms
 
 
-def transformer_params(
-    shape: TransformerShape, layers: tuple[LinearLayer, ...], norms: dict[str, int] | None = None
-) -> tuple[int, int]:
+def transformer_params(shape: TransformerShape, layers: tuple[LinearLayer, ...]) -> tuple[int, int]:
     """(total parameters, parameters of the largest single module) — as DeepSpeed's
-    `model_to_params` counts them: a module's own parameters, not its children's. `norms`: the
-    parameters outside Linears by module (default: FLUX.1's q/k RMS norms)."""
+    `model_to_params` counts them: a module's own parameters, not its children's."""
     linear_sizes = [layer.params for layer in layers]
-    norm_sizes = list((_norm_params_per_module(shape) if norms is None else norms).values())
+    norm_sizes = list(_norm_params_per_module(shape).values())
     total = sum(linear_sizes) + sum(norm_sizes)
     return total, max(linear_sizes + norm_sizes)
 
@@ -408,11 +405,11 @@ def flux2_model_size(
     vae_config: Mapping[str, Any], *, source: str,
 ) -> ModelSize:
     """A FLUX.2 model ([dev], [klein]) from its components' configs."""
-    from fluxbooth.modelsize_flux2 import flux2_linear_layers, flux2_norm_params, flux2_text_encoder_params, flux2_transformer_shape
+    from fluxbooth.modelsize_flux2 import flux2_linear_layers, flux2_text_encoder_params, flux2_transformer_shape
 
     shape = flux2_transformer_shape(transformer_config)
     layers = flux2_linear_layers(shape, transformer_config)
-    total, largest = transformer_params(shape, layers, flux2_norm_params(shape))
+    total, largest = transformer_params(shape, layers)
     return ModelSize(
         name=name,
         transformer_params=total,

@@ -1,6 +1,7 @@
 """How big a FLUX.2 pipeline is, from its configs: the layer layout of diffusers' Flux2Transformer2DModel and
 of the text encoders its pipelines load (transformers' Qwen3ForCausalLM for [klein], Mistral3ForConditionalGeneration
-for [dev]). Each formula mirrors the class's modules; tests/test_families.py checks them against
+for [dev]). Its q/k RMS norms have FLUX.1's names and sizes (its LayerNorms no parameters), so
+modelsize.transformer_params counts them. Each formula mirrors the class's modules; tests/test_families.py checks them against
 `sum(p.numel())` of the real classes built on the meta device. The VAE (AutoencoderKLFlux2) has FLUX.1's
 encoder/decoder blocks with quant convs and a parameter-free batch norm: modelsize.vae_params counts it.
 
@@ -70,19 +71,6 @@ def flux2_linear_layers(shape: TransformerShape, config: Mapping[str, Any]) -> t
         _linear("proj_out", d, shape.patch_size * shape.patch_size * shape.out_channels),
     ]
     return tuple(layers)
-
-
-def flux2_norm_params(shape: TransformerShape) -> dict[str, int]:
-    """The q/k RMSNorm weights by module (the LayerNorms of FLUX.2 have no affine parameters)."""
-    head = shape.attention_head_dim
-    norms: dict[str, int] = {}
-    for index in range(shape.num_layers):
-        for norm in ("norm_q", "norm_k", "norm_added_q", "norm_added_k"):
-            norms[f"transformer_blocks.{index}.attn.{norm}"] = head
-    for index in range(shape.num_single_layers):
-        for norm in ("norm_q", "norm_k"):
-            norms[f"single_transformer_blocks.{index}.attn.{norm}"] = head
-    return norms
 
 
 def _decoder_layers(config: Mapping[str, Any], qk_norms: bool) -> int:

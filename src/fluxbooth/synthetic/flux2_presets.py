@@ -146,19 +146,15 @@ MISTRAL_SMALL_3: dict[str, Any] = {
 TINY_TEXT_WIDTH = 16
 TINY_FLUX2_LATENT_CHANNELS = 4
 TINY_FLUX2_TRANSFORMER: dict[str, Any] = {
-    "patch_size": 1,
+    **FLUX2_COMMON_TRANSFORMER,
     "in_channels": TINY_FLUX2_LATENT_CHANNELS * 4,
-    "out_channels": None,
     "num_layers": 2,
     "num_single_layers": 2,
     "attention_head_dim": 16,
     "num_attention_heads": 2,
     "joint_attention_dim": 3 * TINY_TEXT_WIDTH,
     "timestep_guidance_channels": 32,
-    "mlp_ratio": 3.0,
     "axes_dims_rope": [4, 4, 4, 4],
-    "rope_theta": 2000,
-    "eps": 1e-06,
 }
 TINY_FLUX2_VAE: dict[str, Any] = {
     **FLUX2_VAE,
