@@ -450,16 +450,20 @@ def estimate_memory(
         # The trainer has exited: the worker alone, drawing (bench/dataset_checks.py: 115 MiB at its peak).
         "report": REPORT_HOST_BYTES,
     }
-    # The fixed costs count in every phase the job runs; a phase it skips costs nothing.
+    # The trainer's fixed costs count in every phase it runs; a phase it skips costs nothing, and the report is
+    # drawn after the trainer has exited.
     fixed = sum(fixed_host.values())
     skipped = {name for name, runs in (("class_images", job.num_class_images), ("validation", job.validation_prompts)) if not runs}
-    phase_host = {name: 0 if name in skipped else value + fixed for name, value in phase_host.items()}
+    after_trainer = {"report"}
+    phase_host = {
+        name: 0 if name in skipped else value + (0 if name in after_trainer else fixed) for name, value in phase_host.items()
+    }
     exported_files = exported * (2 if job.ema else 1)
     disk_work = _work_disk(exported_files, cached_bytes(model, job, width), trainable, width, state, job)
     nvme = sum(disk.values())
     breakdown = {**{f"gpu.{k}": v for k, v in device.items()}, **{f"host.{k}": v for k, v in host.items()}}
     breakdown.update({f"host.{k}": v for k, v in fixed_host.items()})
-    breakdown.update({f"host.phase_{k}": v - fixed for k, v in phase_host.items()})
+    breakdown.update({f"host.phase_{k}": v - (0 if k in after_trainer else fixed) for k, v in phase_host.items()})
     breakdown.update({f"disk.{k}": v for k, v in disk.items()})
     breakdown["disk.exported_weights_and_cache"] = disk_work
     breakdown["trainable_params"] = trainable
