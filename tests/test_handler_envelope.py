@@ -16,13 +16,8 @@ from typing import Any
 
 import pytest
 
-from fluxbooth.job import (
-    MAX_SAFE_ID_CHARS,
-    attempt_is_live,
-    claim_attempt_dir,
-    remove_stale_attempt_dirs,
-    safe_job_id,
-)
+from fluxbooth.attempts import attempt_is_live, claim_attempt_dir, remove_stale_attempt_dirs
+from fluxbooth.job import MAX_SAFE_ID_CHARS, safe_job_id
 from handler import handler
 from tests.conftest import REPO_ROOT
 
@@ -159,7 +154,7 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from fluxbooth.job import claim_attempt_dir
+    from fluxbooth.attempts import claim_attempt_dir
     attempt = claim_attempt_dir(Path(sys.argv[1]), sys.argv[2])
     (attempt.path / "data.bin").write_bytes(b"live")
     print(attempt.name, flush=True)

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import fcntl
 import hashlib
 import json
 import logging
@@ -18,7 +17,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 import uuid
@@ -28,6 +26,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fluxbooth.artifacts import LocalArtifact, collect_artifacts
+from fluxbooth.attempts import (
+    JobAttempt,
+    attempt_is_live,
+    claim_attempt_dir,
+    job_swap_dir,
+    remove_stale_attempt_dirs,
+    remove_stale_swap_dirs,
+)
 from fluxbooth.configs import child_environment, trainer_config_for, write_launch_files
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.events import StageEvent, StepEvent, TrainerEvent, WarningEvent
@@ -202,125 +208,6 @@ async def _in_thread(function: Callable[..., Result], *args: Any) -> Result:
         with contextlib.suppress(Exception):  # the cancellation is what the caller must see
             await work
         raise
-
-
-ATTEMPT_PREFIX = "job-"
-CLAIMING_PREFIX = ".claiming-"
-# A folder still under its claiming name this long after creation belongs to a process that died mid-claim.
-CLAIMING_GRACE_SECONDS = 60.0
-
-
-@dataclass
-class JobAttempt:
-    """`<work_root>/job-<safe id>-<attempt>`: one run's own folder, locked (flock) for as long as the run lives.
-
-    Two runs with the same job id get different folders, and a folder is removed by someone else only once no
-    live process holds its lock (the kernel releases it when the owner dies, however it dies)."""
-
-    path: Path
-    lock_fd: int
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-    def remove(self) -> None:
-        """Delete the folder, then let go of it (in that order: nobody else may clean it while it goes)."""
-        shutil.rmtree(self.path, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            os.close(self.lock_fd)
-
-
-def _lock_folder(path: Path, *, wait: bool) -> int | None:
-    """An exclusive flock on the folder itself; None when a live process holds it (or it is gone)."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(descriptor)
-        return None
-    return descriptor
-
-
-def claim_attempt_dir(work_root: Path, safe_id: str) -> JobAttempt:
-    """Create and lock this run's folder. It is locked under a claiming name and only then renamed into
-    place, so a folder named `job-*` is never seen unlocked while its run is alive."""
-    try:
-        work_root.mkdir(parents=True, exist_ok=True)
-        claiming = Path(tempfile.mkdtemp(prefix=CLAIMING_PREFIX, dir=work_root))
-        descriptor = _lock_folder(claiming, wait=True)
-        if descriptor is None:
-            raise OSError(f"cannot lock {claiming}")
-        target = work_root / f"{ATTEMPT_PREFIX}{safe_id}-{uuid.uuid4().hex[:12]}"
-        os.rename(claiming, target)
-    except OSError as error:
-        raise FluxboothError(
-            ErrorCode.INTERNAL,
-            f"the work directory {work_root} cannot be used ({error.strerror or error}); "
-            "set FLUXBOOTH_WORK_DIR to a writable directory",
-        ) from error
-    return JobAttempt(target, descriptor)
-
-
-def attempt_is_live(work_root: Path, attempt_name: str) -> bool:
-    descriptor = _lock_folder(work_root / attempt_name, wait=False)
-    if descriptor is None:
-        return (work_root / attempt_name).is_dir()
-    os.close(descriptor)
-    return False
-
-
-def remove_stale_attempt_dirs(work_root: Path) -> list[Path]:
-    """Remove the folders of runs that are gone (crashed, killed, an older worker's): only folders whose lock
-    no live process holds, and claiming folders left by a process that died within its claim."""
-    removed: list[Path] = []
-    if not work_root.is_dir():
-        return removed
-    for entry in sorted(work_root.iterdir()):
-        if entry.is_symlink() or not entry.is_dir():
-            continue
-        if entry.name.startswith(ATTEMPT_PREFIX):
-            descriptor = _lock_folder(entry, wait=False)
-            if descriptor is None:
-                continue
-            shutil.rmtree(entry, ignore_errors=True)
-            os.close(descriptor)
-            removed.append(entry)
-        elif entry.name.startswith(CLAIMING_PREFIX) and _age_seconds(entry) > CLAIMING_GRACE_SECONDS:
-            shutil.rmtree(entry, ignore_errors=True)
-            removed.append(entry)
-    return removed
-
-
-def _age_seconds(path: Path) -> float:
-    try:
-        return time.time() - path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-SWAP_FOLDER_PREFIX = "fluxbooth-swap-"
-
-
-def job_swap_dir(nvme_root: Path, attempt_name: str) -> Path:
-    """This run's own DeepSpeed swap folder under the NVMe offload path (named after its attempt folder)."""
-    return nvme_root / f"{SWAP_FOLDER_PREFIX}{attempt_name}"
-
-
-def remove_stale_swap_dirs(nvme_root: Path, is_live: Callable[[str], bool] = lambda attempt_name: False) -> list[Path]:
-    """Remove swap folders that killed or crashed runs left behind (swap files of a dead run fill the disk and
-    crash a resume that reads them); a folder whose run `is_live` (by its attempt name) is kept."""
-    removed = []
-    if nvme_root.is_dir():
-        for folder in nvme_root.glob(f"{SWAP_FOLDER_PREFIX}*"):
-            if is_live(folder.name[len(SWAP_FOLDER_PREFIX) :]):
-                continue
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-    return removed
 
 
 def _filesystem_free_bytes(paths: list[Path]) -> int:
