@@ -100,6 +100,18 @@ def test_krea_is_sized_and_sampled_as_flux1_dev() -> None:
     assert (krea.family, krea.transformer_params, krea.default_lora_targets) == (dev.family, dev.transformer_params, dev.default_lora_targets)
 
 
+def test_the_planner_counts_kontexts_control_image_in_the_sequence() -> None:
+    from fluxbooth.plan.memory import activation_bytes, sequence_tokens
+    from fluxbooth.plan.timing import forward_flops
+    from fluxbooth.plan.types import JobShape
+
+    kontext, dev, job = model_size("black-forest-labs/FLUX.1-Kontext-dev"), model_size("black-forest-labs/FLUX.1-dev"), JobShape()
+    assert (kontext.sequence_images, dev.sequence_images) == (2, 1)
+    assert sequence_tokens(kontext, job) == 2 * 64 * 64 + 512 and sequence_tokens(dev, job) == 64 * 64 + 512
+    assert forward_flops(kontext, job) > 1.5 * forward_flops(dev, job)
+    assert sum(activation_bytes(kontext, job, "bf16").values()) > sum(activation_bytes(dev, job, "bf16").values())
+
+
 # ---- sizes from the published configs ---------------------------------------------------------------
 
 

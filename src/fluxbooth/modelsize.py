@@ -123,6 +123,9 @@ class ModelSize:
     family: str = FLUX1.name
     # The LoRA targets when a request names none: the family's (fluxbooth.families), for this config.
     default_lora_targets: tuple[str, ...] = field(repr=False, default=())
+    # Images whose tokens share the transformer's sequence: 2 for FLUX.1 Kontext, planned for its image pairs
+    # (the control image's tokens follow the target's; a Kontext job without pairs is planned on the safe side).
+    sequence_images: int = 1
 
     @property
     def encoder_params(self) -> int:
@@ -397,6 +400,7 @@ def model_size_from_configs(
         source=source,
         family=family.name,
         default_lora_targets=family.default_lora_targets(transformer_config),
+        sequence_images=2 if family.control_images else 1,
     )
 
 

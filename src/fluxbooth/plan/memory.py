@@ -87,8 +87,14 @@ def image_tokens(resolution: tuple[int, int]) -> int:
     return math.ceil(height / 16) * math.ceil(width / 16)
 
 
+def sequence_tokens(model: ModelSize, job: JobShape) -> int:
+    """Tokens in the transformer's sequence: the image's (with FLUX.1 Kontext's pairs, the control image's too)
+    and the prompt's."""
+    return image_tokens(job.resolution) * model.sequence_images + job.max_sequence_length
+
+
 def token_hidden(model: ModelSize, job: JobShape) -> int:
-    return (image_tokens(job.resolution) + job.max_sequence_length) * model.transformer.hidden_size
+    return sequence_tokens(model, job) * model.transformer.hidden_size
 
 
 def activation_bytes(model: ModelSize, job: JobShape, mixed_precision: str) -> dict[str, int]:
@@ -101,11 +107,12 @@ def activation_bytes(model: ModelSize, job: JobShape, mixed_precision: str) -> d
     shape = model.transformer
     width = compute_dtype_bytes(mixed_precision)
     double, single, outer = SAVED_BYTES_PER_TOKEN_HIDDEN[width]
-    tokens = image_tokens(job.resolution) + job.max_sequence_length
+    tokens = sequence_tokens(model, job)
     hidden = token_hidden(model, job)
     samples = job.samples_per_micro_step
     inputs = (
-        job.max_sequence_length * shape.joint_attention_dim + image_tokens(job.resolution) * shape.in_channels
+        job.max_sequence_length * shape.joint_attention_dim
+        + image_tokens(job.resolution) * model.sequence_images * shape.in_channels
     ) * width
     embedders = outer * hidden + inputs
     if job.gradient_checkpointing:
@@ -322,7 +329,8 @@ def cached_bytes(model: ModelSize, job: JobShape, width: int) -> int:
     shape and of every class image in each shape (prior preservation pairs them), and (upper bound: every
     image may carry its own caption) one prompt's T5 sequence and CLIP pooled embedding per image."""
     def latent_bytes(shape: tuple[int, int]) -> int:
-        return 2 * 4 * image_tokens(shape) * model.transformer.in_channels
+        # With Kontext's pairs the control image's latents too (a bound: only their mean is kept).
+        return 2 * 4 * image_tokens(shape) * model.transformer.in_channels * model.sequence_images
 
     latents = sum(samples * latent_bytes(shape) for shape, samples in job.training_mix)
     latents += job.num_class_images * sum(latent_bytes(shape) for shape, _ in job.training_mix)

@@ -13,7 +13,7 @@ from dataclasses import replace
 from fluxbooth.hardware import Hardware
 from fluxbooth.modelsize import ModelSize, is_quantised_layer
 from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec
-from fluxbooth.plan.memory import compute_dtype_bytes, frozen_block_bytes, image_tokens
+from fluxbooth.plan.memory import compute_dtype_bytes, frozen_block_bytes, sequence_tokens
 from fluxbooth.plan.types import JobShape, Strategy
 from fluxbooth.report.history import MAX_SHOWN_ROUNDS
 from fluxbooth.report.sheets import MAX_SHEET_IMAGES
@@ -96,7 +96,7 @@ def host_link_bytes_per_second(hardware: Hardware) -> float:
 def forward_flops(model: ModelSize, job: JobShape) -> float:
     """One forward pass of one sample: 2*P*T for the weights, 4*T^2*D per block for attention."""
     shape = model.transformer
-    tokens = image_tokens(job.resolution) + job.max_sequence_length
+    tokens = sequence_tokens(model, job)
     return 2 * model.transformer_params * tokens + 4 * tokens * tokens * shape.hidden_size * shape.num_blocks
 
 
