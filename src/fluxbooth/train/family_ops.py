@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from fluxbooth.families import FAMILIES, Family, family_of, read_model_index
+from fluxbooth.families import Family, family_of, read_model_index
 from fluxbooth.train.failures import TrainerFailure
 
 
@@ -103,6 +103,9 @@ FLUX2_LORA_FILE = LoraFileFormat("Flux2Pipeline", alpha_in_metadata=True)
 
 class FamilyOps:
     """FLUX.1 [dev], [schnell], Krea [dev]: FluxPipeline's layout."""
+
+    # Whether each step draws a fresh sample from the VAE posterior (diffusers' FLUX.1 script) or takes its mode.
+    samples_posterior = True
 
     def __init__(self, family: Family, folder: Path) -> None:
         self.family = family
@@ -252,6 +255,8 @@ class FamilyOps:
 class KontextOps(FamilyOps):
     """FLUX.1 Kontext [dev]: FLUX.1's layout, with the control image's tokens after the target's."""
 
+    samples_posterior = False  # the Kontext script's default --vae_encode_mode "mode"
+
     def control_tokens(self, control: torch.Tensor, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens, position ids) of normalised control latents: the ids' first axis is 1, the target's 0."""
         ids = self.image_ids(control, device, dtype)
@@ -272,6 +277,8 @@ class KontextOps(FamilyOps):
 
 class Flux2Ops(FamilyOps):
     """FLUX.2 [dev]: one Mistral-Small-3 text encoder, 128-channel patched latents, 4-axis position ids."""
+
+    samples_posterior = False
 
     def _tokenizers(self) -> dict[str, Any]:
         """[dev] names a PixtralProcessor as its tokenizer, whose image half needs torchvision; text prompts
@@ -349,15 +356,6 @@ def transformer_class_in(folder: Path) -> Any:
     return getattr(diffusers, config.get("_class_name") or "FluxTransformer2DModel")
 
 
-def posterior_spread(vae: Any, posterior: Any) -> torch.Tensor:
-    """The spread the latent cache stores beside the posterior's mean: its std, from which every step draws a
-    fresh sample (FLUX.1), or zero for the VAEs whose training takes the mode (FLUX.2's)."""
-    if type(vae).__name__ in FLUX2_VAE_CLASSES:
-        return torch.zeros_like(posterior.mean, dtype=torch.float32).cpu()
-    return posterior.std.float().cpu()
-
-
-FLUX2_VAE_CLASSES = frozenset(family.vae_class for family in FAMILIES if family.is_flux2)
 OPS_BY_FAMILY = {"flux1": FamilyOps, "flux1-kontext": KontextOps, "flux2": Flux2Ops, "flux2-klein": Flux2KleinOps}
 
 
