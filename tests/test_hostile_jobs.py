@@ -450,9 +450,11 @@ def test_a_bucket_that_is_down_keeps_the_weights_on_the_volume_and_says_where(
     assert_error(result, ErrorCode.UPLOAD_FAILED, "cannot connect to the storage endpoint", refresh_worker=False)
     assert f"The trained weights were kept at {kept} on the persistent volume" in result["error"]["message"]
     assert result["error"]["details"]["kept_at"] == str(kept)
-    # The artifacts' common folder (transformer/) is kept as a loadable diffusers folder.
-    assert (kept / Path(WEIGHTS_FILE).name).read_bytes() == weights_bytes(SEED)
-    assert json.loads((kept / "config.json").read_text())["_class_name"] == "FluxTransformer2DModel"
+    # The artifacts keep their layout under the kept folder: transformer/ stays a loadable diffusers folder
+    # beside the training report.
+    assert (kept / WEIGHTS_FILE).read_bytes() == weights_bytes(SEED)
+    assert json.loads((kept / "transformer" / "config.json").read_text())["_class_name"] == "FluxTransformer2DModel"
+    assert (kept / "report" / "history.json").is_file()
     assert files_left_under(tmp_path / "work") == []
 
 
@@ -467,7 +469,7 @@ def test_a_missing_bucket_with_a_volume_keeps_the_weights_there(
     result = run(env, job_input(), job_id="missing-1")
     kept = volume / UNUPLOADED_DIR_NAME / "sks-dog" / "missing-1"
     assert_error(result, ErrorCode.UPLOAD_FAILED, f"were kept at {kept}", refresh_worker=False)
-    assert (kept / Path(WEIGHTS_FILE).name).read_bytes() == weights_bytes(SEED)
+    assert (kept / WEIGHTS_FILE).read_bytes() == weights_bytes(SEED)
 
 
 # --- 6. secrets ----------------------------------------------------------------------------------
@@ -629,5 +631,7 @@ def test_twenty_mixed_jobs_back_to_back_leave_nothing_behind(
     assert all(fragment in message for (_, message), (_, _, _, fragment) in zip(outcomes, jobs, strict=True))
     assert live_descendants() == before, "a job left a process behind"
     assert not list(tmp_path.rglob("escaped.png"))
-    uploaded = s3_client.list_objects_v2(Bucket=s3_bucket_env["BUCKET_NAME"])["KeyCount"]
-    assert uploaded == 4, "two successful uploads of two files each"
+    listed = s3_client.list_objects_v2(Bucket=s3_bucket_env["BUCKET_NAME"])["Contents"]
+    weights = [item["Key"] for item in listed if "/transformer/" in item["Key"]]
+    assert len(weights) == 4, "two successful uploads of two weight files each"
+    assert {key.rsplit("/", 1)[1] for key in weights} == {"config.json", "diffusion_pytorch_model.safetensors"}
