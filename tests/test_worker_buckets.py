@@ -1,21 +1,25 @@
 """Issue 18's job through the worker: a LoRA on the tiny model with a trigger word, caption dropout, aspect
 buckets at two sizes, FLUX's resolution-dependent timestep shift, an EMA and LoRA dropout, on photos of three
-aspect ratios, trained by the real trainer under `accelerate launch` + DeepSpeed. One run, read by every test
-here."""
+aspect ratios (one of them an iPhone-style HEIC, one a JPEG in Display P3), trained by the real trainer under
+`accelerate launch` + DeepSpeed. One run, read by every test here."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import math
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import pillow_heif
 import pytest
+from PIL import Image
 
 from fluxbooth.job import run_job
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
+from tests.colour_profiles import display_p3_profile
 from tests.conftest import worker_environment
 from tests.factories import make_zip, to_base64
 from tests.photos import encoded, textured_photo
@@ -27,11 +31,27 @@ STEPS = 4
 PHOTO_SIZES = {"landscape": (640, 480), "portrait": (480, 640), "wide": (768, 432)}
 
 
+def heic(image: Image.Image) -> bytes:
+    """HEIC as a phone writes it (HEVC in HEIF), through libheif."""
+    buffer = io.BytesIO()
+    pillow_heif.from_pillow(image).save(buffer, quality=90)
+    return buffer.getvalue()
+
+
+def display_p3_jpeg(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=92, icc_profile=display_p3_profile())
+    return buffer.getvalue()
+
+
 def dataset_members() -> list[tuple[str, bytes]]:
     members = []
     for seed, (name, size) in enumerate(PHOTO_SIZES.items()):
         for copy in range(2):
             members.append((f"{name}{copy}.jpg", encoded(textured_photo(10 * seed + copy, size))))
+    # Photos as phones take them, in the same buckets: a HEIC landscape and a Display P3 portrait.
+    members[1] = ("landscape1.heic", heic(textured_photo(1, PHOTO_SIZES["landscape"])))
+    members[3] = ("portrait1.jpg", display_p3_jpeg(textured_photo(11, PHOTO_SIZES["portrait"])))
     members.append(("landscape0.txt", b"a dog on the grass"))
     return members
 
@@ -119,3 +139,8 @@ def test_captions_trained_with_the_trigger_word_put_in(job: dict[str, Any]) -> N
     tags = json.loads(lora_metadata(job)["ss_tag_frequency"])["instance"]
 
     assert tags == {"sks a dog on the grass": 1, "a photo of sks dog": 5}
+
+
+def test_the_heic_and_the_display_p3_photos_were_trained_on(job: dict[str, Any]) -> None:
+    dataset = job["result"]["dataset"]
+    assert (dataset["instance_images"], dataset["skipped"]) == (6, {})
