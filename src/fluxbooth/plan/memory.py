@@ -458,20 +458,14 @@ def estimate_memory(
         # The trainer has exited: the worker alone, drawing (bench/dataset_checks.py: 115 MiB at its peak).
         "report": REPORT_HOST_BYTES,
     }
-    # The trainer's fixed costs count in every phase it runs; a phase it skips costs nothing, and the report is
-    # drawn after the trainer has exited.
     fixed = sum(fixed_host.values())
-    skipped = {name for name, runs in (("class_images", job.num_class_images), ("validation", job.validation_prompts)) if not runs}
-    after_trainer = {"report"}
-    phase_host = {
-        name: 0 if name in skipped else value + (0 if name in after_trainer else fixed) for name, value in phase_host.items()
-    }
+    phase_host = _with_fixed_costs(phase_host, fixed, job)
     exported_files = exported * (2 if job.ema else 1)
     disk_work = _work_disk(exported_files, cached_bytes(model, job, width), trainable, width, state, job)
     nvme = sum(disk.values())
     breakdown = {**{f"gpu.{k}": v for k, v in device.items()}, **{f"host.{k}": v for k, v in host.items()}}
     breakdown.update({f"host.{k}": v for k, v in fixed_host.items()})
-    breakdown.update({f"host.phase_{k}": v - (0 if k in after_trainer else fixed) for k, v in phase_host.items()})
+    breakdown.update({f"host.phase_{k}": v - (0 if k in AFTER_TRAINER_PHASES else fixed) for k, v in phase_host.items()})
     breakdown.update({f"disk.{k}": v for k, v in disk.items()})
     breakdown["disk.exported_weights_and_cache"] = disk_work
     breakdown["trainable_params"] = trainable
@@ -485,6 +479,20 @@ def estimate_memory(
         phase_gpu_bytes={name: int(value) for name, value in phase_gpu.items()},
         phase_host_bytes={name: int(value) for name, value in phase_host.items()},
     )
+
+
+# Phases the worker runs after the trainer process has exited.
+AFTER_TRAINER_PHASES = frozenset({"report"})
+
+
+def _with_fixed_costs(phase_host: dict[str, float], fixed: float, job: JobShape) -> dict[str, float]:
+    """The trainer's fixed costs count in every phase it runs; a phase the job skips costs nothing, and the
+    report is drawn after the trainer has exited."""
+    runs = {"class_images": job.num_class_images, "validation": job.validation_prompts}
+    return {
+        name: 0 if not runs.get(name, True) else value + (0 if name in AFTER_TRAINER_PHASES else fixed)
+        for name, value in phase_host.items()
+    }
 
 
 def training_only_bytes(device: dict[str, int]) -> int:
