@@ -135,8 +135,8 @@ def test_the_default_bases_and_torch_are_listed_as_published(stages: list[list[I
     assert set(global_args(stages).values()) <= published
 
 
-def test_nvcc_and_torch_are_the_same_cuda_release() -> None:
-    build_base = "nvidia/cuda:13.0.2-devel-ubuntu24.04"
+def test_nvcc_and_torch_are_the_same_cuda_release(stages: list[list[Instruction]]) -> None:
+    build_base = global_args(stages)["BUILD_BASE"]
     torch_pin = image_checks.pinned_torch((REPO_ROOT / "requirements-torch-cuda.txt").read_text())
     cuda = image_checks.cuda_version_of_label(torch_pin.partition("+")[2])
     assert build_base.split(":")[1].startswith(f"{cuda}.")
@@ -309,6 +309,10 @@ def build_variable_of(op_name: str) -> str:
 
 def test_the_ops_are_built_for_ampere_ada_hopper_and_blackwell(stages: list[list[Instruction]]) -> None:
     assert env_of(stages[1])["TORCH_CUDA_ARCH_LIST"] == RUNPOD_GPU_ARCHITECTURES
+    # The same generations the build's torch check asks torch's own kernels for.
+    assert [f"sm_{arch.replace('.', '')}" for arch in RUNPOD_GPU_ARCHITECTURES.split(";")] == list(
+        image_checks.RUNPOD_GPU_ARCHITECTURES
+    )
 
 
 @pytest.mark.parametrize(("variant", "op_name"), [(v, op) for v, ops in REQUIRED_OPS.items() for op in ops])
