@@ -189,6 +189,18 @@ def test_zero3_turns_on_partitioned_model_construction(tmp_path: Path) -> None:
     assert config["deepspeed_config"]["zero3_init_flag"] is True
 
 
+def test_launchers_that_rendezvous_over_tcp_ask_accelerate_for_a_free_port(tmp_path: Path) -> None:
+    # Port 0 is accelerate's "pick a free one"; its default 29500 lost a race against a concurrent launch in CI.
+    deepspeed = accelerate_config(GUIDE_DEFAULT_PLAN, tmp_path / "ds.json")
+    torchrun = accelerate_config(replace(GUIDE_DEFAULT_PLAN, use_deepspeed=False, num_processes=2), None)
+    assert (deepspeed["main_process_port"], torchrun["main_process_port"]) == (0, 0)
+
+
+def test_a_single_process_without_deepspeed_names_no_port() -> None:
+    plan = replace(GUIDE_DEFAULT_PLAN, use_deepspeed=False, zero_stage=0, offload_optimizer="none", optimizer="AdamW")
+    assert "main_process_port" not in accelerate_config(plan, None)
+
+
 def test_plain_accelerate_without_deepspeed_keeps_mixed_precision_in_the_yaml() -> None:
     plan = replace(GUIDE_DEFAULT_PLAN, use_deepspeed=False, zero_stage=0, offload_optimizer="none", optimizer="AdamW")
     config = accelerate_config(plan, None)

@@ -202,6 +202,11 @@ def accelerate_config(plan: Plan, deepspeed_config_path: Path | None) -> dict[st
         # falls back to gloo on a machine without GPUs.
         config["distributed_type"] = "MULTI_GPU"
         config["use_cpu"] = False
+    if config["distributed_type"] in ("DEEPSPEED", "MULTI_GPU"):
+        # Both launchers rendezvous over TCP; accelerate's default port 29500 is then taken by anything else
+        # listening there (a trainer on the same host, a leftover from a killed job) and the trainer dies with
+        # EADDRINUSE. 0 makes accelerate ask the OS for a free port when it launches.
+        config["main_process_port"] = 0
     return config
 
 
