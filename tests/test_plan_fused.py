@@ -162,6 +162,39 @@ def test_settings_the_fused_pass_cannot_honour_are_named_in_the_refusal(fields: 
     assert f"The same job fits with {change} (full fine-tune with Adafactor fused" in refused.value.message
 
 
+def test_fused_backward_pass_true_gets_the_fused_pass_where_zero2_with_the_optimizer_offloaded_fits_too() -> None:
+    assert plan_for(card(80, 512, "H100 SXM"), fused_backward_pass=True).fused_backward_pass
+
+
+def test_fused_backward_pass_false_keeps_deepspeed_where_the_fused_pass_would_be_faster() -> None:
+    plan = plan_for(card(80, 512, "H100 SXM"), fused_backward_pass=False)
+
+    assert not plan.fused_backward_pass
+    assert (plan.use_deepspeed, plan.zero_stage, plan.offload_optimizer) == (True, 2, "cpu")
+
+
+def test_fused_backward_pass_false_where_only_the_fused_pass_fits_is_refused_naming_the_field() -> None:
+    with pytest.raises(FluxboothError) as refused:
+        plan_for(card(80, 188, "H100 SXM"), fused_backward_pass=False)
+
+    assert refused.value.code is ErrorCode.DOES_NOT_FIT
+    assert (
+        "The same job fits with fused_backward_pass 'auto' (full fine-tune with Adafactor fused into the backward "
+        "pass (bf16 weights), without DeepSpeed)" in refused.value.message
+    )
+
+
+def test_the_plan_command_passes_fused_backward_pass_false_to_the_planner(tmp_path: Path) -> None:
+    code, report = run_plan_cli(
+        ["--training-type", "full", "--fused-backward-pass", "false", "--deadline", "86400", "--gpus", "1",
+         "--gpu-memory", "80GiB", "--host-memory", "512GiB", "--cpus", "16", "--disk", "500GiB", "--gpu-name", "H100 SXM"],
+        tmp_path,
+    )
+
+    assert code == 0
+    assert (report["plan"]["fused_backward_pass"], report["plan"]["use_deepspeed"]) == (False, True)
+
+
 def test_several_gpus_get_no_fused_candidate() -> None:
     candidates = evaluate_candidates(full_request(), card(80, 512, "H100 SXM", gpus=2), model_size(FLUX_DEV))
 

@@ -575,3 +575,57 @@ def test_an_unknown_base_precision_is_refused(dataset_b64: str) -> None:
 
 def test_rates_of_optimizers_tuned_on_other_scales_get_no_warning(dataset_b64: str) -> None:
     assert parse_request(minimal(dataset_b64, optimizer="sgd", learning_rate=1e-2)).warnings() == []
+
+
+# ---- fused_backward_pass ------------------------------------------------------------------------------------
+
+
+def test_fused_backward_pass_defaults_to_the_planners_choice(dataset_b64: str) -> None:
+    assert parse_request(minimal(dataset_b64, training_type="full")).fused_backward_pass == "auto"
+
+
+def test_fused_backward_pass_true_is_accepted_for_a_full_fine_tune(dataset_b64: str) -> None:
+    assert parse_request(minimal(dataset_b64, training_type="full", fused_backward_pass=True)).fused_backward_pass is True
+
+
+def test_fused_backward_pass_under_lora_is_refused(dataset_b64: str) -> None:
+    assert refusal(minimal(dataset_b64, training_type="lora", fused_backward_pass=True)) == (
+        "invalid request: input.fused_backward_pass: applies to training_type 'full' (it steps every weight of a "
+        "full fine-tune inside the backward pass); remove it or set training_type 'full'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        (
+            {"gradient_accumulation_steps": 2},
+            "input.fused_backward_pass, input.gradient_accumulation_steps: each weight is stepped as its gradient "
+            "appears: no gradient buffer to accumulate in; use gradient_accumulation_steps 1",
+        ),
+        (
+            {"optimizer": "AdamW"},
+            "input.fused_backward_pass, input.optimizer: the fused pass steps with Adafactor; "
+            "use optimizer 'adafactor' (or none)",
+        ),
+        (
+            {"mixed_precision": "no"},
+            "input.fused_backward_pass, input.mixed_precision: the fused pass trains bf16 weights; "
+            "use mixed_precision 'bf16'",
+        ),
+        (
+            {"offload": "cpu"},
+            "input.fused_backward_pass, input.zero_stage, input.offload: the fused pass runs without DeepSpeed's "
+            "ZeRO; use zero_stage and offload 'auto'",
+        ),
+    ],
+)
+def test_fused_backward_pass_true_with_a_setting_it_cannot_run_with_is_refused_naming_both(
+    dataset_b64: str, fields: dict[str, Any], problem: str
+) -> None:
+    message = refusal(minimal(dataset_b64, training_type="full", fused_backward_pass=True, **fields))
+    assert message == f"invalid request: {problem}"
+
+
+def test_fused_backward_pass_as_a_string_other_than_auto_is_refused(dataset_b64: str) -> None:
+    assert "input.fused_backward_pass" in refusal(minimal(dataset_b64, training_type="full", fused_backward_pass="yes"))

@@ -66,6 +66,11 @@ def _zero_stage(text: str) -> int | str:
     return int(text) if text.isdigit() else text
 
 
+def _auto_or_boolean(text: str) -> bool | str:
+    """A flag for a request field that is "auto", true or false (as JSON spells them)."""
+    return {"true": True, "false": False}.get(text, text)
+
+
 def _request_choices(name: str) -> tuple[str, ...]:
     """The values a request field takes (its Literal in TrainingRequest, the one owner), for a flag's choices."""
     from typing import get_args
@@ -92,6 +97,7 @@ REQUEST_FLAGS = (
     ("--mixed-precision", "mixed_precision"),
     ("--zero-stage", "zero_stage"),
     ("--offload", "offload"),
+    ("--fused-backward-pass", "fused_backward_pass"),
     ("--gradient-checkpointing", "gradient_checkpointing"),
     ("--deadline", "timeout_seconds"),
 )
@@ -138,6 +144,10 @@ def add_plan_parser(subparsers: Any) -> None:
     job.add_argument("--zero-stage", type=_zero_stage, help=" or ".join(_request_choices("zero_stage")))
     job.add_argument("--offload", choices=_request_choices("offload"))
     job.add_argument("--no-deepspeed", action="store_true", help="plain accelerate, no ZeRO")
+    job.add_argument(
+        "--fused-backward-pass", type=_auto_or_boolean, choices=("auto", True, False), metavar="{auto,true,false}",
+        help="a full fine-tune as Adafactor fused into the backward pass: the planner's choice (auto), only it, or never",
+    )
     job.add_argument(
         "--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None, help="(default: on)"
     )

@@ -13,6 +13,7 @@ the guide writes it as a string (`"1024x1024"`, a fixed shape) and ai-toolkit an
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -79,6 +80,39 @@ ValidationImage = Annotated[str, StringConstraints(min_length=1, max_length=64 *
 DatasetCheckMode = Literal["warn", "strict"]
 OutputFormat = Literal["diffusers", "single_file", "comfyui"]
 LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_dropout")
+
+
+@dataclass(frozen=True)
+class FusedPassConflict:
+    """A setting the fused Adafactor full fine-tune (kohya's `--fused_backward_pass`) cannot run with."""
+
+    fields: tuple[str, ...]
+    # What to set instead, as a refusal's "The same job fits with ..." names it.
+    change: str
+    why: str
+
+
+def fused_pass_conflicts(
+    *, gradient_accumulation_steps: int, optimizer: str, optimizer_named: bool, mixed_precision: str,
+    zero_stage: int | str, offload: str,
+) -> list[FusedPassConflict]:
+    """The request settings that rule the fused pass out (none: it may run). The one list the request's
+    validation (`fused_backward_pass: true`) and the planner (which strategies honour a request) read."""
+    conflicts = []
+    if gradient_accumulation_steps != 1:
+        conflicts.append(FusedPassConflict(
+            ("gradient_accumulation_steps",), "gradient_accumulation_steps 1",
+            "each weight is stepped as its gradient appears: no gradient buffer to accumulate in",
+        ))
+    if optimizer_named and normalise_optimizer_name(optimizer) != "adafactor":
+        conflicts.append(FusedPassConflict(("optimizer",), "optimizer 'adafactor' (or none)", "the fused pass steps with Adafactor"))
+    if mixed_precision != "bf16":
+        conflicts.append(FusedPassConflict(("mixed_precision",), "mixed_precision 'bf16'", "the fused pass trains bf16 weights"))
+    if zero_stage != "auto" or offload not in ("auto", "none"):
+        conflicts.append(FusedPassConflict(
+            ("zero_stage", "offload"), "zero_stage and offload 'auto'", "the fused pass runs without DeepSpeed's ZeRO",
+        ))
+    return conflicts
 
 
 def _checked_size(size: int) -> int:
@@ -169,6 +203,10 @@ class TrainingRequest(BaseModel):
     gradient_checkpointing: bool = True
     zero_stage: Literal["auto", 1, 2, 3] = "auto"
     offload: Literal["auto", "none", "cpu", "nvme"] = "auto"
+    # A full fine-tune as kohya's `--fused_backward_pass` runs it (bf16 weights, Adafactor stepping each weight
+    # inside the backward pass, no DeepSpeed): "auto" lets the planner choose it where it is the fastest that
+    # fits; true asks for it (the job is refused where it does not fit); false rules it out.
+    fused_backward_pass: Literal["auto"] | bool = "auto"
 
     # Full fine-tune or LoRA.
     training_type: Literal["full", "lora"] = DEFAULT_TRAINING_TYPE
@@ -385,6 +423,7 @@ class TrainingRequest(BaseModel):
                     f"input.optimizer, input.use_deepspeed: {self.optimizer!r} exists only "
                     "inside DeepSpeed; enable DeepSpeed or choose another optimizer"
                 )
+        problems += self._fused_pass_problems()
         if self.offload == "nvme" and self.zero_stage in (1, 2):
             problems.append(
                 "input.offload, input.zero_stage: 'nvme' offload needs ZeRO stage 3; at stages 1 and 2 "
@@ -408,6 +447,25 @@ class TrainingRequest(BaseModel):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _fused_pass_problems(self) -> list[str]:
+        if self.fused_backward_pass is not True:
+            return []
+        if self.training_type != "full":
+            return [
+                "input.fused_backward_pass: applies to training_type 'full' (it steps every weight of a full "
+                "fine-tune inside the backward pass); remove it or set training_type 'full'"
+            ]
+        conflicts = fused_pass_conflicts(
+            gradient_accumulation_steps=self.gradient_accumulation_steps, optimizer=self.optimizer,
+            optimizer_named="optimizer" in self.model_fields_set, mixed_precision=self.mixed_precision,
+            zero_stage=self.zero_stage, offload=self.offload,
+        )
+        return [
+            f"input.fused_backward_pass, {', '.join(f'input.{name}' for name in conflict.fields)}: {conflict.why}; "
+            f"use {conflict.change}"
+            for conflict in conflicts
+        ]
 
     @property
     def effective_learning_rate(self) -> float:

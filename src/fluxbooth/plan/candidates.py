@@ -22,6 +22,7 @@ from fluxbooth.plan.types import (
     Offload,
     Strategy,
 )
+from fluxbooth.request import fused_pass_conflicts
 from fluxbooth.settings import DatasetLimits
 from fluxbooth.train.names import FUSED_ADAFACTOR_CLASS, normalise_optimizer_name
 
@@ -105,7 +106,9 @@ def honours_request(strategy: Strategy, job: JobShape) -> bool:
     if strategy.training_type != job.training_type:
         return False
     if strategy.fused_backward_pass:
-        return not fused_pass_changes(job)
+        return job.fused_backward_pass is not False and not fused_pass_changes(job)
+    if job.fused_backward_pass is True:
+        return False
     if job.training_type == "lora" and job.base_precision not in ("auto", strategy.base_precision):
         return False
     if job.offload == "none" and (strategy.offload_param != "none" or strategy.block_swap):
@@ -266,17 +269,12 @@ def fused_pass_possible(hardware: Hardware, precision: str) -> bool:
 
 def fused_pass_changes(job: JobShape) -> list[str]:
     """The request settings a full fine-tune would have to change to run the fused pass (none: it may)."""
-    changes = []
-    if job.gradient_accumulation_steps != 1:
-        # Each weight is stepped as its gradient appears; accumulating needs the gradient buffer it avoids.
-        changes.append("gradient_accumulation_steps 1")
-    if job.optimizer_named and normalise_optimizer_name(job.optimizer) != "adafactor":
-        changes.append("optimizer 'adafactor' (or none)")
-    if job.mixed_precision != "bf16":
-        changes.append("mixed_precision 'bf16'")
-    if requested_stage(job) is not None or job.offload not in ("auto", "none"):
-        changes.append("zero_stage and offload 'auto'")
-    return changes
+    conflicts = fused_pass_conflicts(
+        gradient_accumulation_steps=job.gradient_accumulation_steps, optimizer=job.optimizer,
+        optimizer_named=job.optimizer_named, mixed_precision=job.mixed_precision,
+        zero_stage="auto" if requested_stage(job) is None else requested_stage(job), offload=job.offload,
+    )
+    return [conflict.change for conflict in conflicts]
 
 
 def optimizer_for(strategy: Strategy, optimizer: str = "adamw") -> str:

@@ -24,11 +24,13 @@ def job_variants(job: JobShape) -> list[tuple[str, JobShape]]:
     """Smaller versions of a job, in the order a person would try them."""
     variants = []
     changes = fused_pass_changes(job)
+    if job.fused_backward_pass is False:
+        changes.append("fused_backward_pass 'auto'")
     if job.training_type == "full" and changes:
         # The same job as the fused Adafactor pass runs it (no gradient buffer, no fp32 master weights).
         fused = replace(
             job, gradient_accumulation_steps=1, optimizer="adafactor", optimizer_named=True, mixed_precision="bf16",
-            zero_stage="auto", offload="auto",
+            zero_stage="auto", offload="auto", fused_backward_pass="auto",
         )
         variants.append((" and ".join(changes), fused))
     if not job.gradient_checkpointing:

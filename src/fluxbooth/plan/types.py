@@ -100,6 +100,8 @@ class JobShape:
     # Whether the request named its optimizer: one left to its default lets a full fine-tune run Adafactor fused
     # into the backward pass (Strategy.fused_backward_pass) where that is the fastest strategy that fits.
     optimizer_named: bool = False
+    # The request's fused_backward_pass: "auto" (the planner's choice), True (only it), False (never it).
+    fused_backward_pass: bool | str = "auto"
     with_prior_preservation: bool = False
     num_class_images: int = 0
     # Instance images: unknown before the dataset is fetched, so the planner assumes the dataset cap.
@@ -148,6 +150,7 @@ class JobShape:
             optimizer=str(getattr(request, "optimizer", defaults.optimizer)),
             # A TrainingRequest knows which fields it was given; anything else names all of them.
             optimizer_named="optimizer" in getattr(request, "model_fields_set", {"optimizer"}),
+            fused_backward_pass=getattr(request, "fused_backward_pass", defaults.fused_backward_pass),
             with_prior_preservation=with_prior,
             num_class_images=int(getattr(request, "num_class_images", 0) or 0) if with_prior else 0,
             num_instance_images=images,
