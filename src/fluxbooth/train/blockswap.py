@@ -1,5 +1,7 @@
-"""Block swapping: a frozen transformer's blocks live in (pinned) host memory and stream to the accelerator
-as the forward and the backward reach them, at most two at a time (the block computing and the next one).
+"""Block swapping: a transformer's blocks live in (pinned) host memory and stream to the accelerator as the
+forward and the backward reach them, at most two at a time (the block computing and the next one). The blocks'
+frozen tensors (a LoRA's base) always; with `swap_trainable`, their trained parameters too (the fused Adafactor
+full fine-tune, as kohya's `--blocks_to_swap` with `--fused_backward_pass`).
 
 The swapper takes each block's frozen tensors (parameters that do not train, and buffers: a quantised base's
 codes and scales too) out of the module's registries and keeps them as plain attributes that it points at the
@@ -17,10 +19,24 @@ On CUDA the copies run on their own stream from pinned memory and the compute st
 copy only when the block is needed, so the transfer of block i + 1 overlaps the compute of block i. On the CPU
 the same code runs with the CPU as the accelerator (the copies are plain), which is how the tests check it.
 
+Trained parameters (`swap_trainable`) stay registered: the optimizer, its hooks and autograd hold the
+`nn.Parameter` objects, so only their `.data` moves, to the device copy while the block is resident and back to
+the pinned host tensor when it is not (`module.to` would move them: the trainer places the rest of the model
+itself and keeps accelerate's placement off). The fused pass (train/fused_adafactor.py) steps each parameter
+on the device inside its block's backward; a block made resident by a backward is therefore written back to
+its host copy when it is evicted (on CUDA on the copy stream, after the compute stream, into pinned memory).
+A block is evicted in backward only when the block before it is recomputed, and autograd runs the block's
+weight-gradient accumulations (AccumulateGrad nodes, with the fused step hooked onto each) before any node of
+the block before it, so every step of a block has finished when its write-back is queued. A forward alone
+changes nothing, so its evictions only drop the copies. `release()` writes back what is resident and waits for
+the copies: the trainer calls it after each optimizer step, so checkpoints, the EMA, renders and the export
+read the trained values from the host. The optimizer's state (Adafactor's factored moments) is created where
+the step runs, on the device, and stays there (small: rows and columns).
+
 Gradient checkpointing is required: without it autograd would keep every block's device weights alive for the
 backward (as saved tensors), and a quantised layer rebuilds its weight from its codes in the backward, which
-must then be on the device. Written for any model whose repeated blocks run in order (issue 23's full
-fine-tune reuses it); `flux_blocks` names FLUX's.
+must then be on the device. Written for any model whose repeated blocks run in order; `flux_blocks` names
+FLUX's.
 """
 
 from __future__ import annotations
@@ -32,6 +48,9 @@ from typing import Any
 
 import torch
 
+# Where `attach_swapper` keeps a model's swapper (a plain attribute: not a submodule, not in the state dict).
+SWAPPER_ATTRIBUTE = "_fluxbooth_block_swapper"
+
 
 @dataclass
 class _SwappedTensor:
@@ -39,6 +58,7 @@ class _SwappedTensor:
     name: str
     host: torch.Tensor
     registered_as: str  # "parameter", "buffer" or "non_persistent_buffer": how `detach` gives it back
+    trained: torch.nn.Parameter | None = None  # a trained parameter, still registered: its `.data` is pointed
 
 
 @dataclass
@@ -46,6 +66,7 @@ class _Block:
     tensors: list[_SwappedTensor]
     device_copies: list[torch.Tensor] | None = None
     ready: Any = None  # the CUDA event its copy records; None on the CPU
+    stepped: bool = False  # made resident by a backward, where its trained parameters are stepped
 
 
 @dataclass(frozen=True)
@@ -61,6 +82,7 @@ class SwapEvent:
 class SwapStatistics:
     blocks_loaded: int = 0
     bytes_loaded: int = 0
+    blocks_written_back: int = 0
     most_resident: int = 0
     events: list[SwapEvent] = field(default_factory=list)
 
@@ -78,15 +100,19 @@ def frozen_tensor_bytes(module: torch.nn.Module) -> int:
 
 
 class BlockSwapper:
-    """Streams the frozen tensors of `blocks` between host memory and `device` (see the module docstring).
+    """Streams the frozen tensors of `blocks`, and with `swap_trainable` their trained parameters, between host
+    memory and `device` (see the module docstring).
 
     `keep_log`: record a SwapEvent per block made resident (tests; a few per block and step)."""
 
-    def __init__(self, blocks: Sequence[torch.nn.Module], device: torch.device, *, keep_log: bool = False) -> None:
+    def __init__(
+        self, blocks: Sequence[torch.nn.Module], device: torch.device, *, swap_trainable: bool = False, keep_log: bool = False
+    ) -> None:
         self.device = torch.device(device)
         self.keep_log = keep_log
         self.statistics = SwapStatistics()
-        self._blocks = [_Block(_take_frozen_tensors(block, pin=self.device.type == "cuda")) for block in blocks]
+        pin = self.device.type == "cuda"
+        self._blocks = [_Block(_take_block_tensors(block, pin=pin, trainable=swap_trainable)) for block in blocks]
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._resident: set[int] = set()
         self._handles = [
@@ -97,6 +123,11 @@ class BlockSwapper:
     def resident(self) -> tuple[int, ...]:
         return tuple(sorted(self._resident))
 
+    @property
+    def trains(self) -> bool:
+        """Whether any swapped tensor is a trained parameter (then evictions after a backward write back)."""
+        return any(item.trained is not None for block in self._blocks for item in block.tensors)
+
     def host_bytes(self) -> int:
         return sum(item.host.numel() * item.host.element_size() for block in self._blocks for item in block.tensors)
 
@@ -106,10 +137,25 @@ class BlockSwapper:
             default=0,
         )
 
+    def place_the_rest(self, model: torch.nn.Module) -> None:
+        """`model.to(device)` for every tensor `model` still registers but the swapped trained parameters (which
+        `module.to` would move with the rest: every block onto the device at once)."""
+        swapped = {id(item.trained) for block in self._blocks for item in block.tensors if item.trained is not None}
+        for module in model.modules():
+            for parameter in module._parameters.values():
+                if parameter is not None and id(parameter) not in swapped:
+                    parameter.data = parameter.data.to(self.device)
+            for name, buffer in module._buffers.items():
+                if buffer is not None:
+                    module._buffers[name] = buffer.to(self.device)
+
     def release(self) -> None:
-        """Send every block back (after a pass, before something else needs the device memory)."""
+        """Send every block back, its trained values written to the host copies and the copies waited for
+        (after an optimizer step, before anything reads the weights or needs the device memory)."""
         for index in list(self._resident):
             self._evict(index)
+        if self._copy_stream is not None:
+            self._copy_stream.synchronize()
 
     def detach(self) -> None:
         """Remove the hooks and give every tensor back to its module, registered again, on the host."""
@@ -118,6 +164,8 @@ class BlockSwapper:
             handle.remove()
         for block in self._blocks:
             for item in block.tensors:
+                if item.trained is not None:
+                    continue  # never unregistered; its `.data` is the host copy again
                 object.__delattr__(item.module, item.name)
                 if item.registered_as == "parameter":
                     item.module.register_parameter(item.name, torch.nn.Parameter(item.host, requires_grad=False))
@@ -133,6 +181,7 @@ class BlockSwapper:
             for other in self._resident - keep:
                 self._evict(other)
             self._make_resident(index)
+            self._blocks[index].stepped |= backward
             if following in keep:
                 self._prefetch(following)
             self.statistics.most_resident = max(self.statistics.most_resident, len(self._resident))
@@ -171,22 +220,57 @@ class BlockSwapper:
                 copy.record_stream(compute)
             block.ready = None
         for item, copy in zip(block.tensors, block.device_copies, strict=True):
-            object.__setattr__(item.module, item.name, copy)
+            _point(item, copy)
 
     def _evict(self, index: int) -> None:
         block = self._blocks[index]
+        if block.stepped and block.device_copies is not None:
+            self._write_back(block)
         for item in block.tensors:
-            object.__setattr__(item.module, item.name, item.host)
+            _point(item, item.host)
         block.device_copies = None
         block.ready = None
+        block.stepped = False
         self._resident.discard(index)
 
+    def _write_back(self, block: _Block) -> None:
+        """Copy the block's trained parameters (their current device tensors) into their host copies."""
+        trained = [(item, item.trained.data) for item in block.tensors if item.trained is not None]
+        if not trained:
+            return
+        self.statistics.blocks_written_back += 1
+        if self._copy_stream is None:
+            for item, current in trained:
+                item.host.copy_(current)
+            return
+        # After the compute stream's last use of the weights (the block's backward and its fused steps).
+        self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._copy_stream):
+            for item, current in trained:
+                item.host.copy_(current, non_blocking=True)
+                # The device memory is freed once the block lets go of it: not reused before the copy ran.
+                current.record_stream(self._copy_stream)
 
-def _take_frozen_tensors(block: torch.nn.Module, *, pin: bool) -> list[_SwappedTensor]:
+
+def _point(item: _SwappedTensor, tensor: torch.Tensor) -> None:
+    if item.trained is not None:
+        item.trained.data = tensor
+    else:
+        object.__setattr__(item.module, item.name, tensor)
+
+
+def _take_block_tensors(block: torch.nn.Module, *, pin: bool, trainable: bool) -> list[_SwappedTensor]:
     """Unregister every frozen tensor of `block` (parameters that do not train, buffers) and keep it as a plain
-    attribute holding the host copy (pinned, for asynchronous copies to a CUDA device)."""
+    attribute holding the host copy (pinned, for asynchronous copies to a CUDA device); with `trainable`, also
+    point every trained parameter's `.data` at a host copy, the parameter staying registered."""
     taken = []
     for module in block.modules():
+        if trainable:
+            for name, parameter in module._parameters.items():
+                if parameter is not None and parameter.requires_grad:
+                    host = _on_host(parameter.detach(), pin)
+                    parameter.data = host
+                    taken.append(_SwappedTensor(module, name, host, "parameter", trained=parameter))
         frozen = [name for name, parameter in module._parameters.items() if parameter is not None and not parameter.requires_grad]
         for name in frozen:
             tensor = module._parameters.pop(name).detach()
@@ -197,7 +281,7 @@ def _take_frozen_tensors(block: torch.nn.Module, *, pin: bool) -> list[_SwappedT
             registered_as = "buffer" if persistent else "non_persistent_buffer"
             taken.append(_SwappedTensor(module, name, _on_host(module._buffers.pop(name), pin), registered_as))
     for item in taken:
-        object.__setattr__(item.module, item.name, item.host)
+        _point(item, item.host)
     return taken
 
 
@@ -216,12 +300,27 @@ def swapping_blocks(transformer: torch.nn.Module, device: torch.device, *, keep_
         swapper.detach()
 
 
-def check_block_swap(training_type: str, gradient_checkpointing: bool, zero_stage: int) -> None:
+def swapped_for_rendering(transformer: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """`transformer` (built in host RAM) frozen, its blocks streamed to `device` as a render's forward reaches
+    them, for as long as it lives (the pipeline's model offload then moves only the rest)."""
+    transformer.requires_grad_(False)
+    BlockSwapper(flux_blocks(transformer), device)
+    return transformer
+
+
+def check_block_swap(training_type: str, gradient_checkpointing: bool, zero_stage: int, fused_backward_pass: bool = False) -> None:
     """The trainer's own check of what the planner only ever plans (a hand-written train.json too)."""
     from fluxbooth.train.failures import TrainerFailure
 
-    if training_type != "lora":
-        raise TrainerFailure("invalid_config", "block_swap streams a frozen base: it needs training_type 'lora'")
+    if training_type == "full" and not fused_backward_pass:
+        raise TrainerFailure(
+            "invalid_config",
+            "block_swap with training_type 'full' needs fused_backward_pass: each block's weights are stepped during "
+            "its backward, before the block leaves the device; a full fine-tune without it keeps every weight's "
+            "gradient until the optimizer step after the backward",
+        )
+    if training_type not in ("lora", "full"):
+        raise TrainerFailure("invalid_config", f"block_swap needs training_type 'lora' or 'full', not {training_type!r}")
     if not gradient_checkpointing:
         raise TrainerFailure(
             "invalid_config",
@@ -229,3 +328,16 @@ def check_block_swap(training_type: str, gradient_checkpointing: bool, zero_stag
         )
     if zero_stage == 3:
         raise TrainerFailure("invalid_config", "block_swap keeps the blocks outside DeepSpeed: use zero_stage 2 or no DeepSpeed")
+
+
+def release_swapped_blocks(model: torch.nn.Module) -> None:
+    """After an optimizer step: the trained blocks' values written back to their host copies (nothing when
+    `model`'s blocks are not swapped, or only frozen ones are: those have nothing to write)."""
+    swapper = getattr(model, SWAPPER_ATTRIBUTE, None)
+    if swapper is not None and swapper.trains:
+        swapper.release()
+
+
+def attach_swapper(model: torch.nn.Module, swapper: BlockSwapper) -> None:
+    """Keep `swapper` with the model whose blocks it swaps, for `release_swapped_blocks`."""
+    object.__setattr__(model, SWAPPER_ATTRIBUTE, swapper)

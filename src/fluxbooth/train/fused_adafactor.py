@@ -113,6 +113,11 @@ class FusedBackwardAdafactor(Adafactor):
         gradient) with the parameter's group settings and state, and nothing else in `param_groups`."""
         if working is not parameter:
             self.state[working] = self.state.pop(parameter, {})
+        state = self.state[working]
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.device != working.device:
+                # Loaded where the parameter was then (a block-swapped one's host copy); stepped on the device.
+                state[key] = value.to(working.device)
         saved_groups = self.param_groups
         self.param_groups = [{**saved_groups[self._group[parameter]], "params": [working]}]
         try:

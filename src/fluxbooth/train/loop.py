@@ -43,7 +43,8 @@ def start_training(session: Session, data: CachedData, transformer: Any) -> Trai
     else:
         # Stepped by hand once per optimizer step: accelerate's wrapper would step it once per process. Built on
         # the optimizer that really steps (accelerate swaps an offloaded torch AdamW for DeepSpeedCPUAdam).
-        engine, optimizer = accelerator.prepare(transformer, optimizer)
+        # Block swapping placed the model itself (accelerate's `.to` would move every swapped trained block).
+        engine, optimizer = accelerator.prepare(transformer, optimizer, device_placement=[not config.block_swap, True])
         scheduler = build_scheduler(innermost_optimizer(optimizer), config, session.deepspeed_config, accelerator.num_processes)
     noise_scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(config.base_model, subfolder="scheduler")
     run = TrainingRun(
@@ -85,6 +86,7 @@ def _make_ema(session: Session, engine: Any) -> Any:
 def train(state: TrainerState) -> None:
     """*Collective.* The optimizer steps from the run's start step to `steps`, then the fixed-noise loss
     when measured."""
+    from fluxbooth.train.blockswap import release_swapped_blocks
     from fluxbooth.train.checkpointing import save_checkpoint
     from fluxbooth.train.validation import render_during_training
 
@@ -96,6 +98,8 @@ def train(state: TrainerState) -> None:
             # The rate this step trains with (schedulers advance inside the optimizer step).
             step_lr = float(run.optimizer.param_groups[0]["lr"])
             run.final_loss = _optimizer_step(session, run, data, step)
+            # Swapped trained blocks written back to the host before the EMA, a checkpoint, a render or the export reads them.
+            release_swapped_blocks(session.accelerator.unwrap_model(run.engine))
             if run.ema is not None:
                 run.ema.update(session.accelerator.unwrap_model(run.engine))
             _measure_nvme_swap(session, run)

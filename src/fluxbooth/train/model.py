@@ -69,7 +69,7 @@ def load_trainable_transformer(session: Session) -> tuple[Any, dict[str, Any]]:
     if config.block_swap:
         from fluxbooth.train.blockswap import check_block_swap
 
-        check_block_swap(config.training_type, config.gradient_checkpointing, session.zero_stage)
+        check_block_swap(config.training_type, config.gradient_checkpointing, session.zero_stage, config.fused_backward_pass)
         # Built in host RAM tensor by tensor (quantised there); its blocks are handed to the swapper below.
         transformer = load_quantised_base(config.base_model, config.base_precision, torch.device("cpu"), session.precision.load_dtype)
         report = {"method": "block_swap", **residency(transformer)}
@@ -97,19 +97,24 @@ def load_trainable_transformer(session: Session) -> tuple[Any, dict[str, Any]]:
     if config.gradient_checkpointing:
         transformer.enable_gradient_checkpointing()
     if config.block_swap:
-        report["block_swap"] = _swap_blocks(transformer, session.accelerator.device)
+        report["block_swap"] = _swap_blocks(transformer, session.accelerator.device, trained=config.training_type == "full")
     transformer.train()
     return transformer, report
 
 
-def _swap_blocks(transformer: Any, device: torch.device) -> dict[str, Any]:
-    """Hand the frozen blocks to a BlockSwapper streaming them to `device` (it lives as long as the model: its
-    hooks hold it) and move the rest (embedders, output, the LoRA weights) to `device`."""
-    from fluxbooth.train.blockswap import BlockSwapper, flux_blocks
+def _swap_blocks(transformer: Any, device: torch.device, *, trained: bool) -> dict[str, Any]:
+    """Hand the blocks to a BlockSwapper streaming them to `device` (their frozen tensors; with `trained`, the
+    fused full fine-tune's, their trained weights too), kept with the model (`release_swapped_blocks`), and move
+    the rest (embedders, output, the LoRA weights) to `device`."""
+    from fluxbooth.train.blockswap import BlockSwapper, attach_swapper, flux_blocks
 
-    swapper = BlockSwapper(flux_blocks(transformer), device)
-    transformer.to(device)
-    return {"blocks": len(flux_blocks(transformer)), "host_bytes": swapper.host_bytes(), "largest_block_bytes": swapper.largest_block_bytes()}
+    swapper = BlockSwapper(flux_blocks(transformer), device, swap_trainable=trained)
+    attach_swapper(transformer, swapper)
+    swapper.place_the_rest(transformer)
+    return {
+        "blocks": len(flux_blocks(transformer)), "host_bytes": swapper.host_bytes(),
+        "largest_block_bytes": swapper.largest_block_bytes(), "trained_weights_swapped": swapper.trains,
+    }
 
 
 def load_transformer(base_model: str, dtype: torch.dtype) -> Any:

@@ -403,16 +403,13 @@ def quantised_transformer_for(config: Any, device: torch.device, dtype: torch.dt
     quantised or block-swapped one, so no render holds more of the base on the device than training did:
     quantised layer by layer onto `device`, or built in host RAM with its blocks streamed to `device` as each
     forward reaches them (the pipeline's model offload then moves only the rest). Else nothing (the pipeline
-    loads its own)."""
-    if config.training_type != "lora":
-        return {}
+    loads its own). A block-swapped full fine-tune's base is swapped the same way (its bf16 blocks)."""
     if getattr(config, "block_swap", False):
-        from fluxbooth.train.blockswap import BlockSwapper, flux_blocks
+        from fluxbooth.train.blockswap import swapped_for_rendering
 
         transformer = load_quantised_base(config.base_model, config.base_precision, torch.device("cpu"), dtype)
-        BlockSwapper(flux_blocks(transformer), device)
-        return {"transformer": transformer}
-    if config.base_precision not in QUANTISED_PRECISIONS:
+        return {"transformer": swapped_for_rendering(transformer, device)}
+    if config.training_type != "lora" or config.base_precision not in QUANTISED_PRECISIONS:
         return {}
     return {"transformer": load_quantised_base(config.base_model, config.base_precision, device, dtype)}
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from fluxbooth.train.blockswap import swapped_for_rendering
 from fluxbooth.train.cache import decoding_device, load_vae
 from fluxbooth.train.export.lora import LORA_WEIGHTS_NAME
 from fluxbooth.train.export.stage import TRANSFORMER_FOLDER, lora_for_rendering
@@ -189,6 +190,9 @@ def _exported_pipeline(session: Session) -> Any:
     with without_transformers_zero3_init():
         if config.training_type == "full":
             transformer = ops.transformer_class.from_pretrained(str(output_dir / TRANSFORMER_FOLDER), torch_dtype=dtype)
+            if config.block_swap:
+                # Rendered as it trained: the trained blocks streamed from host RAM, the rest on the device.
+                transformer = swapped_for_rendering(transformer, session.accelerator.device)
             pipeline = ops.pipeline_class.from_pretrained(config.base_model, transformer=transformer, torch_dtype=dtype, **no_text_encoders)
         else:
             quantised = quantised_transformer_for(config, session.accelerator.device, dtype)
