@@ -210,12 +210,12 @@ def test_a_folder_without_a_flux_transformer_is_refused(tmp_path: Path) -> None:
 # ---- issue 5, "done when" -------------------------------------------------------------------------
 
 
-def test_full_flux_dev_at_1024_on_8_gib_and_64_gib_host_is_refused_with_a_lora_alternative() -> None:
+def test_full_flux_dev_at_1024_on_8_gib_and_48_gib_host_is_refused_with_a_lora_alternative() -> None:
     with pytest.raises(FluxboothError) as caught:
-        choose_plan(FakeRequest(resolution=(1024, 1024)), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
+        choose_plan(FakeRequest(resolution=(1024, 1024)), gpu_machine(8, 48), model_size(FLUX_DEV_NAME))
     error = caught.value
     assert error.code is ErrorCode.DOES_NOT_FIT
-    assert "host RAM" in error.message and "64.0 GiB" in error.message
+    assert "host RAM" in error.message and "48.0 GiB" in error.message
     assert "Would fit: LoRA rank 16" in error.message
     assert error.details["alternatives"][0]["training_type"] == "lora"
 

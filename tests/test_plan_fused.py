@@ -18,8 +18,9 @@ from fluxbooth.configs import deepspeed_config, trainer_config_for, write_launch
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import GIB, Hardware, hypothetical_hardware
 from fluxbooth.plan import choose_plan, estimate_memory, evaluate_candidates, model_size
-from fluxbooth.plan.candidates import FUSED_STRATEGY
-from fluxbooth.plan.memory import FUSED_STEP_BYTES_PER_PARAM, adafactor_state_bytes
+from fluxbooth.plan.candidates import FUSED_STRATEGY, FUSED_SWAP_STRATEGY
+from fluxbooth.plan.memory import FUSED_STEP_BYTES_PER_PARAM, adafactor_state_bytes, frozen_block_bytes
+from fluxbooth.plan.timing import host_link_bytes_per_second, step_terms
 from fluxbooth.plan.types import JobShape
 from fluxbooth.request import MAX_TIMEOUT_SECONDS, parse_request
 from fluxbooth.train.names import FUSED_ADAFACTOR_CLASS, FUSED_ADAFACTOR_LEARNING_RATE
@@ -89,20 +90,70 @@ def test_the_fused_pass_plans_on_the_48_gib_tier_too() -> None:
     assert plan.predicted_gpu_bytes * 1.1 <= 48 * GIB
 
 
-def test_the_24_gib_tier_is_refused_with_the_fused_pass_numbers() -> None:
+def test_the_24_gib_tier_plans_the_fused_pass_with_its_trained_blocks_swapped() -> None:
+    plan = plan_for(card(24, 62, "NVIDIA GeForce RTX 4090"))
+
+    assert (plan.fused_backward_pass, plan.block_swap, plan.use_deepspeed) == (True, True, False)
+    assert plan.predicted_gpu_bytes * 1.1 <= 24 * GIB and plan.predicted_host_bytes * 1.1 <= 62 * GIB
+
+
+def test_the_plan_command_gives_the_24_gib_tier_the_swapped_fused_pass(tmp_path: Path) -> None:
+    code, report = run_plan_cli(
+        ["--base-model", FLUX_DEV, "--training-type", "full", "--resolution", "1024", "--gpus", "1", "--gpu-memory", "24GiB",
+         "--host-memory", "62GiB", "--cpus", "16", "--disk", "200GiB", "--deadline", str(MAX_TIMEOUT_SECONDS)],
+        tmp_path,
+    )
+
+    assert code == 0
+    assert (report["plan"]["fused_backward_pass"], report["plan"]["block_swap"]) == (True, True)
+
+
+def test_the_24_gib_tier_with_32_gib_of_host_ram_is_refused_with_the_swapped_blocks_host_need() -> None:
     with pytest.raises(FluxboothError) as refused:
-        plan_for(card(24, 62, "NVIDIA GeForce RTX 4090"))
+        plan_for(card(24, 32, "NVIDIA GeForce RTX 4090"))
 
     message = refused.value.message
     assert refused.value.code is ErrorCode.DOES_NOT_FIT
     needs = re.search(
-        r"Closest: full fine-tune with Adafactor fused into the backward pass \(bf16 weights\), without DeepSpeed — "
-        r"needs ≈(\d+\.\d) GiB per GPU[^,]*, has 24\.0 GiB \(peak while training\)",
+        r"Closest: full fine-tune with Adafactor fused into the backward pass \(bf16 weights\), without DeepSpeed, trained "
+        r"blocks swapped in from host RAM — needs ≈(\d+\.\d) GiB host RAM \+ 10 % headroom, has 32\.0 GiB available\.",
         message,
     )
     assert needs, message
-    # The bf16 weights alone (11.9 B parameters) are 22.2 GiB.
-    assert float(needs.group(1)) > 2 * model_size(FLUX_DEV).transformer_params / GIB
+    # The pinned bf16 blocks alone are 22.0 GiB; the export reloads the 22.2 GiB it saved.
+    assert float(needs.group(1)) > 2 * 2 * model_size(FLUX_DEV).transformer_params / GIB
+
+
+def test_the_80_gib_card_keeps_every_weight_on_the_gpu_though_swapping_would_fit() -> None:
+    candidates = evaluate_candidates(full_request(), card(80, 188, "H100 SXM"), model_size(FLUX_DEV))
+    (swapped,) = [c for c in candidates if c.strategy == FUSED_SWAP_STRATEGY]
+
+    plan = plan_for(card(80, 188, "H100 SXM"))
+    assert (plan.fused_backward_pass, plan.block_swap) == (True, False)
+    assert swapped.fits and swapped.seconds_per_step > plan.predicted_seconds_per_step
+
+
+def test_the_swapped_fused_pass_holds_two_trained_blocks_on_the_gpu_and_pins_every_block() -> None:
+    model = model_size(FLUX_DEV)
+    blocks = frozen_block_bytes(model, "bf16", 2)
+    estimate = estimate_memory(FUSED_SWAP_STRATEGY, model, JobShape(training_type="full"), card(24, 62, "NVIDIA GeForce RTX 4090"), "bf16")
+
+    assert estimate.breakdown["gpu.swapped_blocks"] == int(2 * max(blocks.values()))
+    assert estimate.breakdown["gpu.weights_outside_blocks"] == 2 * model.transformer_params - int(sum(blocks.values()))
+    assert estimate.breakdown["host.trained_blocks_pinned"] == int(sum(blocks.values()))
+    assert estimate.breakdown["gpu.optimizer_states_factored"] == adafactor_state_bytes(model)
+    assert estimate.breakdown["gpu.fused_step_working"] == FUSED_STEP_BYTES_PER_PARAM * model.largest_layer_params
+
+
+def test_the_swapped_fused_step_pays_three_block_transfers_beyond_what_compute_hides() -> None:
+    model, hardware = model_size(FLUX_DEV), card(24, 62, "NVIDIA GeForce RTX 4090")
+    job = JobShape(training_type="full")
+    terms = step_terms(FUSED_SWAP_STRATEGY, model, job, hardware, model.transformer_params, 2)
+    blocks = frozen_block_bytes(model, "bf16", 2)
+    link = host_link_bytes_per_second(hardware)
+
+    expected = max(0.0, 3 * sum(blocks.values()) / link - terms["compute"]) + 2 * max(blocks.values()) / link
+    assert terms["swapping"] == pytest.approx(expected, rel=1e-12)
 
 
 def test_a_deadline_that_cannot_hold_1000_full_steps_says_how_many_fit() -> None:
@@ -206,7 +257,7 @@ def test_a_lora_request_shows_the_fused_full_fine_tune_as_an_alternative() -> No
 
     candidates = evaluate_candidates(lora, card(80, 188, "H100 SXM"), model_size(FLUX_DEV))
 
-    (fused,) = [candidate for candidate in candidates if candidate.strategy.fused_backward_pass]
+    (fused,) = [candidate for candidate in candidates if candidate.strategy == FUSED_STRATEGY]
     assert fused.fits and not fused.honours_request
 
 

@@ -366,7 +366,7 @@ def _chosen_summary(report: dict[str, Any], out: TextIO) -> None:
         + ("Adafactor fused into the backward pass (bf16 weights), " if plan["fused_backward_pass"] else "")
         + (f"ZeRO-{plan['zero_stage']}" if plan["use_deepspeed"] else "no DeepSpeed")
         + f", offload optimizer {plan['offload_optimizer']}, parameters {plan['offload_param']}, "
-        + ("frozen blocks swapped in from host RAM, " if plan["block_swap"] else "")
+        + (f"{'trained' if plan['training_type'] == 'full' else 'frozen'} blocks swapped in from host RAM, " if plan["block_swap"] else "")
         + f"optimizer {plan['optimizer']}\n"
         f"time:   ≈{plan['predicted_seconds_per_step']:.2f} s/step, ≈{report['estimated_run_seconds'] / 60:.0f} min "
         f"for {report['job']['steps']} steps, ≈{(plan['predicted_total_seconds'] or 0) / 60:.0f} min for the whole job "

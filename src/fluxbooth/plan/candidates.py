@@ -40,6 +40,8 @@ DEEPSPEED_GPU_OPTIMIZER_CLASSES = {"adamw": "FusedAdam", "adam": "FusedAdam", "l
 TORCH_OPTIMIZER_CLASSES = {"adamw": "AdamW", "adam": "Adam", "adagrad": "Adagrad", "sgd": "SGD", "adafactor": "Adafactor"}
 # kohya's FLUX full fine-tune: bf16 weights, Adafactor fused into the backward pass, no DeepSpeed, one process.
 FUSED_STRATEGY = Strategy("full", False, 0, "none", "none", fused_backward_pass=True)
+# The same with the trained blocks in pinned host RAM, streamed in as the passes reach them (kohya's --blocks_to_swap).
+FUSED_SWAP_STRATEGY = Strategy("full", False, 0, "none", "none", block_swap=True, fused_backward_pass=True)
 
 
 def as_job(
@@ -105,13 +107,13 @@ def honours_request(strategy: Strategy, job: JobShape) -> bool:
     offload target; `none` also rules out offloading the parameters and swapping the base's blocks) are honoured."""
     if strategy.training_type != job.training_type:
         return False
+    if job.offload == "none" and (strategy.offload_param != "none" or strategy.block_swap):
+        return False
     if strategy.fused_backward_pass:
         return job.fused_backward_pass is not False and not fused_pass_changes(job)
     if job.fused_backward_pass is True:
         return False
     if job.training_type == "lora" and job.base_precision not in ("auto", strategy.base_precision):
-        return False
-    if job.offload == "none" and (strategy.offload_param != "none" or strategy.block_swap):
         return False
     if not strategy.use_deepspeed:
         return not job.use_deepspeed
@@ -223,7 +225,7 @@ def evaluate_candidates(
     for base in base_precisions_for(job.training_type, job.base_precision):
         plans += [(s, job.lora_rank) for s in strategies_for(job.training_type, job.use_deepspeed, has_nvme, base, block_swap=swap)]
     if fused_pass_possible(hardware, precision) and (job.training_type == "full" or include_alternatives):
-        plans.append((FUSED_STRATEGY, job.lora_rank))
+        plans += [(FUSED_STRATEGY, job.lora_rank)] + ([(FUSED_SWAP_STRATEGY, job.lora_rank)] if swap else [])
     if job.use_deepspeed and requested_stage(job) == 1:
         plans.insert(0, (Strategy(job.training_type, True, 1, "none", "none"), job.lora_rank))
         plans.insert(1, (Strategy(job.training_type, True, 1, "cpu", "none"), job.lora_rank))

@@ -176,8 +176,8 @@ def frozen_base_bytes(model: ModelSize, precision: str, width: int) -> dict[str,
 
 
 def frozen_block_bytes(model: ModelSize, precision: str, width: int) -> dict[str, float]:
-    """Each transformer block's Linear weights and biases as the frozen base stores them (what block swapping
-    streams; the blocks' norms are a few vectors and left out)."""
+    """Each transformer block's Linear weights and biases as the frozen base stores them, or as a full
+    fine-tune trains them (bf16): what block swapping streams; the blocks' norms are a few vectors and left out."""
     blocks: dict[str, float] = {}
     for layer in model.linear_layers:
         if not is_quantised_layer(layer.name):
@@ -239,16 +239,22 @@ def _frozen_placement(
     """(device, host) bytes of the weights outside ZeRO-3: the trainable ones in 16 bits, the frozen
     base as stored, whole on each GPU; or, block-swapped, its blocks in pinned host RAM and two of them on the
     GPU at a time (the one computing and the one prefetched), the rest of it (embedders, output) on the GPU;
-    each process pins its own copy of the blocks."""
+    each process pins its own copy of the blocks. The fused full fine-tune swaps its trained bf16 blocks the
+    same way (each written back to its pinned copy after its backward)."""
     frozen = frozen_base_bytes(model, strategy.base_precision, width) if strategy.training_type == "lora" else {}
     device = {"weights_16bit": trainable * width if strategy.training_type == "lora" else model.transformer_params * width}
     if not strategy.block_swap:
         device.update(frozen)
         return device, {}
     blocks = frozen_block_bytes(model, strategy.base_precision, width)
+    swapped = int(2 * max(blocks.values(), default=0.0))
+    pinned = processes * int(sum(blocks.values()))
+    if strategy.training_type == "full":
+        outside = device["weights_16bit"] - int(sum(blocks.values()))
+        return {"weights_outside_blocks": outside, "swapped_blocks": swapped}, {"trained_blocks_pinned": pinned}
     device["frozen_weights_outside_blocks"] = int(sum(frozen.values()) - sum(blocks.values()))
-    device["swapped_blocks"] = int(2 * max(blocks.values(), default=0.0))
-    return device, {"frozen_blocks_pinned": processes * int(sum(blocks.values()))}
+    device["swapped_blocks"] = swapped
+    return device, {"frozen_blocks_pinned": pinned}
 
 
 def adafactor_state_bytes(model: ModelSize) -> int:
@@ -447,7 +453,7 @@ def estimate_memory(
             "report": 0,
         }
         render_host = training_host
-        export_host = training_host + export_transient
+        export_host = training_host - pinned_blocks_bytes(host) + export_transient
     phase_host = {
         "loading": loading_host + (0 if on_cpu else host["cached_embeddings"]),
         "caching": processes * encoders + host["cached_embeddings"],
@@ -493,6 +499,12 @@ def _with_fixed_costs(phase_host: dict[str, float], fixed: float, job: JobShape)
         name: 0 if not runs.get(name, True) else value + (0 if name in AFTER_TRAINER_PHASES else fixed)
         for name, value in phase_host.items()
     }
+
+
+def pinned_blocks_bytes(host: dict[str, int]) -> int:
+    """The block-swapped model's blocks in pinned host RAM: they are the model's own tensors, freed with it
+    before the export reloads what was saved (train/export/stage.release_engine; metrics.alive_at_export)."""
+    return host.get("frozen_blocks_pinned", 0) + host.get("trained_blocks_pinned", 0)
 
 
 def training_only_bytes(device: dict[str, int]) -> int:

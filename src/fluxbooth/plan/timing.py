@@ -134,17 +134,20 @@ def streaming_pass_seconds(strategy: Strategy, model: ModelSize, hardware: Hardw
     return 0.0
 
 
-def exposed_swap_seconds(strategy: Strategy, model: ModelSize, hardware: Hardware, width: int, passes: int, hidden_behind: float) -> float:
+def exposed_swap_seconds(
+    strategy: Strategy, model: ModelSize, hardware: Hardware, width: int, passes: int, hidden_behind: float, write_backs: int = 0
+) -> float:
     """What block swapping adds to `passes` passes over the base: each pass streams every block over the host
     link while the blocks before it compute, so only what the compute (`hidden_behind` seconds) cannot hide
-    shows, plus each pass's first block, which has nothing to hide behind."""
+    shows, plus each pass's first block, which has nothing to hide behind. `write_backs`: backward passes after
+    which every trained block goes back to the host (the fused full fine-tune), on the same copy stream."""
     if not strategy.block_swap:
         return 0.0
     blocks = frozen_block_bytes(model, strategy.base_precision, width)
     link = host_link_bytes_per_second(hardware)
     every_block = sum(blocks.values()) / link
     first_block = max(blocks.values(), default=0.0) / link
-    return max(0.0, passes * every_block - hidden_behind) + passes * first_block
+    return max(0.0, (passes + write_backs) * every_block - hidden_behind) + passes * first_block
 
 
 def base_pass_seconds(strategy: Strategy, model: ModelSize, hardware: Hardware, width: int, trainable: int) -> float:
@@ -202,8 +205,12 @@ def step_terms(
         "optimizer": optimizer_seconds(strategy, hardware, trainable, width),
         "dequantise": dequantise,
         "streaming": passes * streaming_pass_seconds(strategy, model, hardware, width, trainable),
-        # A swapped block is copied in for the forward and again for the backward's recompute.
-        "swapping": exposed_swap_seconds(strategy, model, hardware, width, 2 * micro_steps, compute + dequantise),
+        # A swapped block is copied in for the forward and again for the backward's recompute (a trained one
+        # back out after its backward).
+        "swapping": exposed_swap_seconds(
+            strategy, model, hardware, width, 2 * micro_steps, compute + dequantise,
+            write_backs=micro_steps if strategy.training_type == "full" else 0,
+        ),
     }
 
 

@@ -64,7 +64,8 @@ class Plan:
     # A full fine-tune on bf16 weights with Adafactor fused into the backward pass, without DeepSpeed
     # (Strategy.fused_backward_pass; the trainer's train/fused_adafactor.py).
     fused_backward_pass: bool = False
-    # The frozen LoRA base streams block by block from pinned host RAM (Strategy.block_swap).
+    # The frozen LoRA base (or the fused full fine-tune's trained blocks) streams block by block from pinned
+    # host RAM (Strategy.block_swap).
     block_swap: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -226,7 +227,8 @@ class Strategy:
     offload_param: Offload
     base_precision: str = "bf16"
     # The frozen base's blocks live in pinned host RAM and stream to the GPU as the passes need them
-    # (fluxbooth.train.blockswap), two at a time; LoRA with gradient checkpointing, without ZeRO-3.
+    # (fluxbooth.train.blockswap), two at a time; LoRA with gradient checkpointing, without ZeRO-3, or the fused
+    # full fine-tune's trained blocks (written back to host RAM after each block's backward).
     block_swap: bool = False
     # kohya's FLUX full fine-tune (--fused_backward_pass --full_bf16): bf16 weights without an fp32 master copy,
     # each stepped by Adafactor inside the backward pass (no gradient buffer); one process, no DeepSpeed.
@@ -238,7 +240,8 @@ class Strategy:
 
     def describe(self) -> str:
         if self.fused_backward_pass:
-            return "full fine-tune with Adafactor fused into the backward pass (bf16 weights), without DeepSpeed"
+            swapped_blocks = ", trained blocks swapped in from host RAM" if self.block_swap else ""
+            return f"full fine-tune with Adafactor fused into the backward pass (bf16 weights), without DeepSpeed{swapped_blocks}"
         kind = "full fine-tune" if self.training_type == "full" else "LoRA"
         if self.quantised:
             kind += f" over an {self.base_precision} base"
