@@ -52,6 +52,13 @@ def optimizer_state(model: torch.nn.Module, optimizer: FusedBackwardAdafactor) -
     return {name: dict(optimizer.state[parameter]) for name, parameter in model.named_parameters()}
 
 
+def trained_with_swapping(base: Path) -> tuple[torch.nn.Module, FusedBackwardAdafactor]:
+    model = full_transformer(base)
+    optimizer = fused_optimizer(model)
+    train_steps(model, optimizer, BlockSwapper(flux_blocks(model), CPU, swap_trainable=True))
+    return model, optimizer
+
+
 @pytest.fixture(scope="module")
 def unswapped(tiny_base: Path) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, object]]]:
     model = full_transformer(tiny_base)
@@ -63,10 +70,7 @@ def unswapped(tiny_base: Path) -> tuple[dict[str, torch.Tensor], dict[str, dict[
 def test_fused_steps_with_swapped_trained_blocks_give_the_unswapped_weights_bit_for_bit(
     tiny_base: Path, unswapped: tuple[dict[str, torch.Tensor], dict[str, dict[str, object]]]
 ) -> None:
-    model = full_transformer(tiny_base)
-    optimizer = fused_optimizer(model)
-    swapper = BlockSwapper(flux_blocks(model), CPU, swap_trainable=True)
-    train_steps(model, optimizer, swapper)
+    model, optimizer = trained_with_swapping(tiny_base)
     expected, _ = unswapped
     trained = weights(model)
     assert trained.keys() == expected.keys()
@@ -78,10 +82,7 @@ def test_fused_steps_with_swapped_trained_blocks_give_the_unswapped_weights_bit_
 def test_fused_steps_with_swapped_trained_blocks_give_the_unswapped_optimizer_state_bit_for_bit(
     tiny_base: Path, unswapped: tuple[dict[str, torch.Tensor], dict[str, dict[str, object]]]
 ) -> None:
-    model = full_transformer(tiny_base)
-    optimizer = fused_optimizer(model)
-    swapper = BlockSwapper(flux_blocks(model), CPU, swap_trainable=True)
-    train_steps(model, optimizer, swapper)
+    model, optimizer = trained_with_swapping(tiny_base)
     _, expected = unswapped
     state = optimizer_state(model, optimizer)
     assert state.keys() == expected.keys()
