@@ -208,6 +208,22 @@ def test_full_zero3_renders_validation_images_during_training(tiny_base: Path, t
     assert (early != final).mean() > 0.1
 
 
+@pytest.mark.parametrize(
+    ("training_type", "settings"),
+    [("lora", {"optimizer": "adamw"}), ("full", {"fused_backward_pass": True, "optimizer": "adafactor"})],
+    ids=["lora", "fused_full"],
+)
+def test_without_deepspeed_validation_renders_during_training(
+    tiny_base: Path, tmp_path: Path, training_type: str, settings: dict[str, Any]
+) -> None:
+    # accelerate's own mixed precision returns the model's outputs in fp32: the VAE must decode fp32 latents.
+    plan = make_plan(training_type=training_type, use_deepspeed=False, zero_stage=0, offload_optimizer="none")
+    run = validation_job(tmp_path / "job", tiny_base, plan, steps=2, validation_steps=1, **settings).launch()
+
+    assert_succeeded(run)
+    assert [record["training_step"] for record in read_json(run.artifact("validation_index"))["images"]] == [1, 1, 2, 2]
+
+
 def test_two_processes_lora_under_zero3_render_validation_images_during_training(tiny_base: Path, tmp_path: Path) -> None:
     # Every rank runs the forward (each holds a slice of every layer); only the main process writes.
     plan = make_plan(training_type="lora", zero_stage=3, offload_param="cpu", num_processes=2)

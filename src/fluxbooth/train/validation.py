@@ -130,8 +130,11 @@ def render_during_training(state: TrainerState, step: int) -> None:
     with session.clock.stage("validate", step=step, prompts=len(config.validation_prompts)):
         if session.is_main or session.zero_stage == 3:
             dtype = session.precision.input_dtype
-            # Loaded for each render, not kept: training steps never share memory with it.
-            vae = load_vae(config.base_model, without_transformers_zero3_init, dtype=dtype)
+            # Loaded for each render, not kept: training steps never share memory with it. Under accelerate's
+            # own mixed precision (no DeepSpeed) the prepared model returns fp32, so the latents it denoises
+            # reach the VAE in fp32 and a bf16 VAE refuses them.
+            vae_dtype = torch.float32 if accelerator.native_amp else dtype
+            vae = load_vae(config.base_model, without_transformers_zero3_init, dtype=vae_dtype)
             if session.is_main:
                 vae.to(decoding_device(session.encoder_device, vae, config.resolution))
             pipeline = ops_for(config.base_model).pipeline_on(
