@@ -508,6 +508,21 @@ def test_a_job_downloads_the_model_with_progress_and_the_next_job_asks_the_hub_n
     assert hub.requests == []
 
 
+def test_a_broken_validation_image_is_refused_before_the_base_model_is_downloaded(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+) -> None:
+    hub.add_repo(pipeline_repo(tiny_pipeline))
+    progress: list[dict[str, Any]] = []
+    raw_input = job_input(validation_prompts=["a photo of sks dog"], validation_images=["not*base64"])
+
+    result = run(online(model_env), raw_input, progress)
+
+    assert result["error"]["code"] == "invalid_input"
+    assert result["error"]["message"].startswith("input.validation_images[0]: is not valid base64")
+    assert "download" not in [update["stage"] for update in progress]
+    assert not any(path.endswith(".safetensors") for path in hub.downloads()), hub.downloads()
+
+
 @pytest.mark.slow
 def test_a_hub_id_planted_in_the_hf_cache_trains_offline_with_the_real_trainer(
     model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path

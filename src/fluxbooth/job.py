@@ -389,13 +389,9 @@ def _replan_for_dataset(job: PlannedJob, dataset: PreparedDataset, job_dir: Path
 
 async def _trainer_config(
     job: PlannedJob, settings: WorkerSettings, reporter: ProgressReporter, job_dir: Path, dataset: PreparedDataset,
-    base_model: str,
+    base_model: str, validation_images: tuple[Path, ...],
 ) -> TrainerConfig:
-    """The trainer's config, with the validation control images fetched and checked like the dataset, and the
-    checkpoint to resume from downloaded to a local folder."""
-    from fluxbooth.dataset.controls import fetch_validation_images
-
-    validation_images = await _in_thread(fetch_validation_images, job.request, job_dir, settings.dataset_limits)
+    """The trainer's config, with the checkpoint to resume from downloaded to a local folder."""
     trainer = trainer_config_for(
         job.request, job.plan, base_model=base_model, instance_dir=dataset.instance_dir,
         class_dir=dataset.class_dir, job_dir=job_dir, class_image_cache_dir=settings.cache_dir / "class-images",
@@ -479,6 +475,7 @@ async def _run(
 ) -> dict[str, Any]:
     from fluxbooth.dataset import prepare_dataset
     from fluxbooth.dataset.checks import check_prepared, enforce
+    from fluxbooth.dataset.controls import fetch_validation_images
     from fluxbooth.report import ReportInputs, make_report, report_artifacts, sheet_images
     from fluxbooth.request import parse_request
     from fluxbooth.storage import local_output_warning
@@ -494,6 +491,8 @@ async def _run(
         functools.partial(prepare_dataset, on_image=reporter.count_from_thread("dataset")),
         job.request, job_dir, settings.dataset_limits,
     )
+    # The validation control images are fetched and checked like the dataset, before the base model is downloaded.
+    validation_images = await _in_thread(fetch_validation_images, job.request, job_dir, settings.dataset_limits)
     job.seconds["dataset"] = _elapsed(stage_started)
     reporter.stage("checks")
     stage_started = time.monotonic()
@@ -507,7 +506,7 @@ async def _run(
     enforce(checks)
     _replan_for_dataset(job, dataset, job_dir)
     base_model = await _complete_base_model(job.model, settings, reporter, job.started + job.deadline, job.seconds)
-    trainer = await _trainer_config(job, settings, reporter, job_dir, dataset, base_model)
+    trainer = await _trainer_config(job, settings, reporter, job_dir, dataset, base_model, validation_images)
     outcome, uploader = await _train(job, trainer, settings, reporter, job_dir)
 
     reporter.stage("report")
