@@ -99,7 +99,10 @@ def test_a_validation_image_that_is_not_base64_is_refused_naming_its_field(tmp_p
     with pytest.raises(FluxboothError) as caught:
         fetch_validation_images(request(pair_members(), validation_prompts=["p"], validation_images=["not*base64"]), tmp_path, LIMITS)
     assert caught.value.code is ErrorCode.INVALID_INPUT
-    assert caught.value.message.startswith("input.validation_images[0]: is not valid base64")
+    assert caught.value.message == (
+        "input.validation_images[0]: is not valid base64 (Only base64 data is allowed); "
+        "send standard base64 of the image, with '=' padding"
+    )
 
 
 def test_a_validation_image_that_is_not_an_image_is_refused_naming_its_field(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ def fetch_validation_images(request: TrainingRequest, job_dir: Path, limits: Dat
             if value.startswith(("http://", "https://")):
                 download_dataset(value, upload, limits)
             else:
-                upload.write_bytes(decode_base64_dataset(value, limits))
+                upload.write_bytes(decode_base64_dataset(value, limits, content="the image", link="an http(s) URL"))
         destination = ensure_inside(folder / f"{index:02d}.png", job_dir)
         normalise_image(upload, destination, member=f"input.{field}", limits=limits, resolution=request.resolution)
         upload.unlink()

@@ -43,31 +43,33 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 # ----------------------------------------------------------------------------------------------- base64
 
 
-def decode_base64_dataset(text: str, limits: DatasetLimits) -> bytes:
-    """Strict base64 (standard or URL-safe alphabet, whitespace tolerated) → the zip's bytes."""
+def decode_base64_dataset(
+    text: str, limits: DatasetLimits, *, content: str = "the dataset zip", link: str = "a link in dataset_url"
+) -> bytes:
+    """Strict base64 (standard or URL-safe alphabet, whitespace tolerated) → the bytes of `content` (the zip,
+    or a validation control image); `link` is what to send instead of base64 that is too long."""
     if len(text) > limits.max_base64_chars:
         raise input_error(
             "dataset",
-            f"is {len(text):,} characters of base64, over the {limits.max_base64_chars:,} cap; "
-            "send a link in dataset_url instead",
+            f"is {len(text):,} characters of base64, over the {limits.max_base64_chars:,} cap; send {link} instead",
         )
     try:
         encoded = text.encode("ascii")
     except UnicodeEncodeError:
-        raise input_error("dataset", "contains non-base64 characters; send the zip as plain base64") from None
+        raise input_error("dataset", f"contains non-base64 characters; send {content} as plain base64") from None
     encoded = _DATA_URI_PREFIX.sub(b"", encoded, count=1).translate(None, _BASE64_WHITESPACE)
     if not encoded:
-        raise input_error("dataset", "is empty; send the dataset zip as base64, or use dataset_url")
+        raise input_error("dataset", f"is empty; send {content} as base64, or {link}")
     if (b"-" in encoded or b"_" in encoded) and b"+" not in encoded and b"/" not in encoded:
         encoded = encoded.translate(bytes.maketrans(b"-_", b"+/"))
     try:
         data = base64.b64decode(encoded, validate=True)
     except binascii.Error as error:
         raise input_error(
-            "dataset", f"is not valid base64 ({error}); send standard base64 of the zip, with '=' padding"
+            "dataset", f"is not valid base64 ({error}); send standard base64 of {content}, with '=' padding"
         ) from None
     if not data:
-        raise input_error("dataset", "decodes to zero bytes; send the dataset zip as base64")
+        raise input_error("dataset", f"decodes to zero bytes; send {content} as base64")
     return data
 
 
