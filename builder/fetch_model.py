@@ -13,16 +13,14 @@ import os
 import sys
 from pathlib import Path
 
-COMPONENT_PATTERNS = [
-    "model_index.json",
-    "scheduler/*",
-    "transformer/*",
-    "vae/*",
-    "text_encoder/*",
-    "text_encoder_2/*",
-    "tokenizer/*",
-    "tokenizer_2/*",
-]
+# The files the worker itself downloads (fluxbooth.model_source.PIPELINE_FILE_PATTERNS: every family's pipeline
+# folders and file kinds). Written out because the model is baked before the source is copied into the image
+# (a source change must not fetch the model again); tests/test_dockerfile.py checks that the two agree.
+PIPELINE_FOLDERS = (
+    "scheduler", "tokenizer", "tokenizer_2", "transformer", "vae", "text_encoder", "text_encoder_2",
+)
+FILE_KINDS = ("json", "safetensors", "txt", "model", "jinja")
+COMPONENT_PATTERNS = ["model_index.json", *(f"{folder}/*.{kind}" for folder in PIPELINE_FOLDERS for kind in FILE_KINDS)]
 
 
 def fetch(repo_id: str, target: Path) -> Path:

@@ -277,6 +277,12 @@ def test_dependencies_come_before_the_source(stages: list[list[Instruction]]) ->
     assert [item.keyword for item in final[copy_source + 1 :]] == ["RUN", "CMD"], "only a smoke check after the source"
 
 
+def test_a_baked_model_is_fetched_with_the_files_the_worker_downloads() -> None:
+    from fluxbooth.model_source import PIPELINE_FILE_PATTERNS
+
+    assert sorted(_load_builder_module("fetch_model").COMPONENT_PATTERNS) == sorted(PIPELINE_FILE_PATTERNS)
+
+
 def test_pips_downloads_stay_in_a_build_cache_not_in_a_layer(stages: list[list[Instruction]]) -> None:
     installs = [item.arguments for item in stages[1] if item.keyword == "RUN" and "pip install" in item.arguments]
     assert len(installs) == 3
