@@ -128,3 +128,17 @@ def test_the_worker_start_runs_only_fluxboths_own_checks_and_never_imports_torch
     assert completed.returncode == 0, completed.stderr[-4000:]
     assert "CHECKS ['check_worker_at_start']" in completed.stdout
     assert "TORCH_IMPORTED False" in completed.stdout
+
+
+def test_the_image_reads_heic_without_shipping_a_gpl_encoder(container: str) -> None:
+    # pi-heif decodes with libheif and libde265 (LGPL); pillow-heif's wheels would also ship x265 (GPL).
+    probe = (
+        "import importlib.util, pathlib, site; from PIL import Image; "
+        "from fluxbooth.dataset.images import register_heif_decoder; register_heif_decoder(); "
+        "print('HEIF', 'HEIF' in Image.OPEN); print('PILLOW_HEIF', importlib.util.find_spec('pillow_heif') is not None); "
+        "print('X265', sorted(path.name for folder in site.getsitepackages() for path in pathlib.Path(folder).rglob('libx265*')))"
+    )
+    completed = run_in(container, ["python", "-c", probe], timeout=300)
+
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert completed.stdout.split("\n")[:3] == ["HEIF True", "PILLOW_HEIF False", "X265 []"]

@@ -22,7 +22,7 @@ from fluxbooth.dataset.guards import dataset_error, quoted
 from fluxbooth.hardware import format_bytes
 from fluxbooth.settings import DatasetLimits
 
-# HEIF is the iPhone's HEIC (read through pillow-heif's plugin); Pillow reads AVIF itself.
+# HEIF is the iPhone's HEIC (read through pi-heif's plugin); Pillow reads AVIF itself.
 ALLOWED_IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "HEIF", "AVIF")
 MAX_CAPTION_CHARS = 2000
 
@@ -202,10 +202,13 @@ class ImageHeader:
 
 @functools.cache
 def register_heif_decoder() -> None:
-    """pillow-heif's Pillow plugin, once per process, decoding only the primary picture (no thumbnails, depth
+    """pi-heif's Pillow plugin, once per process, decoding only the primary picture (no thumbnails, depth
     maps or auxiliary images: nothing the trainer uses is worth their decode time). libheif applies the
-    file's rotation and mirroring itself and resets the EXIF orientation, so a photo is turned once."""
-    from pillow_heif import register_heif_opener
+    file's rotation and mirroring itself and resets the EXIF orientation, so a photo is turned once.
+
+    pi-heif is pillow-heif's decoder-only build: libheif and libde265 (LGPL) without the x265 encoder that
+    pillow-heif's wheels bundle (GPL), which the worker never needs and its image would otherwise ship."""
+    from pi_heif import register_heif_opener
 
     register_heif_opener(thumbnails=False, depth_images=False, aux_images=False)
 
