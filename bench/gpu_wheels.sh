@@ -18,12 +18,12 @@ requirements="$root/requirements.txt"
 # Pure-Python or cp312 binary wheels, each at requirements.txt's pin. Dependencies are named one by
 # one because --no-deps fetches none: diffusers needs importlib_metadata (+ zipp) and requests
 # (+ urllib3, idna, charset-normalizer, certifi); pydantic needs its core, annotated-types,
-# typing-inspection and a recent typing_extensions; DeepSpeed needs hjson.
+# typing-inspection and a recent typing_extensions; DeepSpeed needs hjson; the dataset stage opens HEIC through pi-heif.
 packages=(
     diffusers importlib_metadata zipp
     requests urllib3 idna charset-normalizer certifi
     pydantic pydantic_core annotated-types typing-inspection typing_extensions
-    hjson pyyaml
+    hjson pyyaml pi-heif
 )
 
 pin() {
