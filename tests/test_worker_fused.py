@@ -17,6 +17,8 @@ from safetensors.torch import load_file
 from fluxbooth.job import run_job
 from fluxbooth.settings import WorkerSettings
 from fluxbooth.train.names import FUSED_ADAFACTOR_CLASS
+from tests.factories import make_dataset_zip, to_base64
+from tests.test_trainer_prior import OVERFIT_LOSS_RATIO
 
 pytestmark = pytest.mark.slow
 
@@ -29,15 +31,18 @@ def fused_input(**overrides: Any) -> dict[str, Any]:
     return {**demo, "fused_backward_pass": True, "steps": STEPS, **overrides}
 
 
-@pytest.fixture(scope="module")
-def settings(tmp_path_factory: pytest.TempPathFactory, torch_extensions_dir: Path) -> WorkerSettings:
-    root = tmp_path_factory.mktemp("worker-fused")
+def worker_settings(root: Path, torch_extensions_dir: Path, **environ: str) -> WorkerSettings:
     return WorkerSettings.from_environ({
         "PATH": "/usr/bin:/bin", "HOME": str(root), "FLUXBOOTH_WORK_DIR": str(root / "work"),
         "FLUXBOOTH_OUTPUT_DIR": str(root / "outputs"), "FLUXBOOTH_CACHE_DIR": str(root / "cache"),
         "FLUXBOOTH_VOLUME_DIR": str(root / "no-volume"), "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir),
-        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1", **environ,
     })
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory: pytest.TempPathFactory, torch_extensions_dir: Path) -> WorkerSettings:
+    return worker_settings(tmp_path_factory.mktemp("worker-fused"), torch_extensions_dir)
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +101,31 @@ def test_a_job_resumed_from_the_checkpoint_ends_on_the_uninterrupted_jobs_weight
     expected, actual = transformer_weights(whole), transformer_weights(resumed)
     assert expected.keys() == actual.keys()
     assert all(torch.equal(expected[name], actual[name]) for name in expected)
+
+
+@pytest.fixture(scope="module")
+def overfit_runs(tmp_path_factory: pytest.TempPathFactory, torch_extensions_dir: Path) -> dict[bool, dict[str, Any]]:
+    """One photo, 40 steps at a high rate, the fixed-noise loss measured (`debug`): the fused pass and, with
+    `fused_backward_pass: false`, the ZeRO-2 AdamW run the planner chooses on this CPU instead."""
+    settings = worker_settings(tmp_path_factory.mktemp("worker-overfit"), torch_extensions_dir, FLUXBOOTH_MIN_IMAGES="1")
+    runs = {}
+    for fused in (True, False):
+        request = fused_input(
+            model_name=f"sks-overfit-{fused}", dataset=to_base64(make_dataset_zip(count=1, size=(64, 64))),
+            fused_backward_pass=fused, steps=40, learning_rate=1e-3, debug=True,
+        )
+        runs[fused] = asyncio.run(run_job(request, job_id=f"overfit-{fused}", settings=settings))
+        assert "error" not in runs[fused], runs[fused]
+    return runs
+
+
+def test_through_the_worker_the_fused_pass_lowers_the_fixed_noise_loss_as_zero2_adamw_does(
+    overfit_runs: dict[bool, dict[str, Any]]
+) -> None:
+    fused, zero2 = overfit_runs[True]["metrics"], overfit_runs[False]["metrics"]
+    assert (fused["optimizer"], zero2["optimizer"]) == (FUSED_ADAFACTOR_CLASS, "DeepSpeedCPUAdam")
+    fused_loss, zero2_loss = fused["fixed_noise_loss"], zero2["fixed_noise_loss"]
+    assert fused_loss["start"] == zero2_loss["start"]
+    assert fused_loss["end"] < OVERFIT_LOSS_RATIO * fused_loss["start"], fused_loss
+    assert zero2_loss["end"] < OVERFIT_LOSS_RATIO * zero2_loss["start"], zero2_loss
+    assert fused_loss["end"] == pytest.approx(zero2_loss["end"], rel=0.05)
