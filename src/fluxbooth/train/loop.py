@@ -44,7 +44,9 @@ def start_training(session: Session, data: CachedData, transformer: Any) -> Trai
         # Stepped by hand once per optimizer step: accelerate's wrapper would step it once per process. Built on
         # the optimizer that really steps (accelerate swaps an offloaded torch AdamW for DeepSpeedCPUAdam).
         # Block swapping placed the model itself (accelerate's `.to` would move every swapped trained block).
-        engine, optimizer = accelerator.prepare(transformer, optimizer, device_placement=[not config.block_swap, True])
+        # DeepSpeed places its engine's module itself, and accelerate refuses a placement list beside it.
+        placement = [False, True] if config.block_swap and session.deepspeed_config is None else None
+        engine, optimizer = accelerator.prepare(transformer, optimizer, device_placement=placement)
         scheduler = build_scheduler(innermost_optimizer(optimizer), config, session.deepspeed_config, accelerator.num_processes)
     noise_scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(config.base_model, subfolder="scheduler")
     run = TrainingRun(
