@@ -17,6 +17,7 @@ import pytest
 from fluxbooth.job import run_job
 from fluxbooth.settings import WorkerSettings
 from fluxbooth.synthetic import build_pipeline, preset
+from tests.conftest import worker_environment
 from tests.factories import make_dataset_zip, to_base64
 
 pytestmark = pytest.mark.slow
@@ -57,16 +58,14 @@ def local_file(artifact: dict[str, Any]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def family_runs(family_bases: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, torch_extensions_dir: Path) -> dict[str, dict[str, Any]]:
+def family_runs(
+    family_bases: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, torch_extensions_dir: Path
+) -> dict[str, dict[str, Any]]:
     """One job per family, run once for the module (each takes a minute or two on a CPU)."""
     results = {}
     for name, base in family_bases.items():
         root = tmp_path_factory.mktemp(f"worker-{name}")
-        settings = WorkerSettings.from_environ({
-            "PATH": "/usr/bin:/bin", "HOME": str(root), "FLUXBOOTH_WORK_DIR": str(root / "work"),
-            "FLUXBOOTH_OUTPUT_DIR": str(root / "outputs"), "FLUXBOOTH_CACHE_DIR": str(root / "cache"),
-            "FLUXBOOTH_VOLUME_DIR": str(root / "no-volume"), "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir), "HF_HUB_OFFLINE": "1",
-        })
+        settings = WorkerSettings.from_environ(worker_environment(root, model_cache_dir, torch_extensions_dir))
         results[name] = asyncio.run(run_job(lora_request(base), job_id=f"family-{name}", settings=settings))
     return results
 
@@ -146,16 +145,14 @@ def pairs_zip() -> bytes:
 
 
 @pytest.fixture(scope="module")
-def kontext_run(tmp_path_factory: pytest.TempPathFactory, torch_extensions_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], Path]:
+def kontext_run(
+    tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, torch_extensions_dir: Path
+) -> tuple[dict[str, Any], list[dict[str, Any]], Path]:
     from tests.factories import make_image
 
     root = tmp_path_factory.mktemp("worker-kontext")
     base = build_pipeline(preset("tiny-kontext"), root / "tiny-kontext")
-    settings = WorkerSettings.from_environ({
-        "PATH": "/usr/bin:/bin", "HOME": str(root), "FLUXBOOTH_WORK_DIR": str(root / "work"),
-        "FLUXBOOTH_OUTPUT_DIR": str(root / "outputs"), "FLUXBOOTH_CACHE_DIR": str(root / "cache"),
-        "FLUXBOOTH_VOLUME_DIR": str(root / "no-volume"), "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir), "HF_HUB_OFFLINE": "1",
-    })
+    settings = WorkerSettings.from_environ(worker_environment(root, model_cache_dir, torch_extensions_dir))
     request = {
         **lora_request(base), "dataset": to_base64(pairs_zip()), "instance_prompt": "make the sky red",
         "validation_prompts": ["make the sky red"], "validation_images": [to_base64(make_image("JPEG", size=(90, 70), color=(40, 90, 200)))],
@@ -209,7 +206,7 @@ def test_the_kontext_lora_loads_into_flux_kontext_pipeline_and_changes_an_edit(
 
 
 def test_a_flux2_full_fine_tune_exports_a_single_file_in_flux2s_original_layout(
-    family_bases: dict[str, Path], tmp_path: Path, torch_extensions_dir: Path
+    family_bases: dict[str, Path], tmp_path: Path, model_cache_dir: Path, torch_extensions_dir: Path
 ) -> None:
     """The single file uses FLUX.2's original (BFL) names; diffusers' own FLUX.2 single-file converter reads it
     back to exactly the diffusers export."""
@@ -217,11 +214,7 @@ def test_a_flux2_full_fine_tune_exports_a_single_file_in_flux2s_original_layout(
     from diffusers import Flux2Transformer2DModel
 
     base = family_bases["tiny-flux2-klein"]
-    settings = WorkerSettings.from_environ({
-        "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "FLUXBOOTH_WORK_DIR": str(tmp_path / "work"),
-        "FLUXBOOTH_OUTPUT_DIR": str(tmp_path / "outputs"), "FLUXBOOTH_CACHE_DIR": str(tmp_path / "cache"),
-        "FLUXBOOTH_VOLUME_DIR": str(tmp_path / "no-volume"), "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir), "HF_HUB_OFFLINE": "1",
-    })
+    settings = WorkerSettings.from_environ(worker_environment(tmp_path, model_cache_dir, torch_extensions_dir))
     request = {key: value for key, value in lora_request(base).items() if key not in ("lora_rank", "learning_rate", "validation_prompts")}
     request.update(training_type="full", steps=2, output_formats=["diffusers", "single_file"])
     result = asyncio.run(run_job(request, job_id="family-flux2-full", settings=settings))

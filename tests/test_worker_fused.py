@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from fluxbooth.job import run_job
 from fluxbooth.settings import WorkerSettings
 from fluxbooth.train.names import FUSED_ADAFACTOR_CLASS
+from tests.conftest import worker_environment
 from tests.factories import make_dataset_zip, to_base64
 from tests.test_trainer_prior import OVERFIT_LOSS_RATIO
 
@@ -31,18 +32,11 @@ def fused_input(**overrides: Any) -> dict[str, Any]:
     return {**demo, "fused_backward_pass": True, "steps": STEPS, **overrides}
 
 
-def worker_settings(root: Path, torch_extensions_dir: Path, **environ: str) -> WorkerSettings:
-    return WorkerSettings.from_environ({
-        "PATH": "/usr/bin:/bin", "HOME": str(root), "FLUXBOOTH_WORK_DIR": str(root / "work"),
-        "FLUXBOOTH_OUTPUT_DIR": str(root / "outputs"), "FLUXBOOTH_CACHE_DIR": str(root / "cache"),
-        "FLUXBOOTH_VOLUME_DIR": str(root / "no-volume"), "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir),
-        "HF_HUB_OFFLINE": "1", **environ,
-    })
-
-
 @pytest.fixture(scope="module")
-def settings(tmp_path_factory: pytest.TempPathFactory, torch_extensions_dir: Path) -> WorkerSettings:
-    return worker_settings(tmp_path_factory.mktemp("worker-fused"), torch_extensions_dir)
+def settings(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, torch_extensions_dir: Path) -> WorkerSettings:
+    return WorkerSettings.from_environ(
+        worker_environment(tmp_path_factory.mktemp("worker-fused"), model_cache_dir, torch_extensions_dir)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +98,15 @@ def test_a_job_resumed_from_the_checkpoint_ends_on_the_uninterrupted_jobs_weight
 
 
 @pytest.fixture(scope="module")
-def overfit_runs(tmp_path_factory: pytest.TempPathFactory, torch_extensions_dir: Path) -> dict[bool, dict[str, Any]]:
+def overfit_runs(
+    tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, torch_extensions_dir: Path
+) -> dict[bool, dict[str, Any]]:
     """One photo, 40 steps at a high rate, the fixed-noise loss measured (`debug`): the fused pass and, with
     `fused_backward_pass: false`, the ZeRO-2 AdamW run the planner chooses on this CPU instead."""
-    settings = worker_settings(tmp_path_factory.mktemp("worker-overfit"), torch_extensions_dir, FLUXBOOTH_MIN_IMAGES="1")
+    root = tmp_path_factory.mktemp("worker-overfit")
+    settings = WorkerSettings.from_environ(
+        {**worker_environment(root, model_cache_dir, torch_extensions_dir), "FLUXBOOTH_MIN_IMAGES": "1"}
+    )
     runs = {}
     for fused in (True, False):
         request = fused_input(

@@ -271,10 +271,11 @@ def fused_pass_possible(hardware: Hardware, precision: str) -> bool:
 
 def fused_pass_changes(job: JobShape) -> list[str]:
     """The request settings a full fine-tune would have to change to run the fused pass (none: it may)."""
+    stage = requested_stage(job)
     conflicts = fused_pass_conflicts(
         gradient_accumulation_steps=job.gradient_accumulation_steps, optimizer=job.optimizer,
         optimizer_named=job.optimizer_named, mixed_precision=job.mixed_precision,
-        zero_stage="auto" if requested_stage(job) is None else requested_stage(job), offload=job.offload,
+        zero_stage="auto" if stage is None else stage, offload=job.offload,
     )
     return [conflict.change for conflict in conflicts]
 
