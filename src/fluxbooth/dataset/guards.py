@@ -43,6 +43,11 @@ def quoted(name: str, limit: int = 120) -> str:
     return repr(shown)
 
 
+def unquoted(name: str, limit: int = 120) -> str:
+    """`quoted` without the quotes, for a name inside a path the message suggests."""
+    return quoted(name, limit)[1:-1]
+
+
 def _does_not_fit(what: str, needed_bytes: int, free_bytes: int, path: Path) -> FluxboothError:
     return FluxboothError(
         ErrorCode.DOES_NOT_FIT,
