@@ -41,6 +41,7 @@ from fluxbooth.events import StageEvent, StepEvent, TrainerEvent, WarningEvent
 from fluxbooth.families import default_lora_targets_of, family_named
 from fluxbooth.hardware import Hardware, format_bytes, free_disk_bytes, nvme_root, probe_hardware
 from fluxbooth.launch import classify_outcome, run_trainer, trainer_command
+from fluxbooth.messages import bounded_warnings
 from fluxbooth.model_source import ResolvedModel, download_base_model, ensure_room_to_download, resolve_hub_model
 from fluxbooth.modelsize import ModelSize
 from fluxbooth.plan import Plan, choose_plan, model_size
@@ -546,7 +547,7 @@ async def _run(
         "metrics": {**trainer_metrics, "seconds": {**trainer_metrics.get("seconds", {}), **job.seconds}},
         "dataset": {**dataset.summary(), "checks": checks.to_dict()},
         "checkpoints": uploader.uploaded if uploader is not None else [],
-        "warnings": job.warnings + trainer_warnings,
+        "warnings": bounded_warnings(job.warnings + trainer_warnings),
     }
 
 

@@ -12,6 +12,11 @@ MAX_NAME_CHARS = 120
 MAX_PROBLEM_CHARS = 600
 # Problems named one by one in a message; the rest are counted ("and 3 more").
 MAX_LISTED_PROBLEMS = 10
+# A whole error message, and a job result's warnings (count, characters of all, characters of one).
+MAX_MESSAGE_CHARS = 6000
+MAX_WARNINGS = 40
+MAX_WARNINGS_CHARS = 8000
+MAX_WARNING_CHARS = 2500
 
 
 def whole_words(text: str, limit: int = MAX_PROBLEM_CHARS) -> str:
@@ -68,3 +73,8 @@ def describe_seconds(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds / 60:.1f}".removesuffix(".0") + " min"
     return f"{seconds / 3600:.1f}".removesuffix(".0") + " h"
+
+
+def bounded_warnings(warnings: Sequence[str]) -> list[str]:
+    """A result's warnings, each once, within MAX_WARNINGS and MAX_WARNINGS_CHARS; the last counts the rest."""
+    return bounded_list(list(dict.fromkeys(warnings)), MAX_WARNINGS, MAX_WARNINGS_CHARS, MAX_WARNING_CHARS)
