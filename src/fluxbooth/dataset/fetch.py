@@ -282,12 +282,11 @@ def download_dataset(
     job_deadline = clock.deadline_at if clock is not None else float("inf")
     cut_at = min(own_deadline, job_deadline)
 
-    def overdue(current: str, received: str = "") -> FluxboothError:
+    def overdue(current: str) -> FluxboothError:
         if clock is not None and job_deadline <= own_deadline:
             return clock.expired(stage)
         return url_error(
-            f"downloading {display_url(current)} took too long{received}; the server is too slow, host the file "
-            "elsewhere"
+            f"downloading {display_url(current)} took too long; the server is too slow, host the file elsewhere"
         )
 
     current = url.strip()
