@@ -212,3 +212,16 @@ def test_twelve_long_named_duplicates_warned_about_stay_under_8_kb(long_named_du
 def test_a_long_name_is_shortened_in_its_middle_keeping_its_start_and_extension(long_named_duplicates: DatasetChecks) -> None:
     shown = long_named_duplicates.findings[0].shown_files[0]
     assert len(shown) == 120 and shown.startswith("00nnn") and shown.endswith("nnn.jpg") and "…" in shown
+
+
+def test_twelve_uploaded_duplicates_with_4000_character_names_are_refused_under_8_kb(tmp_path: Path) -> None:
+    import json
+
+    photo = encoded(textured_photo(3), "JPEG")
+    members = [(f"{index:02d}" + "n" * 4000 + ".jpg", photo) for index in range(12)]
+    dataset = prepared(tmp_path, members, dataset_checks="strict")
+    with pytest.raises(FluxboothError) as caught:
+        enforce(checked(dataset, mode="strict"))
+    assert caught.value.code is ErrorCode.INVALID_DATASET
+    assert len(json.dumps(caught.value.to_result(), ensure_ascii=False)) < 8 * 1024
+    assert sum(len(line) for line in checked(dataset).warnings()) < 8 * 1024
