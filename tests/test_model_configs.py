@@ -167,8 +167,10 @@ def test_another_coroutine_keeps_running_while_a_large_plan_is_made(worker_env: 
 
     result, seconds = asyncio.run(both())
     assert result["error"]["code"] == "does_not_fit", result  # an 11 B-parameter-per-block model on this CPU
-    assert seconds > 1.0  # the plan took long enough for a blocked loop to show
-    assert max(gaps) < 0.5, max(gaps)
+    # Sizing and planning are most of the job's time here; on the event loop they would stall the ticker for
+    # about that long (0.6 s of 0.76 s on this 2-core VM), in a thread it keeps its 10 ms pace.
+    assert seconds > 0.3
+    assert max(gaps) < seconds / 3, (max(gaps), seconds)
 
 
 def test_a_transformer_patch_size_given_per_axis_is_refused(tmp_path: Path) -> None:
