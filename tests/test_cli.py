@@ -347,7 +347,7 @@ def test_at_the_workers_default_deadline_the_guides_basic_request_is_refused_wit
     assert code == EXIT_FAILED
     assert report["error"]["code"] == "does_not_fit"
     assert report["error"]["message"].endswith(
-        "beyond the job deadline of 0.9 h; use about 1056 steps, or timeout_seconds 7740 (and an endpoint "
+        "beyond the job deadline of 55 min; use about 1056 steps, or timeout_seconds 7740 (and an endpoint "
         "execution timeout above it), or a faster GPU"
     )
 
@@ -424,7 +424,7 @@ def test_an_8_gib_card_at_1024_and_the_default_deadline_is_refused_naming_steps_
     assert report["error"]["message"] == (
         "steps: 1000 steps at ≈6.4 s/step with LoRA rank 16 with ZeRO-2, no offload, frozen blocks swapped in from "
         "host RAM, with every phase (caching ≈3 min, training ≈106 min), take ≈1.8 h, beyond the job deadline of "
-        "0.9 h; use about 488 steps, or timeout_seconds 8220 (and an endpoint execution timeout above it), or a "
+        "55 min; use about 488 steps, or timeout_seconds 8220 (and an endpoint execution timeout above it), or a "
         "faster GPU"
     )
 
@@ -602,3 +602,31 @@ def test_a_reader_that_closes_the_pipe_early_ends_plan_quietly(cli_env: dict[str
     finally:
         os.close(writer)
     assert (completed.returncode, completed.stderr) == (EXIT_CLOSED_PIPE, "")
+
+
+# ---- hostile input to plan (issue 29, items 5 and 9) ------------------------------------------------
+
+
+def test_a_plan_refusal_naming_several_flags_names_every_one(cli_env: dict[str, str]) -> None:
+    code, output = run_cli(
+        ["plan", *EIGHTY_GIB_CARD, "--base-model", "black-forest-labs/FLUX.1-dev", "--training-type", "full",
+         "--fused-backward-pass", "true", "--gradient-accumulation-steps", "2", "--mixed-precision", "fp16", "--json"],
+        cli_env,
+    )
+    assert code == EXIT_USAGE
+    assert json.loads(output)["error"]["message"] == (
+        "invalid request: --fused-backward-pass, --gradient-accumulation-steps: each weight is stepped as its gradient "
+        "appears: no gradient buffer to accumulate in; use gradient_accumulation_steps 1; --fused-backward-pass, "
+        "--mixed-precision: the fused pass trains bf16 weights; use mixed_precision 'bf16'"
+    )
+
+
+def test_a_request_file_nested_100000_deep_is_a_clean_invalid_input(cli_env: dict[str, str], tmp_path: Path) -> None:
+    request = tmp_path / "deep.json"
+    request.write_text("[" * 100_000)
+    completed = subprocess.run(
+        [sys.executable, "-m", "fluxbooth", "plan", *EIGHT_GIB_CARD, "--request", str(request)],
+        env=cli_env, capture_output=True, text=True, timeout=120,
+    )
+    assert completed.returncode == EXIT_USAGE
+    assert completed.stderr == f"error (invalid_input): --request {request}: nested 100,000 levels deep, over the bound of 64\n"

@@ -210,6 +210,23 @@ def test_duplicate_member_names_in_the_archive_keep_every_image(job_dir: Path) -
     assert prepared.instance_images == 3
 
 
+def test_two_entries_of_one_name_stay_two_in_the_per_file_results(job_dir: Path) -> None:
+    archive = make_zip([("dup.jpg", make_image("JPEG", color=(200, 10, 10))), ("dup.jpg", make_image("JPEG", color=(10, 10, 200))),
+                        ("other.jpg", make_image("JPEG"))])
+
+    prepared = prepare(job_dir, archive)
+
+    assert sorted(prepared.uploaded_names.values()) == ["dup.jpg", "dup.jpg (entry 2)", "other.jpg"]
+
+
+def test_a_caption_differing_only_in_case_from_another_is_counted_as_skipped(job_dir: Path) -> None:
+    archive = with_images(("Photo0.txt", b"first caption"), ("photo0.txt", b"second caption"))
+
+    prepared = prepare(job_dir, archive)
+
+    assert (prepared.captions, prepared.skipped) == (1, {"duplicate_caption": 1})
+
+
 def test_junk_is_skipped_and_counted_by_kind(job_dir: Path) -> None:
     archive = with_images(
         ("__MACOSX/._photo0.png", b"\x00\x05\x16\x07"),
@@ -753,6 +770,16 @@ def test_redirects_are_followed(tmp_path: Path, http_server: LocalHTTPServer) ->
 
     assert download_dataset(url, tmp_path / "dataset.zip", LOCAL_LIMITS) == 8
     assert (tmp_path / "dataset.zip").read_bytes() == b"PK-bytes"
+
+
+def test_a_redirect_to_port_0_is_refused(tmp_path: Path, http_server: LocalHTTPServer) -> None:
+    url = http_server.add("/start", status=302, redirect_to="http://127.0.0.1:0/final.zip")
+
+    error = download_refusal(url, tmp_path)
+
+    assert (error.code, error.message) == (
+        ErrorCode.INVALID_INPUT, "input.dataset_url: redirected to a URL with port 0, which no server listens on; check the URL"
+    )
 
 
 def test_loopback_url_is_refused_by_default(tmp_path: Path, http_server: LocalHTTPServer) -> None:

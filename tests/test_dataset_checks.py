@@ -176,3 +176,52 @@ def test_a_strict_job_is_refused_before_the_trainer_starts(worker_env: dict[str,
         assert name in result["error"]["message"]
     stages = [update["stage"] for update in progress]
     assert "checks" in stages and "launch" not in stages
+
+
+# ---- bounded messages (issue 29, item 8) -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def long_named_duplicates(tmp_path_factory: pytest.TempPathFactory) -> DatasetChecks:
+    photo = textured_photo(7)
+    names = [f"{index:02d}" + "n" * 4000 + ".jpg" for index in range(12)]
+    files = files_of(tmp_path_factory.mktemp("long-names"), dict.fromkeys(names, photo))
+    return check_dataset(files, lambda width, height: SQUARE_256, "strict")
+
+
+def test_twelve_long_named_duplicates_refused_under_strict_stay_under_8_kb(long_named_duplicates: DatasetChecks) -> None:
+    import json
+
+    with pytest.raises(FluxboothError) as caught:
+        enforce(long_named_duplicates)
+    error = caught.value
+    assert len(json.dumps(error.to_result(), ensure_ascii=False)) < 8 * 1024
+    assert error.message.startswith("dataset: dataset_checks is strict and 12 file(s) failed the dataset check: 00nnn")
+    assert ", and 4 more: identical pixels (the same photo more than once: keep one)." in error.message
+    assert error.details["findings"][0]["file_count"] == 12
+
+
+def test_twelve_long_named_duplicates_warned_about_stay_under_8_kb(long_named_duplicates: DatasetChecks) -> None:
+    from dataclasses import replace
+
+    warnings = replace(long_named_duplicates, mode="warn").warnings()
+    assert sum(len(line) for line in warnings) < 8 * 1024
+    assert warnings[0].endswith(", and 4 more: identical pixels")
+
+
+def test_a_long_name_is_shortened_in_its_middle_keeping_its_start_and_extension(long_named_duplicates: DatasetChecks) -> None:
+    shown = long_named_duplicates.findings[0].shown_files[0]
+    assert len(shown) == 120 and shown.startswith("00nnn") and shown.endswith("nnn.jpg") and "…" in shown
+
+
+def test_twelve_uploaded_duplicates_with_4000_character_names_are_refused_under_8_kb(tmp_path: Path) -> None:
+    import json
+
+    photo = encoded(textured_photo(3), "JPEG")
+    members = [(f"{index:02d}" + "n" * 4000 + ".jpg", photo) for index in range(12)]
+    dataset = prepared(tmp_path, members, dataset_checks="strict")
+    with pytest.raises(FluxboothError) as caught:
+        enforce(checked(dataset, mode="strict"))
+    assert caught.value.code is ErrorCode.INVALID_DATASET
+    assert len(json.dumps(caught.value.to_result(), ensure_ascii=False)) < 8 * 1024
+    assert sum(len(line) for line in checked(dataset).warnings()) < 8 * 1024

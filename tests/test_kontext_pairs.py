@@ -84,6 +84,81 @@ def test_an_undecodable_control_image_is_refused_naming_it(tmp_path: Path) -> No
     assert "control/edit1.jpg" in error.message
 
 
+# ---- one pairing rule for the dataset stage and the trainer (issue 29, items 2, 3, 7) ----------------------
+
+
+def trainer_pairs(prepared: PreparedDataset) -> dict[str, str]:
+    """The trainer's pairing of the stored files: each training image's name → its control image's name."""
+    from fluxbooth.train.data import discover_images, with_controls
+
+    assert prepared.control_dir is not None
+    paired = with_controls(discover_images(prepared.instance_dir, "edit"), prepared.control_dir)
+    return {image.path.name: image.control.name for image in paired if image.control is not None}
+
+
+def test_pairs_told_apart_only_by_case_are_paired_by_the_dataset_stage_and_the_trainer_alike(tmp_path: Path) -> None:
+    members = [
+        (f"Photo{index}.png", make_image("PNG", size=(96, 80), color=TARGET)) for index in range(3)
+    ] + [(f"control/photo{index}.JPG", make_image("JPEG", size=(96, 80), color=CONTROL)) for index in range(3)]
+    prepared = prepare(tmp_path / "job", members)
+    assert trainer_pairs(prepared) == {f"Photo{index}.png": f"Photo{index}.png" for index in range(3)}
+
+
+def test_the_trainer_pairs_stored_files_told_apart_only_by_case(tmp_path: Path) -> None:
+    from fluxbooth.train.data import TrainingImage, with_controls
+
+    (tmp_path / "instance").mkdir()
+    (tmp_path / "control").mkdir()
+    (tmp_path / "instance" / "Photo0.png").write_bytes(make_image("PNG", size=(8, 8)))
+    (tmp_path / "control" / "photo0.png").write_bytes(make_image("PNG", size=(8, 8)))
+    paired = with_controls([TrainingImage(tmp_path / "instance" / "Photo0.png", "edit")], tmp_path / "control")
+    assert paired[0].control == tmp_path / "control" / "photo0.png"
+
+
+def test_non_ascii_stems_are_paired_on_their_own_characters(tmp_path: Path) -> None:
+    prepared = prepare(tmp_path / "job", pair_members(stems=("猫", "犬", "写真1")))
+    assert sorted(path.name for path in prepared.instance_dir.glob("*.png")) == ["写真1.png", "犬.png", "猫.png"]
+    assert trainer_pairs(prepared) == {"写真1.png": "写真1.png", "犬.png": "犬.png", "猫.png": "猫.png"}
+
+
+def test_non_ascii_stems_that_differ_are_not_a_pair(tmp_path: Path) -> None:
+    members = pair_members(stems=("写真1", "edit1", "edit2"), controls=("画像1", "edit1", "edit2"))
+    error = refusal(tmp_path / "job", members)
+    assert (error.code, error.message) == (
+        ErrorCode.INVALID_DATASET,
+        "dataset: '写真1.png' has no control image: put its input image at control/写真1.<ext> (the same file stem); "
+        "with a control/ folder every training image needs one",
+    )
+
+
+def test_stems_in_composed_and_decomposed_unicode_are_one_pair(tmp_path: Path) -> None:
+    composed, decomposed = "caf\u00e9", "cafe\u0301"
+    prepared = prepare(tmp_path / "job", pair_members(stems=(decomposed, "edit1", "edit2"), controls=(composed, "edit1", "edit2")))
+    assert trainer_pairs(prepared)["café.png"] == "café.png"
+
+
+def test_two_training_images_one_case_apart_are_refused_naming_both_uploads(tmp_path: Path) -> None:
+    error = refusal(tmp_path / "job", pair_members(stems=("Edit0", "edit0", "edit1")))
+    assert (error.code, error.message) == (
+        ErrorCode.INVALID_DATASET,
+        "dataset: 'edit0.png' and 'Edit0.png' share the file stem 'edit0' (stems are compared ignoring case); image "
+        "pairs are matched by file stem, so give each pair a stem of its own",
+    )
+
+
+def test_image_pairs_with_prior_preservation_are_invalid_input_before_any_image_is_decoded(tmp_path: Path) -> None:
+    members = pair_members() + [(f"class/dog{index}.png", b"never decoded") for index in range(3)]
+    with pytest.raises(FluxboothError) as caught:
+        prepare_dataset(
+            request(members, with_prior_preservation=True, class_prompt="a photo"), tmp_path / "job", LIMITS
+        )
+    assert (caught.value.code, caught.value.message) == (
+        ErrorCode.INVALID_INPUT,
+        "input.with_prior_preservation: the zip has a control/ folder (image pairs), and image-pair training has no "
+        "class images with control images; turn with_prior_preservation off, or remove the control/ folder",
+    )
+
+
 # ---- validation control images --------------------------------------------------------------------------
 
 
@@ -157,3 +232,53 @@ def test_the_control_latents_reach_the_transformer_after_the_targets_tokens(tmp_
     assert torch.equal(seen[0][:, 16:], ops.pack(control))
     assert inputs.img_ids[16:, 0].eq(1).all() and inputs.img_ids[:16, 0].eq(0).all()
     assert unpack_prediction(prediction, inputs, ops).shape == target.shape
+
+
+# ---- validation_images loose ends (issue 29, item 10) -----------------------------------------------------
+
+
+def test_an_ftp_validation_image_is_refused_as_a_url(tmp_path: Path) -> None:
+    with pytest.raises(FluxboothError) as caught:
+        fetch_validation_images(
+            request(pair_members(), validation_prompts=["p"], validation_images=["ftp://example.com/a.png"]), tmp_path, LIMITS
+        )
+    assert (caught.value.code, caught.value.message) == (
+        ErrorCode.INVALID_INPUT, "input.validation_images[0]: is a ftp: URL; only http and https are followed"
+    )
+
+
+def test_an_upper_case_http_validation_image_is_downloaded_as_a_url(tmp_path: Path) -> None:
+    from tests.http_fixtures import LocalHTTPServer
+
+    with LocalHTTPServer() as server:
+        url = server.add("/c.png", body=make_image("PNG", size=(96, 80), color=CONTROL)).replace("http://", "HTTP://")
+        stored = fetch_validation_images(
+            request(pair_members(), validation_prompts=["p"], validation_images=[url]), tmp_path,
+            DatasetLimits(allow_private_urls=True),
+        )
+    assert [path.name for path in stored] == ["00.png"]
+
+
+@pytest.mark.parametrize("family_name", ["flux1", "flux2", "flux2-klein"])
+def test_validation_images_for_a_family_that_does_not_use_them_are_refused_before_fetching(family_name: str) -> None:
+    from fluxbooth.dataset.controls import check_validation_images_used
+    from fluxbooth.families import family_named
+
+    family = family_named(family_name)
+    with pytest.raises(FluxboothError) as caught:
+        check_validation_images_used(
+            request(pair_members(), validation_prompts=["p"], validation_images=["https://example.com/a.png"]), family
+        )
+    assert (caught.value.code, caught.value.message) == (
+        ErrorCode.INVALID_INPUT,
+        f"input.validation_images: {family.title} renders validation prompts from text alone and does not use control "
+        "images (FLUX.1 Kontext does); remove validation_images",
+    )
+
+
+def test_validation_images_for_kontext_pass_the_family_check() -> None:
+    from fluxbooth.dataset.controls import check_validation_images_used
+    from fluxbooth.families import FLUX1_KONTEXT
+
+    kontext_job = request(pair_members(), validation_prompts=["p"], validation_images=["https://example.com/a.png"])
+    assert check_validation_images_used(kontext_job, FLUX1_KONTEXT) is None

@@ -24,6 +24,7 @@ from fluxbooth.settings import WorkerSettings
 from tests.conftest import REPO_ROOT
 from tests.factories import make_dataset_zip, to_base64
 from tests.hub_server import HubFile, HubRepo, HubServer, folder_files, running_hub
+from tests.http_fixtures import LocalHTTPServer, http_server  # noqa: F401
 
 REPO_ID = "acme/tiny-flux"
 SINGLE_FILE_CHECKPOINT = "flux1-dev.safetensors"
@@ -508,10 +509,17 @@ def test_a_job_downloads_the_model_with_progress_and_the_next_job_asks_the_hub_n
     assert hub.requests == []
 
 
+@pytest.fixture(scope="module")
+def tiny_kontext(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fluxbooth.synthetic import build_pipeline, preset
+
+    return build_pipeline(preset("tiny-kontext"), tmp_path_factory.mktemp("kontext") / "tiny-kontext")
+
+
 def test_a_broken_validation_image_is_refused_before_the_base_model_is_downloaded(
-    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
+    model_env: dict[str, str], hub: HubServer, tiny_kontext: Path
 ) -> None:
-    hub.add_repo(pipeline_repo(tiny_pipeline))
+    hub.add_repo(pipeline_repo(tiny_kontext))
     progress: list[dict[str, Any]] = []
     raw_input = job_input(validation_prompts=["a photo of sks dog"], validation_images=["not*base64"])
 
@@ -520,6 +528,22 @@ def test_a_broken_validation_image_is_refused_before_the_base_model_is_downloade
     assert result["error"]["code"] == "invalid_input"
     assert result["error"]["message"].startswith("input.validation_images[0]: is not valid base64")
     assert "download" not in [update["stage"] for update in progress]
+    assert not any(path.endswith(".safetensors") for path in hub.downloads()), hub.downloads()
+
+
+def test_validation_images_for_a_flux1_hub_model_are_refused_before_anything_is_fetched(
+    model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path, http_server: LocalHTTPServer
+) -> None:
+    hub.add_repo(pipeline_repo(tiny_pipeline))
+    progress: list[dict[str, Any]] = []
+    image_url = http_server.add("/control.png", body=b"never fetched")
+    raw_input = job_input(validation_prompts=["a photo of sks dog"], validation_images=[image_url])
+
+    result = run(online(model_env), raw_input, progress)
+
+    assert result["error"]["code"] == "invalid_input"
+    assert result["error"]["message"].startswith("input.validation_images: FLUX.1 [dev], [schnell] and Krea [dev]")
+    assert http_server.requests == []
     assert not any(path.endswith(".safetensors") for path in hub.downloads()), hub.downloads()
 
 

@@ -629,3 +629,42 @@ def test_fused_backward_pass_true_with_a_setting_it_cannot_run_with_is_refused_n
 
 def test_fused_backward_pass_as_a_string_other_than_auto_is_refused(dataset_b64: str) -> None:
     assert "input.fused_backward_pass" in refusal(minimal(dataset_b64, training_type="full", fused_backward_pass="yes"))
+
+
+# ------------------------------------------------------------------- whole refusals (issue 29, item 5)
+
+
+FUSED_ACCUMULATION_FP16 = {
+    "training_type": "full", "fused_backward_pass": True, "gradient_accumulation_steps": 2, "mixed_precision": "fp16",
+}
+
+
+def test_a_refusal_naming_several_fields_names_every_one_whole(dataset_b64: str) -> None:
+    assert refusal(minimal(dataset_b64, **FUSED_ACCUMULATION_FP16)) == (
+        "invalid request: input.fused_backward_pass, input.gradient_accumulation_steps: each weight is stepped as its "
+        "gradient appears: no gradient buffer to accumulate in; use gradient_accumulation_steps 1; "
+        "input.fused_backward_pass, input.mixed_precision: the fused pass trains bf16 weights; use mixed_precision 'bf16'"
+    )
+
+
+def test_more_problems_than_are_listed_are_counted(dataset_b64: str) -> None:
+    raw = {**minimal(dataset_b64), **{f"unknown_{index}": 1 for index in range(14)}}
+    message = refusal(raw)
+    assert message.count(": unknown field") == 10
+    assert message.endswith("; and 4 more")
+
+
+def test_an_unknown_fields_name_is_shown_escaped_and_bounded(dataset_b64: str) -> None:
+    message = refusal({**minimal(dataset_b64), "bad\nname" + "x" * 5000: 1})
+    assert "\n" not in message
+    assert message.startswith("invalid request: input.bad\\nname") and message.endswith(": unknown field")
+    assert len(message) < 200
+
+
+def test_a_zero_stage_sent_as_a_float_is_refused_like_any_whole_number_field(dataset_b64: str) -> None:
+    assert refusal(minimal(dataset_b64, zero_stage=1.0)) == "invalid request: input.zero_stage: expected 'auto', 1, 2 or 3"
+
+
+@pytest.mark.parametrize("spelling", ["ada-factor", "Ada_Factor", "ADAFACTOR"])
+def test_an_optimizer_name_ignores_case_dashes_and_underscores(dataset_b64: str, spelling: str) -> None:
+    assert parse_request(minimal(dataset_b64, optimizer=spelling)).optimizer == "adafactor"

@@ -43,7 +43,29 @@ def test_a_blank_trigger_word_is_refused(dataset_b64: str) -> None:
 
 def test_a_trigger_word_over_two_lines_is_refused(dataset_b64: str) -> None:
     assert refusal(minimal(dataset_b64, trigger_word="sks\ndog")) == (
-        "invalid request: input.trigger_word: must be one line, without newlines or other control characters"
+        "invalid request: input.trigger_word: must be one line, without newlines, line separators or other control "
+        "characters"
+    )
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085"])
+def test_a_trigger_word_with_a_unicode_line_break_is_refused(dataset_b64: str, separator: str) -> None:
+    assert refusal(minimal(dataset_b64, trigger_word=f"sks{separator}dog")) == (
+        "invalid request: input.trigger_word: must be one line, without newlines, line separators or other control "
+        "characters"
+    )
+
+
+def test_an_instance_prompt_with_a_nul_is_refused(dataset_b64: str) -> None:
+    assert refusal(minimal(dataset_b64, instance_prompt="a photo\x00 of sks dog")) == (
+        "invalid request: input.instance_prompt: contains a control character (NUL or another); send plain text"
+    )
+
+
+def test_a_caption_dropout_of_1_warns_that_no_caption_is_trained_on(dataset_b64: str) -> None:
+    assert any(
+        warning.startswith("caption_dropout 1: every caption is dropped")
+        for warning in parse_request(minimal(dataset_b64, caption_dropout=1)).warnings()
     )
 
 

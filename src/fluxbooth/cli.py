@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import Hardware, format_bytes, hypothetical_hardware, parse_size, probe_hardware
+from fluxbooth.jsonfiles import MAX_REQUEST_BYTES, JSONBoundError, read_json_file
 from fluxbooth.settings import WorkerSettings
 
 EXIT_OK = 0
@@ -163,11 +164,13 @@ def add_plan_parser(subparsers: Any) -> None:
 
 def _read_request_file(path: Path) -> dict[str, Any]:
     try:
-        raw = json.loads(path.read_text())
+        raw = read_json_file(path, max_bytes=MAX_REQUEST_BYTES)
+    except JSONBoundError as error:
+        raise FluxboothError(ErrorCode.INVALID_INPUT, f"--request {path}: {error}") from None
     except (OSError, ValueError) as error:
         raise FluxboothError(
             ErrorCode.INVALID_INPUT, f"--request {path}: not a readable JSON file ({type(error).__name__})"
-        ) from error
+        ) from None
     fields = raw.get("input", raw) if isinstance(raw, dict) else raw
     if not isinstance(fields, dict):
         raise FluxboothError(ErrorCode.INVALID_INPUT, f"--request {path}: expected a JSON object with the request's fields")
@@ -480,9 +483,9 @@ def run_train_command(arguments: argparse.Namespace, environ: Mapping[str, str],
     from fluxbooth.progress import ProgressBar
 
     try:
-        document = json.loads(arguments.request.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise FluxboothError(ErrorCode.INVALID_INPUT, f"request file {arguments.request}: {error}") from error
+        document = read_json_file(arguments.request, max_bytes=MAX_REQUEST_BYTES)
+    except (OSError, ValueError) as error:
+        raise FluxboothError(ErrorCode.INVALID_INPUT, f"request file {arguments.request}: {error}") from None
     job_input = document["input"] if isinstance(document, dict) and set(document) <= {"input", "id"} and "input" in document else document
     # The progress lines are what a person watches; the full log would bury them, so it is opt-in.
     logging.basicConfig(

@@ -6,6 +6,8 @@ import json
 from enum import StrEnum
 from typing import Any
 
+from fluxbooth.messages import MAX_MESSAGE_CHARS, whole_words
+
 
 class ErrorCode(StrEnum):
     INVALID_INPUT = "invalid_input"
@@ -46,7 +48,8 @@ class FluxboothError(Exception):
         self.details = details or {}
 
     def to_result(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"code": self.code.value, "message": self.message}
+        # Every stage bounds what it names; this is the last word on the whole message's size.
+        error: dict[str, Any] = {"code": self.code.value, "message": whole_words(self.message, MAX_MESSAGE_CHARS)}
         if self.details:
             error["details"] = self.details
         return {"error": error, "refresh_worker": self.refresh_worker}

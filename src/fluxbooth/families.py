@@ -15,13 +15,13 @@ No torch here: the handler process reads families too.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.jsonfiles import JSONBoundError, read_json_file
 from fluxbooth.train.names import DEFAULT_LORA_TARGET_MODULES, SamplingDefaults
 from fluxbooth.train.names import sampling_defaults as flux1_sampling_defaults
 
@@ -159,15 +159,19 @@ def family_named(name: str) -> Family:
     raise ValueError(f"unknown family {name!r}; one of {[family.name for family in FAMILIES]}")
 
 
+def unreadable_config(path: Path, error: Exception) -> FluxboothError:
+    """A model file that is not JSON the worker reads (malformed, too large, nested too deep)."""
+    why = str(error) if isinstance(error, JSONBoundError) else f"not readable JSON ({error.__class__.__name__})"
+    return FluxboothError(ErrorCode.INVALID_INPUT, f"base_model: {path} is {why}; give a diffusers FLUX model")
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text())
+        data = read_json_file(path)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as error:
-        raise FluxboothError(
-            ErrorCode.INVALID_INPUT, f"base_model: {path} is not readable JSON ({error.__class__.__name__})"
-        ) from error
+        raise unreadable_config(path, error) from None
     return data if isinstance(data, dict) else {}
 
 

@@ -34,12 +34,14 @@ from fluxbooth.attempts import (
     remove_stale_attempt_dirs,
     remove_stale_swap_dirs,
 )
+from fluxbooth.clock import JobClock
 from fluxbooth.configs import child_environment, trainer_config_for, write_launch_files
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.events import StageEvent, StepEvent, TrainerEvent, WarningEvent
-from fluxbooth.families import default_lora_targets_of
+from fluxbooth.families import default_lora_targets_of, family_named
 from fluxbooth.hardware import Hardware, format_bytes, free_disk_bytes, nvme_root, probe_hardware
 from fluxbooth.launch import classify_outcome, run_trainer, trainer_command
+from fluxbooth.messages import bounded_warnings
 from fluxbooth.model_source import ResolvedModel, download_base_model, ensure_room_to_download, resolve_hub_model
 from fluxbooth.modelsize import ModelSize
 from fluxbooth.plan import Plan, choose_plan, model_size
@@ -337,12 +339,13 @@ async def _plan_job(
         )
         warnings.extend(resume_warnings)
     hardware = await _in_thread(probe_hardware, job_dir, settings.environ)
-    size = model_size(str(model.folder))
+    # Sizing and planning take a while for a big model (its configs are bounded first): off the event loop.
+    size = await _in_thread(model_size, str(model.folder))
     # Before the dataset is fetched its size is unknown: planned for the fewest images a dataset may hold, so
     # only a job that no dataset could make fit is refused here. _replan_for_dataset sizes it for the real one.
-    plan = choose_plan(
-        request, hardware, size, deadline_seconds=deadline, instance_images=settings.dataset_limits.min_images
-    )
+    plan = await _in_thread(functools.partial(
+        choose_plan, request, hardware, size, deadline_seconds=deadline, instance_images=settings.dataset_limits.min_images
+    ))
     ensure_room_to_download(model, plan.predicted_disk_bytes, settings.work_root)
     warnings.extend(plan.warnings)
     if plan.nvme_path:
@@ -475,7 +478,7 @@ async def _run(
 ) -> dict[str, Any]:
     from fluxbooth.dataset import prepare_dataset
     from fluxbooth.dataset.checks import check_prepared, enforce
-    from fluxbooth.dataset.controls import fetch_validation_images
+    from fluxbooth.dataset.controls import check_validation_images_used, fetch_validation_images
     from fluxbooth.report import ReportInputs, make_report, report_artifacts, sheet_images
     from fluxbooth.request import parse_request
     from fluxbooth.storage import local_output_warning
@@ -484,15 +487,20 @@ async def _run(
     if request.dry_run:
         return await _in_thread(quote_job, request, settings, job_dir)
     job = await _plan_job(request, job_id, settings, reporter, job_dir)
+    check_validation_images_used(job.request, family_named(job.size.family))
 
     reporter.stage("dataset")
     stage_started = time.monotonic()
+    # Every download (the dataset, each validation image) runs inside the job's one deadline.
+    clock = JobClock(job.started, job.deadline)
     dataset = await _in_thread(
-        functools.partial(prepare_dataset, on_image=reporter.count_from_thread("dataset")),
+        functools.partial(prepare_dataset, on_image=reporter.count_from_thread("dataset"), clock=clock),
         job.request, job_dir, settings.dataset_limits,
     )
     # The validation control images are fetched and checked like the dataset, before the base model is downloaded.
-    validation_images = await _in_thread(fetch_validation_images, job.request, job_dir, settings.dataset_limits)
+    validation_images = await _in_thread(
+        fetch_validation_images, job.request, job_dir, settings.dataset_limits, clock
+    )
     job.seconds["dataset"] = _elapsed(stage_started)
     reporter.stage("checks")
     stage_started = time.monotonic()
@@ -504,7 +512,8 @@ async def _run(
     job.seconds["checks"] = _elapsed(stage_started)
     job.warnings.extend(checks.warnings())
     enforce(checks)
-    _replan_for_dataset(job, dataset, job_dir)
+    clock.check("preparing the dataset")
+    await _in_thread(_replan_for_dataset, job, dataset, job_dir)
     base_model = await _complete_base_model(job.model, settings, reporter, job.started + job.deadline, job.seconds)
     trainer = await _trainer_config(job, settings, reporter, job_dir, dataset, base_model, validation_images)
     outcome, uploader = await _train(job, trainer, settings, reporter, job_dir)
@@ -538,7 +547,7 @@ async def _run(
         "metrics": {**trainer_metrics, "seconds": {**trainer_metrics.get("seconds", {}), **job.seconds}},
         "dataset": {**dataset.summary(), "checks": checks.to_dict()},
         "checkpoints": uploader.uploaded if uploader is not None else [],
-        "warnings": job.warnings + trainer_warnings,
+        "warnings": bounded_warnings(job.warnings + trainer_warnings),
     }
 
 

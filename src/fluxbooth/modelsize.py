@@ -17,14 +17,15 @@ No torch here: this runs in the handler process.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.families import FLUX1, Family, family_named, family_of
+from fluxbooth.families import FLUX1, Family, family_named, family_of, unreadable_config
+from fluxbooth.jsonfiles import read_json_file
+from fluxbooth.model_configs import check_model_configs
 from fluxbooth.synthetic.presets import CLIP_L_TEXT, FLUX1_TRANSFORMER, FLUX1_VAE, T5_XXL_ENCODER, preset
 
 FLUX_DEV_NAME = "black-forest-labs/FLUX.1-dev"
@@ -453,16 +454,14 @@ def _preset(name: str) -> ModelSize | None:
 def _read_config(folder: Path, component: str) -> dict[str, Any]:
     path = folder / component / "config.json"
     try:
-        data = json.loads(path.read_text())
+        data = read_json_file(path)
     except FileNotFoundError as error:
         raise FluxboothError(
             ErrorCode.INVALID_INPUT,
             f"base_model: {path} is missing; point base_model at a complete diffusers pipeline folder",
         ) from error
     except (OSError, ValueError) as error:
-        raise FluxboothError(
-            ErrorCode.INVALID_INPUT, f"base_model: {path} is not readable JSON ({error.__class__.__name__})"
-        ) from error
+        raise unreadable_config(path, error) from None
     if not isinstance(data, dict):
         raise FluxboothError(ErrorCode.INVALID_INPUT, f"base_model: {path} must hold a JSON object")
     return data
@@ -476,6 +475,7 @@ def model_size(base_model_path_or_name: str) -> ModelSize:
         family = family_of(folder)
         components = ("transformer", "vae", *family.text_encoders)
         configs = {component: _read_config(folder, component) for component in components}
+        check_model_configs(folder, family, configs)
         return _sized(str(folder), family, configs, "config")
     sized = _preset(base_model_path_or_name)
     if sized is not None:

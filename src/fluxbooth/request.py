@@ -33,6 +33,7 @@ from pydantic import (
 from fluxbooth.buckets import BUCKET_MULTIPLE, Resolution
 from fluxbooth.captions import MAX_TRIGGER_CHARS, contains_word
 from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.messages import listed, short_name
 from fluxbooth.settings import TINY_MODEL_NAME
 from fluxbooth.train.names import (
     DEEPSPEED_ONLY_OPTIMIZERS,
@@ -63,12 +64,14 @@ MAX_RESOLUTION_SIDE = 2048
 MAX_RESOLUTION_SIZES = 8
 # No crop beyond rounding to a multiple of 16, as ai-toolkit trains by default; "WxH" keeps the guide's crop.
 DEFAULT_RESOLUTION = Resolution(sizes=(1024,))
-MAX_REPORTED_ERRORS = 10
-MAX_REPORTED_CHARS = 200
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+# Control characters and the line and paragraph separators that end a line as surely as a newline does.
+_LINE_BREAKING = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# A prompt may span lines; other control characters (NUL first) are no text.
+_PROMPT_CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _FIXED_RESOLUTION_TEXT = re.compile(r"^\s*(\d{1,5})\s*[xX×]\s*(\d{1,5})\s*$")
 _SIZES_TEXT = re.compile(r"^\s*\d{1,5}\s*(?:,\s*\d{1,5}\s*)*$")
 _DATA_URI_PREFIX = re.compile(r"^data:[^,]{0,200};base64,", re.IGNORECASE)
@@ -80,6 +83,14 @@ ValidationImage = Annotated[str, StringConstraints(min_length=1, max_length=64 *
 DatasetCheckMode = Literal["warn", "strict"]
 OutputFormat = Literal["diffusers", "single_file", "comfyui"]
 LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_dropout")
+
+
+class RequestProblems(ValueError):
+    """The cross-field rules a request breaks, each naming its fields: reported one by one, never cut."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
 
 
 @dataclass(frozen=True)
@@ -294,6 +305,8 @@ class TrainingRequest(BaseModel):
     def _prompt_not_blank(cls, value: str | None) -> str | None:
         if value is None:
             return None
+        if _PROMPT_CONTROL_CHARACTERS.search(value):
+            raise ValueError("contains a control character (NUL or another); send plain text")
         if not value.strip():
             raise ValueError("must not be blank")
         return value.strip()
@@ -310,8 +323,8 @@ class TrainingRequest(BaseModel):
     def _trigger_word_is_one_line(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        if _CONTROL_CHARACTERS.search(value):
-            raise ValueError("must be one line, without newlines or other control characters")
+        if _LINE_BREAKING.search(value):
+            raise ValueError("must be one line, without newlines, line separators or other control characters")
         if not value.strip():
             raise ValueError("must not be blank")
         return value.strip()
@@ -319,8 +332,8 @@ class TrainingRequest(BaseModel):
     @field_validator("zero_stage", mode="before")
     @classmethod
     def _zero_stage_not_bool(cls, value: object) -> object:
-        # Literal[1] would otherwise accept `true`.
-        if isinstance(value, bool):
+        # Literal[1] would otherwise accept `true` and `1.0`; no other whole-number field takes either.
+        if isinstance(value, bool | float):
             raise ValueError("expected 'auto', 1, 2 or 3")
         return value
 
@@ -445,7 +458,7 @@ class TrainingRequest(BaseModel):
                 f"than the run ({self.steps} steps)"
             )
         if problems:
-            raise ValueError("; ".join(problems))
+            raise RequestProblems(problems)
         return self
 
     def _fused_pass_problems(self) -> list[str]:
@@ -501,6 +514,11 @@ class TrainingRequest(BaseModel):
                 "'bf16' is recommended on any GPU that supports it"
             )
         notes += self._learning_rate_warnings()
+        if self.caption_dropout >= 1:
+            notes.append(
+                "caption_dropout 1: every caption is dropped, so the model trains on the instance prompt alone; "
+                "lower it (the default is 0.05) to train on the captions"
+            )
         if self.class_prompt is not None and not self.with_prior_preservation:
             notes.append("class_prompt is ignored because with_prior_preservation is false")
         prior = self.class_prompt if self.with_prior_preservation else None
@@ -523,30 +541,27 @@ def _field_label(location: tuple[int | str, ...]) -> str:
         if isinstance(part, int):
             label += f"[{part}]"
         else:
-            label += f".{str(part)[:64]}"
+            label += f".{short_name(str(part), 64)}"
     return label
 
 
-def _describe_error(error: dict[str, Any]) -> str:
+def _describe_error(error: dict[str, Any]) -> list[str]:
     location = tuple(error.get("loc", ()))
     if error.get("type") == "extra_forbidden":
-        return f"{_field_label(location)}: unknown field"
-    reason = str(error.get("msg", "invalid value"))
-    reason = reason.removeprefix("Value error, ")
-    reason = reason[:MAX_REPORTED_CHARS]
-    if not location:
-        # Cross-field rules name their fields themselves.
-        return reason
-    return f"{_field_label(location)}: {reason}"
+        return [f"{_field_label(location)}: unknown field"]
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, RequestProblems):
+        # Cross-field rules name their fields themselves, one problem each.
+        return list(cause.problems)
+    reason = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+    return [f"{_field_label(location)}: {reason}" if location else reason]
 
 
 def describe_validation_error(error: ValidationError) -> str:
-    """One short line naming every failing field, never echoing values."""
-    problems = [_describe_error(item) for item in error.errors(include_url=False, include_input=False)]
-    shown = problems[:MAX_REPORTED_ERRORS]
-    if len(problems) > len(shown):
-        shown.append(f"and {len(problems) - len(shown)} more")
-    return "invalid request: " + "; ".join(shown)
+    """One line naming every failing field (up to messages.MAX_LISTED_PROBLEMS, then how many more), each
+    problem whole, never echoing values."""
+    problems = [problem for item in error.errors(include_url=False, include_input=False) for problem in _describe_error(item)]
+    return "invalid request: " + listed(problems)
 
 
 def parse_request(raw: object) -> TrainingRequest:

@@ -24,11 +24,12 @@ import os
 import re
 import shutil
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from fluxbooth.buckets import Shape, mix_to_json
+from fluxbooth.clock import JobClock
 from fluxbooth.dataset.archive import ExtractedArchive, ExtractedImage, extract_archive
 from fluxbooth.dataset.fetch import decode_base64_dataset, download_dataset, fetch_archive, forbidden_address_reason
 from fluxbooth.dataset.guards import (
@@ -39,6 +40,7 @@ from fluxbooth.dataset.guards import (
     disk_stage,
     ensure_inside,
     quoted,
+    unquoted,
 )
 from fluxbooth.dataset.images import (
     MAX_CAPTION_CHARS,
@@ -47,8 +49,10 @@ from fluxbooth.dataset.images import (
     normalise_image,
     read_caption,
 )
+from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.request import TrainingRequest
 from fluxbooth.settings import DatasetLimits
+from fluxbooth.train.pairing import normalised_stem, pair_key
 
 __all__ = [
     "ExtractedArchive",
@@ -64,7 +68,10 @@ __all__ = [
     "read_caption",
 ]
 
-_UNSAFE_STEM_CHARACTERS = re.compile(r"[^A-Za-z0-9._-]+")
+# Letters and digits of any script stay in stored names (\w is Unicode-aware); anything else becomes `_`.
+_UNSAFE_STEM_CHARACTERS = re.compile(r"[^\w.-]+")
+# A stored stem's UTF-8 bound: with a `-NN` suffix and `.png` it stays well under a file system's 255 bytes.
+MAX_STEM_BYTES = 160
 # A caption is stored as at most this many UTF-8 bytes (and a newline).
 _CAPTION_BYTES_BOUND = 4 * MAX_CAPTION_CHARS + 1
 
@@ -109,7 +116,10 @@ class PreparedDataset:
 
 
 def _safe_stem(member: str) -> str:
-    return _UNSAFE_STEM_CHARACTERS.sub("_", PurePosixPath(member).stem).strip("._")[:80] or "image"
+    """The uploaded file's stem as a file name: its letters and digits in any script (NFC), other runs of
+    characters as `_`, at most MAX_STEM_BYTES of UTF-8."""
+    stem = _UNSAFE_STEM_CHARACTERS.sub("_", normalised_stem(member)).strip("._")
+    return stem.encode("utf-8")[:MAX_STEM_BYTES].decode("utf-8", errors="ignore").strip("._") or "image"
 
 
 def _output_stem(member: str, taken: set[str]) -> str:
@@ -124,37 +134,70 @@ def _output_stem(member: str, taken: set[str]) -> str:
     return candidate
 
 
+def _output_stems(images: list[ExtractedImage]) -> list[str]:
+    """Each image's stored stem, in order; a control image gets its training image's, so the trainer pairs the
+    stored files by the same rule (fluxbooth.train.pairing) the upload was checked by."""
+    taken: dict[Role, set[str]] = {"instance": set(), "class": set(), "control": set()}
+    stems = [_output_stem(item.member, taken[item.role]) if item.role != "control" else "" for item in images]
+    by_key = {pair_key(item.member): stem for item, stem in zip(images, stems, strict=True) if item.role == "instance"}
+    for index, item in enumerate(images):
+        if item.role == "control":
+            stems[index] = by_key.get(pair_key(item.member)) or _output_stem(item.member, taken["control"])
+    return stems
+
+
 def _stems_of(extracted: ExtractedArchive, role: Role) -> dict[str, str]:
-    """Each image of a role by its file stem; two sharing one cannot be paired."""
+    """Each image of a role by its pairing key (fluxbooth.train.pairing); two sharing one cannot be paired."""
     stems: dict[str, str] = {}
     for item in extracted.images:
         if item.role != role:
             continue
-        stem = _safe_stem(item.member).casefold()
-        if stem in stems:
+        key = pair_key(item.member)
+        if key in stems:
             raise dataset_error(
-                f"{quoted(item.member)} and {quoted(stems[stem])} share the file stem {stem!r}; image pairs are matched by file "
-                "stem, so give each pair a stem of its own"
+                f"{quoted(item.member)} and {quoted(stems[key])} share the file stem {quoted(key)} (stems are compared "
+                "ignoring case); image pairs are matched by file stem, so give each pair a stem of its own"
             )
-        stems[stem] = item.member
+        stems[key] = item.member
     return stems
 
 
-def _check_pairs(extracted: ExtractedArchive) -> None:
+def _check_pairs(extracted: ExtractedArchive, request: TrainingRequest) -> None:
     """With a `control/` folder, every instance image has the control image of its file stem and every control
-    image its instance image, before any image is decoded."""
+    image its instance image, and prior preservation is off (the trainer's rules), before any image is decoded."""
     if not extracted.count("control"):
         return
+    if request.with_prior_preservation:
+        raise FluxboothError(
+            ErrorCode.INVALID_INPUT,
+            "input.with_prior_preservation: the zip has a control/ folder (image pairs), and image-pair training has "
+            "no class images with control images; turn with_prior_preservation off, or remove the control/ folder",
+        )
     instance, control = _stems_of(extracted, "instance"), _stems_of(extracted, "control")
-    for stem, member in sorted(instance.items()):
-        if stem not in control:
+    for key, member in sorted(instance.items()):
+        if key not in control:
+            stem = unquoted(normalised_stem(member))
             raise dataset_error(
-                f"{quoted(member)} has no control image: put its input image at control/{stem}.<ext> (the same file stem); "
-                "with a control/ folder every training image needs one"
+                f"{quoted(member)} has no control image: put its input image at control/{stem}.<ext> (the same file "
+                "stem); with a control/ folder every training image needs one"
             )
-    for stem, member in sorted(control.items()):
-        if stem not in instance:
-            raise dataset_error(f"{quoted(member)} has no training image {stem}.<ext> at the zip's root; remove it or add its pair")
+    for key, member in sorted(control.items()):
+        if key not in instance:
+            stem = unquoted(normalised_stem(member))
+            raise dataset_error(
+                f"{quoted(member)} has no training image {stem}.<ext> at the zip's root; remove it or add its pair"
+            )
+
+
+def _distinct_label(member: str, labels: Iterable[str]) -> str:
+    """The member's name, or for a zip holding two entries of one name, `dup.jpg (entry 2)`: per-file results
+    (the dataset check's findings, the contact sheet) must not fold two uploads into one."""
+    taken = set(labels)
+    label, entry = member, 1
+    while label in taken:
+        entry += 1
+        label = f"{member} (entry {entry})"
+    return label
 
 
 def _same_file_again(earlier: Path, destination: Path) -> None:
@@ -177,12 +220,11 @@ def _normalise_all(
 ) -> Counter[str]:
     """Each image into its role's folder, identical files decoded once; returns the counts for the summary
     and adds each instance image's training shapes to `buckets`."""
-    taken: dict[Role, set[str]] = {"instance": set(), "class": set(), "control": set()}
+    stems = _output_stems(extracted.images)
     stored: dict[str, tuple[Path, NormalisedImage]] = {}
     counts: Counter[str] = Counter()
-    for done, item in enumerate(extracted.images, start=1):
+    for done, (item, stem) in enumerate(zip(extracted.images, stems, strict=True), start=1):
         directory = output_dirs[item.role]
-        stem = _output_stem(item.member, taken[item.role])
         destination = ensure_inside(directory / f"{stem}.png", job_dir)
         if item.digest and item.digest in stored:
             earlier, result = stored[item.digest]
@@ -194,7 +236,7 @@ def _normalise_all(
             stored[item.digest or str(item.path)] = (destination, result)
         item.path.unlink()
         if item.role == "instance":
-            uploaded_names[destination.name] = item.member
+            uploaded_names[destination.name] = _distinct_label(item.member, uploaded_names.values())
         counts[f"{item.role}_images"] += 1
         counts["downscaled"] += result.downscaled
         counts["cropped"] += result.cropped
@@ -237,11 +279,13 @@ def prepare_dataset(
     limits: DatasetLimits,
     *,
     on_image: Callable[[int, int], None] | None = None,
+    clock: JobClock | None = None,
 ) -> PreparedDataset:
     """Fetch, check, extract and normalise the request's dataset inside `job_dir`.
 
     Every budget (archive size and expansion, decoded pixels, stored bytes, free disk) is checked before
-    the work it bounds. `on_image(done, total)` is called after each image, for progress reporting.
+    the work it bounds. `on_image(done, total)` is called after each image, for progress reporting. A download
+    runs within the job's `clock`.
     """
     job_dir = job_dir.resolve()
     with disk_full_is_does_not_fit(job_dir, purpose="preparing the dataset"):
@@ -250,10 +294,10 @@ def prepare_dataset(
         raw_dir = ensure_inside(job_dir / "raw", job_dir)
         data_dir = ensure_inside(job_dir / "data", job_dir)
 
-        fetch_archive(request, archive_path, limits)
+        fetch_archive(request, archive_path, limits, clock)
         extracted = extract_archive(archive_path, raw_dir, limits)
         archive_path.unlink()
-        _check_pairs(extracted)
+        _check_pairs(extracted, request)
         pixels, stored_bound = check_image_budgets(
             ((item.digest or str(item.path), item.path, item.member) for item in extracted.images),
             request.resolution,

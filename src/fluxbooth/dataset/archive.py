@@ -30,6 +30,7 @@ from fluxbooth.dataset.guards import (
 from fluxbooth.dataset.images import ALLOWED_IMAGE_FORMATS, MAX_CAPTION_CHARS
 from fluxbooth.hardware import format_bytes
 from fluxbooth.settings import DatasetLimits
+from fluxbooth.train.pairing import pair_key
 
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".heic", ".heif", ".hif", ".avif"}
@@ -182,7 +183,8 @@ def _role(parts: tuple[str, ...]) -> Role:
 
 
 def _pairing_key(parts: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(part.casefold() for part in parts[:-1]) + (PurePosixPath(parts[-1]).stem.casefold(),)
+    """A caption's and its image's shared key: their folder and file stem, by the pairing rule images use."""
+    return tuple(part.casefold() for part in parts[:-1]) + (pair_key(parts[-1]),)
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,11 @@ def _plan_extraction(infos: Iterable[zipfile.ZipInfo]) -> tuple[list[_PlannedMem
     images: list[_Candidate] = []
     for parts, info in candidates:
         if parts[-1].lower().endswith(CAPTION_EXTENSION):
-            captions[(_role(parts), *_pairing_key(parts))] = (parts, info)
+            key = (_role(parts), *_pairing_key(parts))
+            if key in captions:  # `Photo.txt` beside `photo.txt`: one image, one caption; the second is counted
+                skipped["duplicate_caption"] += 1
+                continue
+            captions[key] = (parts, info)
         else:
             images.append((parts, info))
 

@@ -38,6 +38,7 @@ import numpy as np
 from PIL import Image
 
 from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.messages import bounded_list, short_name
 from fluxbooth.request import DatasetCheckMode
 
 if TYPE_CHECKING:
@@ -64,6 +65,11 @@ FACE_CASCADE = "haarcascade_frontalface_default.xml"
 FACE_SCALE_STEP = 1.2  # between detection scales; 1.1 took 1.7x the time on 320 px portraits here, same faces
 FACE_MIN_NEIGHBOURS = 5  # overlapping detections a face needs: fewer lets texture pass for faces
 FACE_MIN_PIXELS = 24  # the cascade's own window
+# What a message names: files per finding, findings per check (or per refusal), and the characters of each.
+MAX_FILES_NAMED = 8
+MAX_FILES_CHARS = 1200
+MAX_FINDINGS_NAMED = 10
+MAX_LINE_CHARS = 2000
 CHECK_THREADS = 2  # OpenCV and Pillow release the GIL; the worker's CPUs are otherwise idle during this stage
 
 CheckName = Literal["duplicate", "near_duplicate", "blurry", "too_small", "aspect_ratio", "no_face", "several_faces"]
@@ -98,11 +104,16 @@ class Finding:
     detail: str
 
     @property
+    def shown_files(self) -> list[str]:
+        """The files as a message names them: each name shortened, the first MAX_FILES_NAMED, then a count."""
+        return bounded_list([short_name(name) for name in self.files], MAX_FILES_NAMED, MAX_FILES_CHARS)
+
+    @property
     def message(self) -> str:
-        return f"{', '.join(self.files)}: {self.detail}"
+        return f"{', '.join(self.shown_files)}: {self.detail}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"check": self.check, "files": list(self.files), "message": self.message}
+        return {"check": self.check, "files": self.shown_files, "file_count": len(self.files), "message": self.message}
 
 
 @dataclass(frozen=True)
@@ -127,7 +138,9 @@ class DatasetChecks:
         for check, advice in CHECK_ADVICE.items():
             found = [finding.message for finding in self.findings if finding.check == check]
             if found:
-                lines.append(f"dataset check, {advice}: " + "; ".join(found))
+                lines.append(f"dataset check, {advice}: " + "; ".join(
+                    bounded_list(found, MAX_FINDINGS_NAMED, MAX_LINE_CHARS, MAX_FILES_CHARS + 200)
+                ))
         return lines + list(self.notes)
 
     def faces_by_file(self) -> dict[str, int | None]:
@@ -344,11 +357,15 @@ def enforce(checks: DatasetChecks) -> None:
     """Under `strict`, any finding refuses the job, naming every file and its reason."""
     if checks.mode != "strict" or not checks.findings:
         return
-    reasons = "; ".join(f"{finding.message} ({CHECK_ADVICE[finding.check]})" for finding in checks.findings)
-    files = sorted({name for finding in checks.findings for name in finding.files})
+    reasons = bounded_list(
+        [f"{finding.message} ({CHECK_ADVICE[finding.check]})" for finding in checks.findings], MAX_FINDINGS_NAMED,
+        MAX_LINE_CHARS, MAX_FILES_CHARS + 400,
+    )
+    files = {name for finding in checks.findings for name in finding.files}
     raise FluxboothError(
         ErrorCode.INVALID_DATASET,
-        f"dataset: dataset_checks is strict and {len(files)} file(s) failed the dataset check: {reasons}. "
+        f"dataset: dataset_checks is strict and {len(files)} file(s) failed the dataset check: {'; '.join(reasons)}. "
         'Remove or replace them, or set dataset_checks to "warn"',
-        details={"findings": [finding.to_dict() for finding in checks.findings]},
+        details={"findings": [finding.to_dict() for finding in checks.findings[:MAX_FINDINGS_NAMED]],
+                 "finding_count": len(checks.findings)},
     )

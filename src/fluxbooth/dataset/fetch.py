@@ -13,10 +13,14 @@ import ipaddress
 import re
 import socket
 import ssl
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote, urljoin, urlsplit
 
+from fluxbooth.clock import JobClock
 from fluxbooth.dataset.guards import (
     CHUNK_BYTES,
     DISK_RESERVE_BYTES,
@@ -151,6 +155,36 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
         self.sock = self._tls_context.wrap_socket(sock, server_hostname=self.host)
 
 
+class _CutOff:
+    """Shuts a connection's socket at a monotonic time, whatever read is waiting: a server that trickles its
+    status line or headers a byte at a time never lets a per-read timeout fire."""
+
+    def __init__(self, connection: http.client.HTTPConnection, at: float) -> None:
+        self.fired = False
+        self._connection = connection
+        self._timer = threading.Timer(max(at - time.monotonic(), 0.0), self._fire)
+        self._timer.daemon = True
+
+    def _fire(self) -> None:
+        self.fired = True
+        sock = self._connection.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed: nothing left to interrupt
+
+
+@contextmanager
+def _cut_off_at(connection: http.client.HTTPConnection, at: float) -> Iterator[_CutOff]:
+    cut_off = _CutOff(connection, at)
+    cut_off._timer.start()
+    try:
+        yield cut_off
+    finally:
+        cut_off._timer.cancel()
+
+
 def display_url(url: str) -> str:
     """scheme://host/path without the query (presigned URLs carry signatures there)."""
     parts = urlsplit(url)
@@ -173,18 +207,24 @@ def _checked_url(url: str, *, redirected: bool) -> tuple[str, str, int, str]:
         raise input_error("dataset_url", f"{where} a URL without a host")
     if parts.username is not None or parts.password is not None:
         raise input_error("dataset_url", "must not carry credentials (user:password@); use a presigned URL")
+    if port == 0:
+        raise input_error("dataset_url", f"{where} a URL with port 0, which no server listens on; check the URL")
     target = quote(parts.path or "/", safe="/%:@!$&'()*+,;=-._~")
     if parts.query:
         target += "?" + quote(parts.query, safe="/%:@!$&'()*+,;=-._~?")
-    return scheme, parts.hostname, port or (443 if scheme == "https" else 80), target
+    return scheme, parts.hostname, port if port is not None else (443 if scheme == "https" else 80), target
 
 
 def _connect(
-    scheme: str, host: str, port: int, addresses: list[str], timeout: float, url: str
+    scheme: str, host: str, port: int, addresses: list[str], idle_timeout: float, url: str, cut_at: float
 ) -> http.client.HTTPConnection:
-    """A connected HTTP(S) connection to the first checked address that answers."""
+    """A connected HTTP(S) connection to the first checked address that answers, each try waiting at most
+    `idle_timeout` and never past `cut_at`."""
     failure: str = "no address answered"
     for address in addresses:
+        timeout = min(idle_timeout, cut_at - time.monotonic())
+        if timeout <= 0:
+            break
         connection: http.client.HTTPConnection
         if scheme == "https":
             connection = _PinnedHTTPSConnection(
@@ -226,50 +266,84 @@ def download_dataset(
     limits: DatasetLimits,
     *,
     total_timeout_seconds: float | None = None,
+    clock: JobClock | None = None,
+    stage: str = "downloading dataset_url",
 ) -> int:
     """GET `url` into `destination`, following up to MAX_REDIRECTS redirects; returns the byte count.
 
     Every hop is checked (scheme, resolved addresses) and the connection goes to the checked address.
-    `limits.download_timeout_seconds` bounds connecting and every wait for data; the whole download is
-    bounded by `total_timeout_seconds` (default TOTAL_TIMEOUT_FACTOR idle timeouts).
+    `limits.download_timeout_seconds` bounds connecting and every wait for data; the whole download
+    (connecting, the status line and headers of every hop, the body) is bounded by `total_timeout_seconds`
+    (default TOTAL_TIMEOUT_FACTOR idle timeouts) and by the job's `clock`: past the job's deadline it ends as
+    the job's `timeout`, naming `stage`.
     """
     idle_timeout = float(limits.download_timeout_seconds)
-    deadline = time.monotonic() + (total_timeout_seconds or idle_timeout * TOTAL_TIMEOUT_FACTOR)
+    own_deadline = time.monotonic() + (total_timeout_seconds or idle_timeout * TOTAL_TIMEOUT_FACTOR)
+    job_deadline = clock.deadline_at if clock is not None else float("inf")
+    cut_at = min(own_deadline, job_deadline)
+
+    def overdue(current: str) -> FluxboothError:
+        if clock is not None and job_deadline <= own_deadline:
+            return clock.expired(stage)
+        return url_error(
+            f"downloading {display_url(current)} took too long; the server is too slow, host the file elsewhere"
+        )
+
     current = url.strip()
     for hop in range(MAX_REDIRECTS + 1):
+        if clock is not None:
+            clock.check(stage)
         scheme, host, port, target = _checked_url(current, redirected=hop > 0)
         addresses = _resolve_allowed_addresses(host, port, limits)
-        connection = _connect(scheme, host, port, addresses, idle_timeout, current)
         try:
-            try:
-                connection.request(
-                    "GET",
-                    target,
-                    headers={"User-Agent": "fluxbooth-worker", "Accept-Encoding": "identity", "Accept": "*/*"},
-                )
-                response = connection.getresponse()
-            except TimeoutError:
-                raise url_error(
-                    f"{display_url(current)} did not answer within {idle_timeout:g} s; "
-                    "check the server or host the file elsewhere"
-                ) from None
-            except (OSError, http.client.HTTPException) as error:
-                raise url_error(
-                    f"{display_url(current)} failed before answering ({type(error).__name__}: {error}); "
-                    "check the URL or try again"
-                ) from None
-            if response.status in (301, 302, 303, 307, 308):
-                location = response.getheader("Location")
-                if not location:
-                    raise url_error(f"{display_url(current)} redirected without a Location header")
-                current = urljoin(current, location.strip())
-                continue
-            if response.status != 200:
-                raise _status_error(response.status, response.reason, current)
-            return _stream_to_file(response, destination, limits, deadline=deadline, url=current)
+            connection = _connect(scheme, host, port, addresses, idle_timeout, current, cut_at)
+        except FluxboothError:
+            if time.monotonic() >= cut_at:
+                raise overdue(current) from None
+            raise
+        try:
+            with _cut_off_at(connection, cut_at) as cut_off:
+                try:
+                    response = _response(connection, target, current, idle_timeout)
+                    if response.status in (301, 302, 303, 307, 308):
+                        current = _redirect_target(response, current)
+                        continue
+                    if response.status != 200:
+                        raise _status_error(response.status, response.reason, current)
+                    return _stream_to_file(response, destination, limits, deadline=cut_at, url=current)
+                except (FluxboothError, OSError, http.client.HTTPException):
+                    if cut_off.fired or time.monotonic() >= cut_at:
+                        raise overdue(current) from None
+                    raise
         finally:
             connection.close()
     raise url_error(f"more than {MAX_REDIRECTS} redirects starting at {display_url(url)}; give the final URL")
+
+
+def _response(
+    connection: http.client.HTTPConnection, target: str, url: str, idle_timeout: float
+) -> http.client.HTTPResponse:
+    """The GET's status line and headers."""
+    try:
+        connection.request(
+            "GET", target, headers={"User-Agent": "fluxbooth-worker", "Accept-Encoding": "identity", "Accept": "*/*"}
+        )
+        return connection.getresponse()
+    except TimeoutError:
+        raise url_error(
+            f"{display_url(url)} did not answer within {idle_timeout:g} s; check the server or host the file elsewhere"
+        ) from None
+    except (OSError, http.client.HTTPException) as error:
+        raise url_error(
+            f"{display_url(url)} failed before answering ({type(error).__name__}: {error}); check the URL or try again"
+        ) from None
+
+
+def _redirect_target(response: http.client.HTTPResponse, url: str) -> str:
+    location = response.getheader("Location")
+    if not location:
+        raise url_error(f"{display_url(url)} redirected without a Location header")
+    return urljoin(url, location.strip())
 
 
 def _stream_to_file(
@@ -319,10 +393,8 @@ def _stream_to_file(
                         f"{display_url(url)} sent more than the {format_bytes(cap)} download cap; use a smaller dataset"
                     )
                 if time.monotonic() > deadline:
-                    raise url_error(
-                        f"downloading {display_url(url)} took too long ({format_bytes(received)} so far); "
-                        "the server is too slow, host the file elsewhere"
-                    )
+                    # The caller words it: the download's own budget, or the job's deadline.
+                    raise TimeoutError(f"{format_bytes(received)} received")
                 need.bytes = max(need.bytes, received + DISK_RESERVE_BYTES)
                 sink.write(chunk)
         if declared_bytes is not None and received != declared_bytes:
@@ -337,13 +409,16 @@ def _stream_to_file(
         partial.unlink(missing_ok=True)
 
 
-def fetch_archive(request: TrainingRequest, archive_path: Path, limits: DatasetLimits) -> None:
-    """The request's zip, from `dataset` (base64) or `dataset_url`, written to `archive_path`."""
+def fetch_archive(
+    request: TrainingRequest, archive_path: Path, limits: DatasetLimits, clock: JobClock | None = None
+) -> None:
+    """The request's zip, from `dataset` (base64) or `dataset_url` (within the job's `clock`), written to
+    `archive_path`."""
     if request.dataset is not None:
         data = decode_base64_dataset(request.dataset, limits)
         with disk_stage(archive_path.parent, len(data) + DISK_RESERVE_BYTES, purpose="storing the dataset"):
             archive_path.write_bytes(data)
     elif request.dataset_url is not None:
-        download_dataset(request.dataset_url, archive_path, limits)
+        download_dataset(request.dataset_url, archive_path, limits, clock=clock)
     else:
         raise input_error("dataset", "give the dataset zip as base64 in dataset, or a link in dataset_url")

@@ -13,6 +13,7 @@ from typing import Literal
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import format_bytes
+from fluxbooth.messages import MAX_NAME_CHARS, short_name
 
 DISK_RESERVE_BYTES = 64 * 1024 * 1024
 CHUNK_BYTES = 1024 * 1024
@@ -37,10 +38,15 @@ def input_error(field_name: str, message: str) -> FluxboothError:
     return FluxboothError(ErrorCode.INVALID_INPUT, f"input.{field_name}: {message}")
 
 
-def quoted(name: str, limit: int = 120) -> str:
-    """A member name safe to put in a message: bounded, control characters escaped."""
-    shown = name if len(name) <= limit else name[:limit] + "..."
-    return repr(shown)
+def quoted(name: str, limit: int = MAX_NAME_CHARS) -> str:
+    """A member name safe to put in a message, in quotes: control characters escaped, a long one shortened in
+    its middle (fluxbooth.messages.short_name)."""
+    return f"'{short_name(name, limit)}'"
+
+
+def unquoted(name: str, limit: int = MAX_NAME_CHARS) -> str:
+    """`quoted` without the quotes, for a name inside a path the message suggests."""
+    return short_name(name, limit)
 
 
 def _does_not_fit(what: str, needed_bytes: int, free_bytes: int, path: Path) -> FluxboothError:

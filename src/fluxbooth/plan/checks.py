@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.messages import describe_seconds
 from fluxbooth.modelsize import ModelSize, lora_target_suffixes, unmatched_lora_targets
 from fluxbooth.request import MAX_TIMEOUT_SECONDS
 from fluxbooth.plan.types import QUANTISED_PRECISIONS, Candidate, JobShape
@@ -94,7 +95,7 @@ def deadline_check(candidate: Candidate, job: JobShape, deadline_seconds: float 
             ErrorCode.DOES_NOT_FIT,
             f"steps: {job.steps} steps at ≈{candidate.seconds_per_step:.1f} s/step with {_describe(candidate)}, "
             f"with every phase ({shown}), take ≈{total / 3600:.1f} h, beyond the job deadline of "
-            f"{deadline_seconds / 3600:.1f} h; use " + ", or ".join(_remedies(candidate, job, deadline_seconds)),
+            f"{describe_seconds(deadline_seconds)}; use " + ", or ".join(_remedies(candidate, job, deadline_seconds)),
             details={
                 "estimated_seconds": round(total),
                 "deadline_seconds": round(deadline_seconds),

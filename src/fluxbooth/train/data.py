@@ -11,6 +11,7 @@ from PIL import Image, ImageOps
 
 from fluxbooth.captions import with_trigger
 from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.train.pairing import pair_key
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp"})
 ORIENTATION_TAG = 0x0112
@@ -69,16 +70,25 @@ def discover_images(
 
 
 def with_controls(images: list[TrainingImage], control_dir: Path) -> list[TrainingImage]:
-    """Each image paired with the control image of its stem in `control_dir` (the worker stores both as
-    `<stem>.png`); an image without one is an invalid dataset naming it."""
-    by_stem = {path.stem: path for path in list_image_files(control_dir)}
-    missing = [image.path.name for image in images if image.path.stem not in by_stem]
+    """Each image paired with the control image of its stem in `control_dir`, by the pairing rule the worker
+    checked the upload by (fluxbooth.train.pairing); an image without one, or two control images one image
+    could pair with, is an invalid dataset naming them."""
+    by_key: dict[str, Path] = {}
+    for path in list_image_files(control_dir):
+        key = pair_key(path.name)
+        if key in by_key:
+            raise TrainerFailure(
+                "invalid_dataset", f"{control_dir.name}/{by_key[key].name} and {control_dir.name}/{path.name} share the "
+                "file stem (compared ignoring case); give each pair a stem of its own"
+            )
+        by_key[key] = path
+    missing = [image.path.name for image in images if pair_key(image.path.name) not in by_key]
     if missing:
         raise TrainerFailure(
             "invalid_dataset", f"{missing[0]} has no control image in {control_dir.name}/ (same file stem); every training "
             f"image of an image-pair dataset needs one ({len(missing)} missing)"
         )
-    return [replace(image, control=by_stem[image.path.stem]) for image in images]
+    return [replace(image, control=by_key[pair_key(image.path.name)]) for image in images]
 
 
 def oriented_size(path: Path) -> tuple[int, int]:

@@ -114,6 +114,6 @@ ERROR_CODES = (
 
 
 def normalise_optimizer_name(name: str) -> str:
-    """`"AdamW"`, `"adam-w"`, `"adam_w"` → `"adamw"`; unknown names are returned normalised (callers refuse them)."""
-    normalised = name.strip().lower().replace("-", "_")
-    return {"adam_w": "adamw"}.get(normalised, normalised)
+    """`"AdamW"`, `"adam-w"`, `"adam_w"` → `"adamw"`, `"Ada-Factor"` → `"adafactor"`: case, `-` and `_` ignored;
+    unknown names are returned normalised (callers refuse them)."""
+    return name.strip().lower().replace("-", "").replace("_", "")
