@@ -32,7 +32,8 @@ HANDLER_TIMEOUT_SECONDS = 900
 
 
 def demo_input() -> dict[str, Any]:
-    return json.loads((REPO_ROOT / "test_input.json").read_text())["input"]
+    """The demo job (a LoRA) as a full fine-tune: these tests follow the whole transformer through ZeRO-2."""
+    return {**json.loads((REPO_ROOT / "test_input.json").read_text())["input"], "training_type": "full"}
 
 
 def object_bytes(client: BaseClient, bucket: str, uri: str) -> bytes:
