@@ -101,7 +101,7 @@ def test_a_folder_of_photos_trains_a_lora_whose_files_are_downloaded_and_verifie
     completed = run_client(bucket_api, photos, request, out, s3_bucket_env)
     assert completed.returncode == ExitCode.COMPLETED, completed.stderr[-4000:]
     names = assert_every_artifact_downloaded_verified(out)
-    assert "pytorch_lora_weights.safetensors" in names
+    assert {"lora/pytorch_lora_weights.safetensors", "lora/lora_comfyui.safetensors"} <= set(names)
     assert "sha256 ok" in completed.stderr and "done: " in completed.stderr
     assert bucket_api.log_path.read_text().count(JOB_STARTED) == 1, "the job ran more than once"
 

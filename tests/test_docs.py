@@ -3,12 +3,14 @@ README stays short, and every relative link in the README and docs/ leads somewh
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
 
+from fluxbooth.request import TrainingRequest
 from fluxbooth.request_reference import NOTES, notes_for_no_field, render_request_page, undocumented_fields
 
 from tests.conftest import REPO_ROOT
@@ -57,6 +59,11 @@ def test_every_note_belongs_to_a_field() -> None:
 def test_the_request_page_lists_every_field_once() -> None:
     page = (REPO_ROOT / "docs" / "request.md").read_text()
     assert [name for name in NOTES if page.count(f"| `{name}` |") != 1] == []
+
+
+def test_the_demo_is_a_lora_with_a_trigger_word_and_nothing_to_warn_about() -> None:
+    demo = TrainingRequest.model_validate(json.loads((REPO_ROOT / "test_input.json").read_text())["input"])
+    assert (demo.training_type, demo.trigger_word, demo.warnings()) == ("lora", "sks", [])
 
 
 def test_the_readme_is_at_most_250_lines() -> None:
