@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,6 +35,8 @@ class RunPodApi:
     runs: list[dict[str, Any]] = field(default_factory=list)
     status_calls: list[str] = field(default_factory=list)
     cancels: list[str] = field(default_factory=list)
+    # Seconds the first /status call waits before answering (a slow or stalled connection).
+    first_status_delay_seconds: float = 0.0
     base_url: str = ""
     _replies: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -52,6 +55,9 @@ class RunPodApi:
     def _status(self, job_id: str) -> dict[str, Any] | None:
         with self._lock:
             self.status_calls.append(job_id)
+            delay = self.first_status_delay_seconds if len(self.status_calls) == 1 else 0.0
+        time.sleep(delay)
+        with self._lock:
             replies = self._replies.get(job_id)
             if replies is None:
                 return None

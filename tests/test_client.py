@@ -353,3 +353,43 @@ def test_hidden_files_and_other_files_are_left_out_of_the_zip(photos: Path) -> N
     (photos / "notes.pdf").write_bytes(b"%PDF")
     with zipfile.ZipFile(io.BytesIO(pack_folder(photos))) as archive:
         assert ".DS_Store" not in archive.namelist() and "notes.pdf" not in archive.namelist()
+
+
+# --- /status and the two kinds of server -------------------------------------------------------------------
+
+
+def test_runpods_status_is_asked_again_after_a_read_timeout(runpod_api: RunPodApi) -> None:
+    from fluxbooth.client.api import JobApi
+
+    runpod_api.script = [{"status": "COMPLETED", "output": {"artifacts": []}}]
+    runpod_api.first_status_delay_seconds = 1.0
+    api = JobApi(runpod_api.endpoint_url, API_KEY, status_answers_at_once=True, call_timeout_seconds=0.3, sleep=lambda _: None)
+    job_id = api.run(b'{"input": {}}')["id"]
+    assert api.status(job_id)["status"] == "COMPLETED"
+    assert runpod_api.status_calls == [job_id, job_id]
+
+
+def test_a_local_servers_status_is_never_sent_twice(runpod_api: RunPodApi) -> None:
+    # The runpod SDK's local API server runs the job inside /status: a second /status would run it again.
+    from fluxbooth.client.api import JobApi
+
+    runpod_api.first_status_delay_seconds = 1.0
+    api = JobApi(runpod_api.endpoint_url, API_KEY, status_timeout_seconds=0.3, sleep=lambda _: None)
+    job_id = api.run(b'{"input": {}}')["id"]
+    with pytest.raises(ClientError, match=r"/status/job-1 gave no answer within 0.3 s") as raised:
+        api.status(job_id)
+    assert raised.value.exit_code == ExitCode.API
+    assert runpod_api.status_calls == [job_id]
+
+
+def test_endpoint_submissions_use_runpods_api_and_its_status_rule(photos: Path, request_file: Path, tmp_path: Path) -> None:
+    from fluxbooth.client.command import submission_from
+    from fluxbooth.cli import build_parser
+
+    arguments = build_parser().parse_args(
+        ["submit", str(photos), "--request", str(request_file), "--endpoint", "abc123", "--out", str(tmp_path)]
+    )
+    submission = submission_from(arguments, {"RUNPOD_API_KEY": API_KEY})
+    assert (submission.base_url, submission.api_key, submission.status_answers_at_once) == (
+        "https://api.runpod.ai/v2/abc123", API_KEY, True,
+    )

@@ -8,7 +8,9 @@ would run the job a second time. So:
 - a call is sent again only when it never reached the server (the connection was refused or could not be
   made) or when RunPod answered 429/502/503/504, which it does before touching the job;
 - /run is never sent twice once it may have arrived: a second /run would be a second paid job.
-Both servers answer /status by POST.
+RunPod's hosted API answers /status at once, and asking again changes nothing there: with
+`status_answers_at_once` (the client sets it for `--endpoint`) /status has a short read timeout and is asked
+again after one. Both servers answer /status by POST.
 """
 
 from __future__ import annotations
@@ -51,21 +53,25 @@ class JobApi:
     base_url: str
     api_key: str | None = None
     status_timeout_seconds: float | None = None
+    status_answers_at_once: bool = False
+    call_timeout_seconds: float = CALL_TIMEOUT_SECONDS
     sleep: Callable[[float], None] = time.sleep
     session: requests.Session = field(default_factory=requests.Session)
 
     def run(self, body: bytes) -> dict[str, Any]:
         """Submit a job; its reply holds the job id."""
-        reply = self._call("run", body, read_timeout=CALL_TIMEOUT_SECONDS)
+        reply = self._call("run", body, read_timeout=self.call_timeout_seconds)
         if not isinstance(reply.get("id"), str):
             raise ClientError(f"{self.base_url}/run answered without a job id: {reply}", ExitCode.API)
         return reply
 
     def status(self, job_id: str) -> dict[str, Any]:
+        if self.status_answers_at_once:
+            return self._call(f"status/{job_id}", b"", read_timeout=self.call_timeout_seconds, resend_after_timeout=True)
         return self._call(f"status/{job_id}", b"", read_timeout=self.status_timeout_seconds)
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        return self._call(f"cancel/{job_id}", b"", read_timeout=CALL_TIMEOUT_SECONDS)
+        return self._call(f"cancel/{job_id}", b"", read_timeout=self.call_timeout_seconds, resend_after_timeout=True)
 
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -73,7 +79,9 @@ class JobApi:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers
 
-    def _call(self, operation: str, body: bytes, *, read_timeout: float | None) -> dict[str, Any]:
+    def _call(
+        self, operation: str, body: bytes, *, read_timeout: float | None, resend_after_timeout: bool = False
+    ) -> dict[str, Any]:
         url = f"{self.base_url.rstrip('/')}/{operation}"
         for attempt, delay in enumerate((*RETRY_DELAYS_SECONDS, None)):
             try:
@@ -81,19 +89,20 @@ class JobApi:
                     url, data=body or b"{}", headers=self._headers(), timeout=(CONNECT_TIMEOUT_SECONDS, read_timeout)
                 )
             except requests.RequestException as error:
-                if delay is not None and _never_arrived(error):
+                timed_out = resend_after_timeout and isinstance(error, requests.ReadTimeout)
+                if delay is not None and (_never_arrived(error) or timed_out):
                     self.sleep(delay)
                     continue
-                raise self._unreachable(url, error) from error
+                raise self._unreachable(url, error, read_timeout) from error
             if response.status_code in RETRIED_STATUSES and delay is not None:
                 self.sleep(delay)
                 continue
             return self._reply(url, response)
         raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 
-    def _unreachable(self, url: str, error: requests.RequestException) -> ClientError:
+    def _unreachable(self, url: str, error: requests.RequestException, read_timeout: float | None) -> ClientError:
         if isinstance(error, requests.ReadTimeout):
-            return ClientError(f"{url} gave no answer within {self.status_timeout_seconds or CALL_TIMEOUT_SECONDS:.0f} s", ExitCode.API)
+            return ClientError(f"{url} gave no answer within {read_timeout or 0:g} s", ExitCode.API)
         return ClientError(f"cannot reach {url}: {type(error).__name__}: {error}", ExitCode.API)
 
     def _reply(self, url: str, response: requests.Response) -> dict[str, Any]:

@@ -75,7 +75,7 @@ def submission_from(arguments: argparse.Namespace, environ: Mapping[str, str]) -
     polling = {"poll_seconds": arguments.poll_seconds} if arguments.poll_seconds is not None else {}
     return Submission(
         photos=arguments.photos, job_input=job_input, out_dir=arguments.out, base_url=base_url, api_key=api_key,
-        webhook=arguments.webhook, **polling,
+        webhook=arguments.webhook, status_answers_at_once=bool(arguments.endpoint), **polling,
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -48,6 +48,8 @@ class Submission:
     api_key: str | None = None
     webhook: str | None = None
     poll_seconds: float = DEFAULT_POLL_SECONDS
+    # RunPod's hosted API answers /status at once; the SDK's local server only when the job is over.
+    status_answers_at_once: bool = False
 
 
 @dataclass
@@ -139,7 +141,7 @@ class _Follower:
         self._last_status = status
 
 
-def _cancel(api: JobApi, job_id: str, say: Any) -> Outcome:
+def _cancel(api: JobApi, job_id: str, say: Callable[[str], None]) -> Outcome:
     say(f"\nCtrl-C: cancelling job {job_id} through /cancel")
     try:
         reply = api.cancel(job_id)
@@ -150,7 +152,7 @@ def _cancel(api: JobApi, job_id: str, say: Any) -> Outcome:
                    job_id, str(reply.get("status")))
 
 
-def _finish(reply: Mapping[str, Any], submission: Submission, job_id: str, say: Any) -> Outcome:
+def _finish(reply: Mapping[str, Any], submission: Submission, job_id: str, say: Callable[[str], None]) -> Outcome:
     status = str(reply["status"])
     code = TERMINAL_EXIT_CODES[status]
     if status == "FAILED":
@@ -183,7 +185,9 @@ def submit(submission: Submission, environ: Mapping[str, str], stream: TextIO | 
         out.flush()
 
     policy = execution_policy(submission.job_input)
-    client = api or JobApi(submission.base_url, submission.api_key)
+    client = api or JobApi(
+        submission.base_url, submission.api_key, status_answers_at_once=submission.status_answers_at_once
+    )
     if policy and client.status_timeout_seconds is None:
         client.status_timeout_seconds = policy["executionTimeout"] / 1000
     try:
