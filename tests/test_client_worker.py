@@ -10,7 +10,6 @@ here must have run exactly once (a client that re-sent /status would have run it
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import random

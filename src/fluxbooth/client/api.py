@@ -83,7 +83,7 @@ class JobApi:
         self, operation: str, body: bytes, *, read_timeout: float | None, resend_after_timeout: bool = False
     ) -> dict[str, Any]:
         url = f"{self.base_url.rstrip('/')}/{operation}"
-        for attempt, delay in enumerate((*RETRY_DELAYS_SECONDS, None)):
+        for delay in (*RETRY_DELAYS_SECONDS, None):
             try:
                 response = self.session.post(
                     url, data=body or b"{}", headers=self._headers(), timeout=(CONNECT_TIMEOUT_SECONDS, read_timeout)
