@@ -1,4 +1,5 @@
-"""Regenerate test_input.json: a tiny, deterministic DreamBooth job for the built-in tiny model.
+"""Regenerate test_input.json and .runpod/tests.json: a tiny, deterministic DreamBooth LoRA job for the built-in
+tiny model, with a trigger word, and no field that draws a warning.
 
 The dataset is drawn here (a few small JPEGs of the same toy in different poses), so no photo is
 checked in. `python builder/make_test_input.py` rewrites ../test_input.json.
@@ -48,8 +49,9 @@ def build_test_input() -> dict[str, object]:
             "model_name": "sks-toy-demo",
             "base_model": "fluxbooth/tiny-flux",
             "dataset": base64.b64encode(build_dataset_zip()).decode("ascii"),
+            "training_type": "lora",
+            "trigger_word": "sks",
             "instance_prompt": "a photo of sks toy",
-            "class_prompt": "a photo of a toy",
             "steps": 8,
             "learning_rate": 1e-4,
             "batch_size": 1,
@@ -63,7 +65,18 @@ def build_test_input() -> dict[str, object]:
     }
 
 
-if __name__ == "__main__":
-    target = Path(__file__).resolve().parent.parent / "test_input.json"
-    target.write_text(json.dumps(build_test_input(), indent=2) + "\n")
+def write_demo(repo_root: Path) -> None:
+    """test_input.json, and the same input as the Hub's test in .runpod/tests.json."""
+    demo = build_test_input()
+    target = repo_root / "test_input.json"
+    target.write_text(json.dumps(demo, indent=2) + "\n")
     print(f"wrote {target} ({target.stat().st_size} bytes)")
+    hub_tests_path = repo_root / ".runpod" / "tests.json"
+    hub_tests = json.loads(hub_tests_path.read_text())
+    hub_tests["tests"][0]["input"] = demo["input"]
+    hub_tests_path.write_text(json.dumps(hub_tests, indent=2) + "\n")
+    print(f"wrote {hub_tests_path}")
+
+
+if __name__ == "__main__":
+    write_demo(Path(__file__).resolve().parent.parent)

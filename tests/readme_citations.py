@@ -24,8 +24,8 @@ _CITED_FILE = re.compile(r"`tests/(test_\w+\.py)[^`]*`")
 
 
 def documents(root: Path = REPO_ROOT) -> list[Path]:
-    """The texts a user reads: the README and docs/."""
-    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    """The texts people read: the README and docs/, its development/ pages (the test table, the evidence) included."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
 
 
 def cited_tests(texts: Iterable[str]) -> list[tuple[str, str]]:

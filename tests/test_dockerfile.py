@@ -186,8 +186,8 @@ def test_the_cuda_torch_pin_is_published_on_its_index_for_the_images_python() ->
     assert f"torch-{version}-cp{python}-cp{python}-manylinux_2_28_x86_64.whl" in wheels
 
 
-def test_the_readme_names_the_cuda_pins_and_their_index() -> None:
-    readme = (REPO_ROOT / "README.md").read_text()
+def test_the_image_docs_name_the_cuda_pins_and_their_index() -> None:
+    readme = (REPO_ROOT / "docs" / "image.md").read_text()
     index, pin = requirement_lines("requirements-torch-cuda.txt")[:2]
     assert index.removeprefix("--extra-index-url ") in readme and f"`{pin.removeprefix('torch==')}`" in readme
     for tag in CUDA_PINS["images"]["nvidia/cuda"]:

@@ -566,7 +566,7 @@ def test_a_full_fine_tunes_host_ram_is_what_the_planner_chooses_for_one_80_gib_c
     assert plan.predicted_host_bytes == full_finetune_host_bytes()
 
 
-@pytest.mark.parametrize("document", ["README.md", "docs/memory.md"])
+@pytest.mark.parametrize("document", ["docs/gpus.md", "docs/memory.md"])
 def test_the_docs_quote_the_planners_figure_for_a_full_fine_tunes_host_ram(document: str) -> None:
     quoted = FULL_FINETUNE_HOST_QUOTE.findall((REPO_ROOT / document).read_text())
     assert quoted, f"{document} no longer says how much host RAM a full fine-tune needs"

@@ -32,7 +32,8 @@ HANDLER_TIMEOUT_SECONDS = 900
 
 
 def demo_input() -> dict[str, Any]:
-    return json.loads((REPO_ROOT / "test_input.json").read_text())["input"]
+    """The demo job (a LoRA) as a full fine-tune: these tests follow the whole transformer through ZeRO-2."""
+    return {**json.loads((REPO_ROOT / "test_input.json").read_text())["input"], "training_type": "full"}
 
 
 def object_bytes(client: BaseClient, bucket: str, uri: str) -> bytes:
@@ -108,6 +109,10 @@ def test_python_handler_with_test_input_completes(
     result = json.loads(result_line.split("fluxbooth.result: result ", 1)[1])
     assert (result["plan"]["zero_stage"], result["plan"]["offload_optimizer"]) == (2, "cpu")
     assert_artifacts_landed_byte_identical(result, s3_client, s3_bucket_env["BUCKET_NAME"])
+    # The demo is what people deploy this for: a LoRA with a trigger word, and nothing to warn about.
+    names = {artifact["name"] for artifact in result["artifacts"]}
+    assert {"lora/pytorch_lora_weights.safetensors", "lora/lora_comfyui.safetensors"} <= names
+    assert (result["plan"]["training_type"], result["dataset"]["trigger_word"], result["warnings"]) == ("lora", "sks", [])
     assert s3_bucket_env["BUCKET_SECRET_ACCESS_KEY"] not in output
     # The access key ID is an identifier that SigV4 presigned URLs must carry; it appears nowhere else.
     without_presigned_credentials = re.sub(r"X-Amz-Credential=[^&'\"\s]+", "", output)

@@ -29,7 +29,7 @@ STEPS, CHECKPOINT_EVERY = 4, 2
 
 def fused_input(**overrides: Any) -> dict[str, Any]:
     demo = json.loads((REPO_ROOT / "test_input.json").read_text())["input"]
-    return {**demo, "fused_backward_pass": True, "steps": STEPS, **overrides}
+    return {**demo, "training_type": "full", "fused_backward_pass": True, "steps": STEPS, **overrides}
 
 
 @pytest.fixture(scope="module")

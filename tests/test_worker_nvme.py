@@ -37,7 +37,7 @@ def nvme_job(libaio: None, tmp_path_factory: pytest.TempPathFactory, model_cache
         "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir),
         "HF_HUB_OFFLINE": "1",
     }
-    job_input = dict(json.loads((REPO_ROOT / "test_input.json").read_text())["input"], steps=2, zero_stage=3, offload="nvme")
+    job_input = dict(json.loads((REPO_ROOT / "test_input.json").read_text())["input"], training_type="full", steps=2, zero_stage=3, offload="nvme")
     result = asyncio.run(run_job(job_input, job_id="nvme-1", settings=WorkerSettings.from_environ(env)))
     assert "error" not in result, result
     return {"result": result, "nvme_root": nvme_root}

@@ -7,6 +7,8 @@ doctor  — is this machine ready to train; exits 1 when a check fails (`--allow
 train   — run one request (a JSON file holding the `input` object, or `{"input": {...}}`) outside RunPod;
           prints the result JSON; exits 1 when the job failed. Progress goes to stderr (a bar on a
           terminal, plain lines otherwise); `--verbose` adds the full log.
+submit  — send photos and a request to an endpoint (RunPod or a local API server), follow the job and download
+          its files (fluxbooth.client; its own exit codes, listed in `submit --help`).
 
 Exit codes: 0 success, 1 does not fit / a check failed, 2 invalid arguments or input, 141 the reader closed
 the output early (`plan | head`), quietly.
@@ -511,10 +513,13 @@ def run_train_command(arguments: argparse.Namespace, environ: Mapping[str, str],
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m fluxbooth", description="fluxbooth: FLUX.1 DreamBooth under DeepSpeed")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="{plan,doctor,train}")
+    from fluxbooth.client.command import add_submit_parser
+
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="{plan,doctor,train,submit}")
     add_plan_parser(subparsers)
     add_doctor_parser(subparsers)
     add_train_parser(subparsers)
+    add_submit_parser(subparsers)
     return parser
 
 

@@ -1,0 +1,126 @@
+"""RunPod's queue API as a client calls it: POST /run, /status/JOB_ID, POST /cancel/JOB_ID, either on
+https://api.runpod.ai/v2/ENDPOINT_ID (with the API key) or on a local `python handler.py --rp_serve_api`.
+
+The runpod SDK's local API server runs a /run job inside the first /status request, which answers only when the
+job is over (runpod/serverless/modules/rp_fastapi.py, `_sim_status`). A /status that timed out and was sent again
+would run the job a second time. So:
+- /status waits as long as the job may run (its read timeout is the job's whole time budget, or none);
+- a call is sent again only when it never reached the server (the connection was refused or could not be
+  made) or when RunPod answered 429/502/503/504, which it does before touching the job;
+- /run is never sent twice once it may have arrived: a second /run would be a second paid job.
+RunPod's hosted API answers /status at once, and asking again changes nothing there: with
+`status_answers_at_once` (the client sets it for `--endpoint`) /status has a short read timeout and is asked
+again after one. Both servers answer /status by POST.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from fluxbooth.client.errors import ClientError, ExitCode
+
+RUNPOD_API_BASE = "https://api.runpod.ai/v2"
+CALL_TIMEOUT_SECONDS = 60.0
+CONNECT_TIMEOUT_SECONDS = 15.0
+RETRIED_STATUSES = frozenset({429, 502, 503, 504})
+RETRY_DELAYS_SECONDS = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+
+
+def endpoint_url(endpoint_id: str, api_base: str = RUNPOD_API_BASE) -> str:
+    return f"{api_base.rstrip('/')}/{endpoint_id}"
+
+
+def _never_arrived(error: requests.RequestException) -> bool:
+    """True for failures before the request was sent: refused or failed connections, never read timeouts."""
+    if isinstance(error, requests.ConnectTimeout):
+        return True
+    if isinstance(error, requests.ConnectionError) and not isinstance(error, requests.ReadTimeout):
+        text = str(error)
+        return any(mark in text for mark in ("NewConnectionError", "Connection refused", "Name or service not known",
+                                             "Failed to resolve", "nodename nor servname"))
+    return False
+
+
+@dataclass
+class JobApi:
+    """One endpoint's /run, /status and /cancel."""
+
+    base_url: str
+    api_key: str | None = None
+    status_timeout_seconds: float | None = None
+    status_answers_at_once: bool = False
+    call_timeout_seconds: float = CALL_TIMEOUT_SECONDS
+    sleep: Callable[[float], None] = time.sleep
+    session: requests.Session = field(default_factory=requests.Session)
+
+    def run(self, body: bytes) -> dict[str, Any]:
+        """Submit a job; its reply holds the job id."""
+        reply = self._call("run", body, read_timeout=self.call_timeout_seconds)
+        if not isinstance(reply.get("id"), str):
+            raise ClientError(f"{self.base_url}/run answered without a job id: {reply}", ExitCode.API)
+        return reply
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        if self.status_answers_at_once:
+            return self._call(f"status/{job_id}", b"", read_timeout=self.call_timeout_seconds, resend_after_timeout=True)
+        return self._call(f"status/{job_id}", b"", read_timeout=self.status_timeout_seconds)
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._call(f"cancel/{job_id}", b"", read_timeout=self.call_timeout_seconds, resend_after_timeout=True)
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def _call(
+        self, operation: str, body: bytes, *, read_timeout: float | None, resend_after_timeout: bool = False
+    ) -> dict[str, Any]:
+        url = f"{self.base_url.rstrip('/')}/{operation}"
+        for delay in (*RETRY_DELAYS_SECONDS, None):
+            try:
+                response = self.session.post(
+                    url, data=body or b"{}", headers=self._headers(), timeout=(CONNECT_TIMEOUT_SECONDS, read_timeout)
+                )
+            except requests.RequestException as error:
+                timed_out = resend_after_timeout and isinstance(error, requests.ReadTimeout)
+                if delay is not None and (_never_arrived(error) or timed_out):
+                    self.sleep(delay)
+                    continue
+                raise self._unreachable(url, error, read_timeout) from error
+            if response.status_code in RETRIED_STATUSES and delay is not None:
+                self.sleep(delay)
+                continue
+            return self._reply(url, response)
+        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+    def _unreachable(self, url: str, error: requests.RequestException, read_timeout: float | None) -> ClientError:
+        if isinstance(error, requests.ReadTimeout):
+            return ClientError(f"{url} gave no answer within {read_timeout or 0:g} s", ExitCode.API)
+        return ClientError(f"cannot reach {url}: {type(error).__name__}: {error}", ExitCode.API)
+
+    def _reply(self, url: str, response: requests.Response) -> dict[str, Any]:
+        if response.status_code in {401, 403}:
+            raise ClientError(
+                f"{url} refused the API key (HTTP {response.status_code}): set RUNPOD_API_KEY to a key with access "
+                "to this endpoint", ExitCode.API,
+            )
+        if response.status_code == 404:
+            raise ClientError(
+                f"{url} does not exist (HTTP 404): check the endpoint ID (or --url)", ExitCode.API,
+            )
+        if response.status_code >= 400:
+            raise ClientError(f"{url} answered HTTP {response.status_code}: {response.text[:500]}", ExitCode.API)
+        try:
+            reply = response.json()
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):
+            raise ClientError(f"{url} answered with something other than a JSON object: {response.text[:300]!r}", ExitCode.API)
+        return reply

@@ -1,0 +1,101 @@
+"""`python -m fluxbooth submit`: the command line of the client (fluxbooth.client.submission).
+
+The client's modules (requests, the zip packer) are imported only when `submit` runs, so the other
+subcommands start as fast as before."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from fluxbooth.client.errors import ClientError, ExitCode
+
+if TYPE_CHECKING:
+    from fluxbooth.client.submission import Submission
+
+API_KEY_VARIABLE = "RUNPOD_API_KEY"
+# Flags for the request fields people change most; each overrides the request file.
+FIELD_FLAGS = (
+    ("--model-name", "model_name", str),
+    ("--instance-prompt", "instance_prompt", str),
+    ("--trigger-word", "trigger_word", str),
+    ("--steps", "steps", int),
+    ("--timeout-seconds", "timeout_seconds", int),
+)
+
+
+def add_submit_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "submit", help="submit photos and a request to an endpoint, follow the job, download its files",
+        description="Exit codes: 0 completed and verified, 1 job failed, 2 bad input, 3 cancelled, 4 timed out, "
+        "5 download or sha256 check failed, 6 endpoint unreachable or refused, 130 Ctrl-C (job cancelled).",
+    )
+    parser.add_argument("photos", help="a folder of photos (captions beside them as .txt), a .zip, or an https:// link")
+    parser.add_argument("--request", type=Path, required=True, help="JSON file: the job's input without its dataset")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--endpoint", help=f"RunPod endpoint ID (reads {API_KEY_VARIABLE})")
+    where.add_argument("--url", help="base URL of a local `python handler.py --rp_serve_api` (http://host:8000)")
+    parser.add_argument("--out", type=Path, required=True, help="folder the artifacts are downloaded into")
+    parser.add_argument("--webhook", default=None, help="URL RunPod POSTs the result to as well")
+    parser.add_argument("--poll-seconds", type=float, default=None, help=argparse.SUPPRESS)
+    for flag, name, kind in FIELD_FLAGS:
+        parser.add_argument(flag, dest=name, type=kind, default=None, help=f"sets the request's {name}")
+    parser.set_defaults(handler=run_submit_command)
+
+
+def read_request(path: Path) -> dict[str, Any]:
+    """The job's input: the file's object, or the `input` of `{"input": {...}}`."""
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ClientError(f"request file {path}: {error}", ExitCode.USAGE) from error
+    if isinstance(document, dict) and set(document) == {"input"}:
+        document = document["input"]
+    if not isinstance(document, dict):
+        raise ClientError(f"request file {path}: expected a JSON object with the training fields", ExitCode.USAGE)
+    return document
+
+
+def submission_from(arguments: argparse.Namespace, environ: Mapping[str, str]) -> Submission:
+    from fluxbooth.client.api import endpoint_url
+    from fluxbooth.client.submission import Submission
+
+    job_input = read_request(arguments.request)
+    job_input.update({name: getattr(arguments, name) for _, name, _ in FIELD_FLAGS if getattr(arguments, name) is not None})
+    if arguments.endpoint:
+        api_key = environ.get(API_KEY_VARIABLE, "").strip()
+        if not api_key:
+            raise ClientError(f"--endpoint needs {API_KEY_VARIABLE} set to a RunPod API key", ExitCode.USAGE)
+        base_url = endpoint_url(arguments.endpoint)
+    else:
+        api_key, base_url = environ.get(API_KEY_VARIABLE, "").strip() or None, arguments.url
+    polling = {"poll_seconds": arguments.poll_seconds} if arguments.poll_seconds is not None else {}
+    return Submission(
+        photos=arguments.photos, job_input=job_input, out_dir=arguments.out, base_url=base_url, api_key=api_key,
+        webhook=arguments.webhook, status_answers_at_once=bool(arguments.endpoint), **polling,
+    )
+
+
+def run_submit_command(arguments: argparse.Namespace, environ: Mapping[str, str], out: TextIO) -> int:
+    import sys
+
+    from fluxbooth.client.submission import submit
+
+    try:
+        submission = submission_from(arguments, environ)
+    except ClientError as error:
+        sys.stderr.write(f"error: {error.message}\n")
+        return int(error.exit_code)
+    try:
+        outcome = submit(submission, environ, sys.stderr)
+    except KeyboardInterrupt:
+        # Before /run answered: no job id to cancel. One may have been queued if /run was already sent.
+        sys.stderr.write("interrupted before the job was submitted (if /run was already sent, check the endpoint)\n")
+        return int(ExitCode.INTERRUPTED)
+    sys.stderr.write(("" if outcome.exit_code is ExitCode.COMPLETED else "error: ") + outcome.message + "\n")
+    if outcome.job_id:
+        out.write(json.dumps({"id": outcome.job_id, "status": outcome.status, "exit_code": int(outcome.exit_code)}) + "\n")
+    return int(outcome.exit_code)
