@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,9 @@ from tests.test_hostile_jobs import tiny_model  # noqa: F401 - fixture
 
 # A trainer module that cannot even be imported: a real job that got past every check ends at the launch.
 NO_TRAINER = "tests.no_such_trainer_module"
-# Stored random bytes (skipped by the dataset stage as not an image) make the zip far larger than the part a
-# dry run may read.
-PADDING = ("notes.bin", bytes(range(256)) * 4096 * 2)
+# Random bytes (skipped by the dataset stage as not an image; deflate cannot shrink them) make the zip far larger
+# than the part a dry run may read.
+PADDING = ("notes.bin", random.Random(0).randbytes(2 * 1024 * 1024))
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def test_a_dry_run_refuses_a_zip_with_too_few_images_as_the_job_would(env: dict[
     result = run(env, job_input(dataset=to_base64(make_dataset_zip(1))))
 
     assert (result["error"]["code"], result["refresh_worker"]) == ("invalid_dataset", False)
-    assert result["error"]["message"] == "found 1 instance image(s); at least 3 are needed. Add more photos"
+    assert result["error"]["message"] == "dataset: found 1 instance image(s); at least 3 are needed. Add more photos"
 
 
 def test_a_dry_run_of_an_inline_file_that_is_not_a_zip_plans_for_the_cap_and_says_why(env: dict[str, str]) -> None:
@@ -155,7 +156,7 @@ def test_a_dataset_url_that_answers_404_is_refused_as_the_download_would_refuse_
 
     assert result["error"]["code"] == "invalid_dataset"
     assert result["error"]["message"] == (
-        f"the server answered 404 Not Found for http://127.0.0.1:{http_server.port}/gone.zip: nothing at that "
+        f"dataset_url: the server answered 404 Not Found for http://127.0.0.1:{http_server.port}/gone.zip: nothing at that "
         "address; check the URL (presigned URLs expire)"
     )
 

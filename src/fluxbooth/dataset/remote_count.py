@@ -116,7 +116,7 @@ def count_remote_zip(url: str, limits: DatasetLimits) -> int:
 def _directory_offset_in(tail: bytes) -> int:
     """Where the central directory starts, relative to `tail` (the zip's last bytes; negative: before them).
     Measured back from the end record, as zipfile does, so data prepended to the zip does not mislead it."""
-    at = tail.rfind(_END_RECORD_SIGNATURE, 0, len(tail) - _END_RECORD.size + 1)
+    at = tail.rfind(_END_RECORD_SIGNATURE, 0, len(tail) - _END_RECORD.size + len(_END_RECORD_SIGNATURE))
     if at < 0:
         raise _NotCounted("no end-of-central-directory record in its last bytes; it is not a zip, or it is truncated")
     _, _, _, _, entries, size, offset, _ = _END_RECORD.unpack_from(tail, at)
