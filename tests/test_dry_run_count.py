@@ -82,12 +82,10 @@ def test_a_dry_run_of_an_inline_file_that_is_not_a_zip_plans_for_the_cap_and_say
     result = run({**env, "FLUXBOOTH_MAX_IMAGES": "10"}, job_input(dataset=to_base64(b"GIF89a not a zip")))
 
     assert (result["instance_images"], result["instance_images_source"]) == (10, "cap")
-    assert any(
-        warning.startswith("the dataset's images were not counted (no end-of-central-directory record")
-        or warning.startswith("the dataset's images were not counted (its directory is not a readable zip")
-        for warning in result["warnings"]
+    assert result["instance_images_note"] == (
+        "the dataset's images were not counted (its zip directory cannot be read: File is not a zip file); planned "
+        "for the worker's cap of 10 (FLUXBOOTH_MAX_IMAGES)"
     )
-    assert "planned for the worker's cap of 10 (FLUXBOOTH_MAX_IMAGES)" in result["warnings"][-1]
 
 
 # --- a dataset_url ------------------------------------------------------------------------------------
@@ -143,10 +141,10 @@ def test_a_server_that_ignores_ranges_gets_the_cap_and_the_answer_says_so(
 
     assert (result["instance_images"], result["instance_images_source"]) == (10, "cap")
     assert len(http_server.requests) == 1
-    assert (
+    assert result["instance_images_note"] == (
         f"the dataset's images were not counted (http://127.0.0.1:{http_server.port}/photos.zip ignores range "
         "requests); planned for the worker's cap of 10 (FLUXBOOTH_MAX_IMAGES)"
-    ) in result["warnings"]
+    )
 
 
 def test_a_dataset_url_that_answers_404_is_refused_as_the_download_would_refuse_it(
@@ -204,6 +202,14 @@ def test_plan_counts_the_request_files_inline_zip(env: dict[str, str], tmp_path:
     report = plan_json(env, tmp_path, request=job_input(dataset=to_base64(make_dataset_zip(5))))
 
     assert (report["instance_images"], report["instance_images_source"]) == (5, "zip")
+
+
+def test_plan_plans_a_request_files_placeholder_dataset_for_the_cap_and_says_why(env: dict[str, str], tmp_path: Path) -> None:
+    report = plan_json({**env, "FLUXBOOTH_MAX_IMAGES": "10"}, tmp_path, request=job_input(dataset="base64_encoded_dataset_zip"))
+
+    assert (report["instance_images"], report["instance_images_source"]) == (10, "cap")
+    assert report["instance_images_note"].startswith("the request's dataset was not counted (input.dataset: is not valid base64")
+    assert report["instance_images_note"].endswith("planned for the worker's cap of 10 (FLUXBOOTH_MAX_IMAGES)")
 
 
 def test_plan_without_a_request_file_plans_for_the_cap(env: dict[str, str], tmp_path: Path) -> None:

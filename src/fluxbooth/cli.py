@@ -231,9 +231,17 @@ def _instance_images(arguments: argparse.Namespace, request: Any, settings: Work
     limits = settings.dataset_limits
     count = arguments.instance_images
     if count is None:
-        if arguments.request is not None:
+        if arguments.request is None:
+            return DatasetCount(limits.max_images, SOURCE_CAP)
+        try:
             return count_dataset(request, limits)
-        return DatasetCount(limits.max_images, SOURCE_CAP)
+        except FluxboothError as error:
+            # A request file often carries a placeholder dataset: plan still answers, for the cap.
+            return DatasetCount(
+                limits.max_images, SOURCE_CAP,
+                f"the request's dataset was not counted ({error.message}); planned for the worker's cap of "
+                f"{limits.max_images} (FLUXBOOTH_MAX_IMAGES)",
+            )
     if not limits.min_images <= count <= limits.max_images:
         raise FluxboothError(
             ErrorCode.INVALID_INPUT,
@@ -330,6 +338,7 @@ def _plan_table(report: dict[str, Any], out: TextIO) -> None:
         f"checkpointing {'on' if job['gradient_checkpointing'] else 'off'}\n"
         f"machine  {report['hardware_summary']}\n"
         f"images   {report['instance_images']} ({IMAGES_SOURCE_WORDS.get(report['instance_images_source'], report['instance_images_source'])})\n"
+        + (f"         {report['instance_images_note']}\n" if report.get("instance_images_note") else "")
         + (f"gpu      {report['gpu_name']['given']!r} read as {report['gpu_name']['matched']}\n" if report["gpu_name"] else "")
         + f"deadline {report['deadline_seconds'] / 60:.0f} min ({report['deadline_source']})\n\n"
     )
@@ -483,8 +492,7 @@ def run_plan_command(arguments: argparse.Namespace, environ: Mapping[str, str], 
         }
     if "cost" in report:
         report["cost"]["price_source"] = price_source
-    if dataset.note:
-        report["warnings"].append(dataset.note)
+    report["instance_images_note"] = dataset.note
     if arguments.json:
         out.write(json.dumps(report, indent=2) + "\n")
     else:

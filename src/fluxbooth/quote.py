@@ -118,7 +118,7 @@ def dry_run_answer(
 ) -> dict[str, Any]:
     """What a `dry_run` job answers: the report above for this worker, with the endpoint's price, planned for
     the images of the dataset sent (`dataset`, remote_count.count_dataset: counted from the zip's directory, or
-    the worker's cap when it could not be, with a warning saying why). A job that nothing fits, or that the
+    the worker's cap when it could not be, `instance_images_note` saying why). A job that nothing fits, or that the
     deadline check refuses, is refused as the real job would be (`does_not_fit`), the report in its details."""
     report = plan_report(
         request,
@@ -130,8 +130,7 @@ def dry_run_answer(
         deadline_source="timeout_seconds" if request.timeout_seconds else "FLUXBOOTH_JOB_DEADLINE_SECONDS",
         price_per_hour=settings.price_per_hour,
     )
-    if dataset.note:
-        report["warnings"].append(dataset.note)
+    report["instance_images_note"] = dataset.note
     refusal = report.pop("error")
     if refusal is not None:
         raise FluxboothError(ErrorCode.DOES_NOT_FIT, refusal["message"], details={"plan_report": report})

@@ -96,7 +96,7 @@ def _directory_entries(zip_bytes: bytes) -> list[zipfile.ZipInfo]:
         with zipfile.ZipFile(io.BytesIO(zip_bytes)) as archive:
             return archive.infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, NotImplementedError, struct.error) as error:
-        raise _NotCounted(f"its directory is not a readable zip directory: {error}") from None
+        raise _NotCounted(f"its zip directory cannot be read: {error}") from None
 
 
 def count_remote_zip(url: str, limits: DatasetLimits) -> int:
