@@ -45,14 +45,15 @@ class RunpodGpu:
 
     @property
     def host_memory_gib(self) -> int:
-        return _assumed_host(self.memory_gib)[0]
+        return assumed_host(self.memory_gib)[0]
 
     @property
     def vcpus(self) -> int:
-        return _assumed_host(self.memory_gib)[1]
+        return assumed_host(self.memory_gib)[1]
 
 
-def _assumed_host(memory_gib: int) -> tuple[int, int]:
+def assumed_host(memory_gib: int) -> tuple[int, int]:
+    """(host RAM in GiB, vCPUs) assumed for a serverless worker with a card of `memory_gib`."""
     return ASSUMED_HOSTS[min(size for size in ASSUMED_HOSTS if size >= memory_gib)]
 
 
