@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from fluxbooth.cli import main as cli_main
-from fluxbooth.dataset.remote_count import TAIL_BYTES
+from fluxbooth.dataset.remote_count import TAIL_BYTES, count_remote_zip
 from fluxbooth.job import run_job
-from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
+from fluxbooth.settings import TINY_MODEL_NAME, DatasetLimits, WorkerSettings
 from tests.factories import dataset_members, make_dataset_zip, make_zip, to_base64
 from tests.http_fixtures import LocalHTTPServer, http_server  # noqa: F401 - fixture
 from tests.test_hostile_jobs import tiny_model  # noqa: F401 - fixture
@@ -129,6 +129,17 @@ def test_a_dry_run_follows_a_redirect_once_and_asks_the_final_url_for_the_rest(
 
     assert result["instance_images"] == 4
     assert http_server.requests == ["/link", "/photos.zip", "/photos.zip"]
+
+
+def test_a_zip64_directory_is_found_through_its_zip64_end_record(http_server: LocalHTTPServer) -> None:  # noqa: F811
+    # Over 65,535 members: the end record says 0xFFFF and the zip64 record before it holds the real numbers.
+    zip_bytes = make_zip([*dataset_members(4), *((f"scans/{index}.pdf", b"") for index in range(65_536))])
+    http_server.add("/photos.zip", body=zip_bytes, ranges=True)
+
+    count = count_remote_zip(http_server.url("/photos.zip"), DatasetLimits(max_members=70_000, allow_private_urls=True))
+
+    assert count == 4
+    assert len(http_server.requests) == 2
 
 
 def test_a_server_that_ignores_ranges_gets_the_cap_and_the_answer_says_so(
