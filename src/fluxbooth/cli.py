@@ -428,39 +428,22 @@ def _deadline(request: Any, settings: WorkerSettings) -> tuple[int, str]:
 
 
 def _apply_runpod_preset(arguments: argparse.Namespace) -> Any:
-    """The RunPod GPU type named by --runpod-gpu (a plan.runpod_gpus.RunpodGpu), its machine filled into the
-    hardware flags not given; None without the flag. invalid_input listing the known types for an unknown one."""
-    from fluxbooth.plan.runpod_gpus import GIB, RUNPOD_CONTAINER_DISK_GB, known_names, runpod_gpu
+    """The RunPod GPU type --runpod-gpu names (plan.runpod_gpus), its machine filled into the hardware flags not
+    given; None without the flag."""
+    from fluxbooth.plan.runpod_gpus import preset_for, worker_flags
 
     if arguments.runpod_gpu is None:
         return None
-    gpu = runpod_gpu(arguments.runpod_gpu)
-    if gpu is None:
-        raise FluxboothError(
-            ErrorCode.INVALID_INPUT,
-            f"--runpod-gpu {arguments.runpod_gpu!r} is no RunPod serverless GPU type the planner knows; "
-            f"known: {known_names()} (--runpod-gpu list shows their numbers)",
-        )
-    if arguments.gpus == 0:
-        raise FluxboothError(ErrorCode.INVALID_INPUT, "--runpod-gpu describes a GPU worker: drop --gpus 0")
-    preset = {"gpus": 1, "gpu_memory": gpu.memory_gib * GIB, "host_memory": gpu.host_memory_gib * GIB,
-              "cpus": gpu.vcpus, "disk": RUNPOD_CONTAINER_DISK_GB * 10**9, "gpu_name": gpu.gpu_id}
-    for name, value in preset.items():
+    gpu = preset_for(arguments.runpod_gpu, gpus_flag=arguments.gpus)
+    for name, value in worker_flags(gpu).items():
         if getattr(arguments, name) is None:
             setattr(arguments, name, value)
     return gpu
 
 
-def _price(gpu: Any, settings: WorkerSettings) -> tuple[float | None, str]:
-    """The price per hour the quote uses and where it came from: the RunPod GPU type's, else the endpoint's."""
-    if gpu is not None and gpu.price_per_second is not None:
-        return gpu.price_per_second * 3600, f"RunPod's flex price for {gpu.name}, {gpu.price_per_second:g} USD/s"
-    return settings.price_per_hour, "FLUXBOOTH_PRICE_PER_HOUR"
-
-
 def run_plan_command(arguments: argparse.Namespace, environ: Mapping[str, str], out: TextIO) -> int:
     from fluxbooth.plan import model_size
-    from fluxbooth.plan.runpod_gpus import preset_table
+    from fluxbooth.plan.runpod_gpus import preset_table, quote_price
     from fluxbooth.quote import plan_report
 
     if arguments.runpod_gpu is not None and arguments.runpod_gpu.strip().lower() == "list":
@@ -468,7 +451,7 @@ def run_plan_command(arguments: argparse.Namespace, environ: Mapping[str, str], 
         return EXIT_OK
     gpu = _apply_runpod_preset(arguments)
     settings = WorkerSettings.from_environ(environ)
-    price_per_hour, price_source = _price(gpu, settings)
+    price_per_hour, price_source = quote_price(gpu, settings.price_per_hour)
     request = _validated_request(arguments)
     dataset = _instance_images(arguments, request, settings)
     hardware = _hardware_from(arguments, settings, environ)
@@ -486,10 +469,7 @@ def run_plan_command(arguments: argparse.Namespace, environ: Mapping[str, str], 
         gpu_name_given=arguments.gpu_name,
     )
     if gpu is not None:
-        report["runpod_gpu"] = {
-            "name": gpu.name, "gpu_id": gpu.gpu_id, "pool": gpu.pool, "price_per_second": gpu.price_per_second,
-            "assumed_host_memory_gib": gpu.host_memory_gib, "assumed_vcpus": gpu.vcpus,
-        }
+        report["runpod_gpu"] = gpu.to_dict()
     if "cost" in report:
         report["cost"]["price_source"] = price_source
     report["instance_images_note"] = dataset.note

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
+
+from fluxbooth.errors import ErrorCode, FluxboothError
 
 GIB = 1024**3
 # The container disk a Hub deploy gets (.runpod/hub.json containerDiskInGb); --disk overrides it.
@@ -50,6 +53,10 @@ class RunpodGpu:
     @property
     def vcpus(self) -> int:
         return assumed_host(self.memory_gib)[1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "gpu_id": self.gpu_id, "pool": self.pool, "price_per_second": self.price_per_second,
+                "assumed_host_memory_gib": self.host_memory_gib, "assumed_vcpus": self.vcpus}
 
 
 def assumed_host(memory_gib: int) -> tuple[int, int]:
@@ -100,6 +107,34 @@ def runpod_gpu(typed: str) -> RunpodGpu | None:
 
 def known_names() -> str:
     return ", ".join(gpu.name for gpu in RUNPOD_GPUS)
+
+
+def preset_for(typed: str, *, gpus_flag: int | None = None) -> RunpodGpu:
+    """`plan --runpod-gpu TYPE`'s preset; invalid_input listing the known types for an unknown one."""
+    gpu = runpod_gpu(typed)
+    if gpu is None:
+        raise FluxboothError(
+            ErrorCode.INVALID_INPUT,
+            f"--runpod-gpu {typed!r} is no RunPod serverless GPU type the planner knows; known: {known_names()} "
+            "(--runpod-gpu list shows their numbers)",
+        )
+    if gpus_flag == 0:
+        raise FluxboothError(ErrorCode.INVALID_INPUT, "--runpod-gpu describes a GPU worker: drop --gpus 0")
+    return gpu
+
+
+def worker_flags(gpu: RunpodGpu) -> dict[str, Any]:
+    """The hypothetical-hardware flags (argparse names) of one worker on `gpu`."""
+    return {"gpus": 1, "gpu_memory": gpu.memory_gib * GIB, "host_memory": gpu.host_memory_gib * GIB, "cpus": gpu.vcpus,
+            "disk": RUNPOD_CONTAINER_DISK_GB * 10**9, "gpu_name": gpu.gpu_id}
+
+
+def quote_price(gpu: RunpodGpu | None, endpoint_price_per_hour: float | None) -> tuple[float | None, str]:
+    """The price per hour a quote uses and where it came from: the RunPod GPU type's, else the endpoint's
+    (FLUXBOOTH_PRICE_PER_HOUR)."""
+    if gpu is not None and gpu.price_per_second is not None:
+        return gpu.price_per_second * 3600, f"RunPod's flex price for {gpu.name}, {gpu.price_per_second:g} USD/s"
+    return endpoint_price_per_hour, "FLUXBOOTH_PRICE_PER_HOUR"
 
 
 def preset_table() -> str:
