@@ -170,6 +170,18 @@ def test_a_dataset_url_that_answers_404_is_refused_as_the_download_would_refuse_
     )
 
 
+def test_a_zip_over_the_download_cap_is_refused_as_the_download_would_refuse_it(
+    env: dict[str, str], http_server: LocalHTTPServer  # noqa: F811
+) -> None:
+    http_server.add("/photos.zip", body=padded_zip(4), ranges=True)
+
+    result = run({**env, "FLUXBOOTH_MAX_DOWNLOAD_BYTES": str(1024 * 1024)}, job_input(dataset_url=http_server.url("/photos.zip")))
+
+    assert result["error"]["code"] == "invalid_dataset"
+    assert result["error"]["message"].startswith(f"dataset_url: http://127.0.0.1:{http_server.port}/photos.zip is 2.0 MiB")
+    assert result["error"]["message"].endswith("over the 1.0 MiB download cap; use a smaller dataset")
+
+
 def test_a_private_dataset_url_is_refused_before_any_request_as_the_download_refuses_it(
     worker_env: dict[str, str], tiny_model: Path, http_server: LocalHTTPServer  # noqa: F811
 ) -> None:

@@ -103,6 +103,12 @@ def count_remote_zip(url: str, limits: DatasetLimits) -> int:
     """The instance images of the zip at `url`, from its central directory fetched by at most two range requests."""
     deadline = time.monotonic() + limits.download_timeout_seconds * COUNT_TIMEOUT_FACTOR
     tail, total, url = _fetch_range(url, None, TAIL_BYTES, limits, deadline)
+    if total > limits.max_download_bytes:
+        # The download refuses it in the same words.
+        raise url_error(
+            f"{display_url(url)} is {format_bytes(total)}, over the {format_bytes(limits.max_download_bytes)} download "
+            "cap; use a smaller dataset"
+        )
     tail_start = total - len(tail)
     directory_start = tail_start + _directory_offset_in(tail)
     if directory_start < 0:
