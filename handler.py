@@ -68,9 +68,40 @@ def one_job_at_a_time(current_concurrency: int) -> int:
     return 1
 
 
-def worker_config() -> dict[str, Any]:
-    """What `runpod.serverless.start` gets."""
-    return {"handler": handler, "concurrency_modifier": one_job_at_a_time}
+class StartCheck:
+    """The worker's start check and what it found. Registered as a runpod SDK fitness check, which runs on RunPod
+    only (not in the local test or API modes), before the worker takes a job; it never raises, so the SDK keeps the
+    worker up instead of exiting (which would leave jobs queued until their TTL with the reason only in the log),
+    and every job is answered `worker_unfit`, naming what failed."""
+
+    def __init__(self) -> None:
+        self.failures: tuple[str, ...] = ()
+
+    def run(self) -> None:
+        self.failures = tuple(failed_start_checks())
+
+    def unfit_result(self) -> dict[str, Any]:
+        return FluxboothError(
+            ErrorCode.WORKER_UNFIT,
+            "this worker cannot train: " + " | ".join(self.failures) + "; fix the endpoint (its image, GPU type or "
+            "environment variables) and send the job again",
+            refresh_worker=True,
+        ).to_result()
+
+
+def worker_config(start_check: StartCheck | None = None) -> dict[str, Any]:
+    """What `runpod.serverless.start` gets: the handler, or, once `start_check` has found a failure, a handler
+    that answers every job with it."""
+    if start_check is None:
+        return {"handler": handler, "concurrency_modifier": one_job_at_a_time}
+    checked = start_check
+
+    async def handler_after_start_check(job: Any) -> dict[str, Any]:
+        if checked.failures:
+            return error_for_the_wire(checked.unfit_result())
+        return await handler(job)
+
+    return {"handler": handler_after_start_check, "concurrency_modifier": one_job_at_a_time}
 
 
 def configure_logging(settings: WorkerSettings, stream: IO[str] | None = None, level: int = logging.INFO) -> None:
@@ -80,10 +111,9 @@ def configure_logging(settings: WorkerSettings, stream: IO[str] | None = None, l
     logging.basicConfig(level=level, handlers=[output], force=True)
 
 
-def check_worker_at_start() -> None:
-    """The doctor's checks, once, before the worker takes its first job. Registered as a runpod SDK fitness
-    check, which runs on RunPod only (not in the local test or API modes) and stops the worker on a failure,
-    so a broken image or endpoint fails at start instead of failing every job."""
+def failed_start_checks() -> list[str]:
+    """The doctor's checks, once, before the worker takes its first job: each one that failed, as
+    "<check>: <what is wrong>", every result logged."""
     from fluxbooth.doctor import FAIL, worker_start_checks
 
     results = worker_start_checks(os.environ)
@@ -92,6 +122,14 @@ def check_worker_at_start() -> None:
         log.log(logging.ERROR if result.status == FAIL else logging.INFO, "%-5s %s: %s",
                 result.status.upper(), result.name, result.detail)
     failed = [f"{result.name}: {result.detail}" for result in results if result.status == FAIL]
+    if failed:
+        log.error("the worker cannot train; it answers every job with worker_unfit: %s", " | ".join(failed))
+    return failed
+
+
+def check_worker_at_start() -> None:
+    """The start checks as one call that raises when one fails (for the image's own build checks)."""
+    failed = failed_start_checks()
     if failed:
         raise RuntimeError("the worker cannot train: " + " | ".join(failed))
 
@@ -106,5 +144,6 @@ def settings_for_logging() -> WorkerSettings:
 
 if __name__ == "__main__":
     configure_logging(settings_for_logging())
-    runpod.serverless.register_fitness_check(check_worker_at_start)
-    runpod.serverless.start(worker_config())
+    start_check = StartCheck()
+    runpod.serverless.register_fitness_check(start_check.run)
+    runpod.serverless.start(worker_config(start_check))

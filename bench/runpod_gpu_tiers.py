@@ -9,8 +9,8 @@ refused and what to change.
 Default: the request without training_type (FLUX.1-dev, rank-16 LoRA, 1000 steps at 1024²) on every card.
 `--guide`: the guide's Basic and Advanced requests, as written, on every card.
 
-RunPod does not publish the host RAM and CPUs a serverless worker gets with each card: HOSTS holds the values
-assumed here, by GPU memory. The host RAM decides only the offloading rows; the CPU count only the time of
+RunPod does not publish the host RAM and CPUs a serverless worker gets with each card: the values assumed here,
+by GPU memory, are the `plan --runpod-gpu` presets' (fluxbooth.plan.runpod_gpus.ASSUMED_HOSTS). The host RAM decides only the offloading rows; the CPU count only the time of
 an offloaded optimizer. Predictions from docs/memory.md, not measurements.
 """
 
@@ -23,10 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fluxbooth.plan.runpod_gpus import assumed_host
+
 GIB = 1024**3
-# Assumed host of a RunPod worker by the card's memory (GiB): (host RAM, CPUs).
-HOSTS = {16: ("62GiB", 8), 24: ("62GiB", 8), 32: ("62GiB", 8), 48: ("94GiB", 8), 80: ("188GiB", 16),
-         94: ("188GiB", 16), 141: ("188GiB", 16)}
 # (the card as RunPod lists it, its memory in GiB, the name NVML reports), slowest tier first.
 CARDS = (
     ("RTX A4000", 16, "NVIDIA RTX A4000"),
@@ -66,7 +65,8 @@ _BEYOND_DEADLINE = "beyond the job deadline"
 
 
 def host_for(gpu_gib: int) -> tuple[str, int]:
-    return HOSTS[min(size for size in HOSTS if size >= gpu_gib)]
+    host_gib, cpus = assumed_host(gpu_gib)
+    return f"{host_gib}GiB", cpus
 
 
 def plan(card: tuple[str, int, str], request: dict[str, Any], folder: Path) -> dict[str, Any]:

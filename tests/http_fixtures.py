@@ -8,14 +8,16 @@
         url = http_server.url("/data.zip")
 
 Routes can answer with any status, redirect, stall before answering, trickle the body, omit or lie
-about Content-Length: the faults a real slow or broken server produces.
+about Content-Length: the faults a real slow or broken server produces. A route with `ranges=True` serves
+`Range: bytes=a-b` and `bytes=-n` as 206 Partial Content, as S3 and most file servers do; without it the
+Range header is ignored (200, the whole body), as some servers do. `bytes_sent` counts the body bytes written.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -31,12 +33,27 @@ class Route:
     delay_seconds: float = 0.0  # before the status line
     trickle_seconds: float = 0.0  # pause between body bytes
     content_length: int | None | bool = True  # True: the real length; None: omit; int: claim this
+    ranges: bool = False  # serve Range requests (206) instead of ignoring them
+
+
+def _partial(route: Route, header: str) -> Route:
+    """The route's answer to one `bytes=a-b` or `bytes=-n` range: 206 with those bytes and their Content-Range."""
+    first_text, _, last_text = header.removeprefix("bytes=").partition("-")
+    size = len(route.body)
+    first = int(first_text) if first_text else max(size - int(last_text), 0)
+    last = min(int(last_text), size - 1) if first_text and last_text else size - 1
+    return replace(
+        route, status=206, body=route.body[first : last + 1],
+        headers={**route.headers, "Content-Range": f"bytes {first}-{last}/{size}"},
+    )
 
 
 class LocalHTTPServer:
     def __init__(self) -> None:
         self.routes: dict[str, Route] = {}
         self.requests: list[str] = []
+        self.range_headers: list[str | None] = []  # each request's Range header, in order
+        self.bytes_sent = 0
         self.stopping = threading.Event()
         server = self
 
@@ -45,7 +62,10 @@ class LocalHTTPServer:
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 server.requests.append(self.path)
+                server.range_headers.append(self.headers.get("Range"))
                 route = server.routes.get(urlsplit(self.path).path, Route(status=404, body=b"not found"))
+                if route.ranges and self.headers.get("Range"):
+                    route = _partial(route, self.headers["Range"])
                 if route.delay_seconds and server.stopping.wait(route.delay_seconds):
                     return
                 self.send_response(route.status)
@@ -68,6 +88,7 @@ class LocalHTTPServer:
                                 return
                     else:
                         self.wfile.write(route.body)
+                    server.bytes_sent += len(route.body)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up, which is what several tests want
 

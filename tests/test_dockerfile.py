@@ -484,12 +484,21 @@ def test_a_hub_deploys_deadline_ends_jobs_before_runpods_default_execution_timeo
     assert deadline["input"]["default"] <= RUNPOD_DEFAULT_EXECUTION_TIMEOUT_SECONDS - 60
 
 
-def test_the_hub_allows_only_drivers_that_run_the_images_cuda() -> None:
+def version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+@pytest.mark.parametrize("listing", ["hub.json", "tests.json"])
+def test_the_hub_allows_every_host_cuda_whose_driver_runs_the_images_cuda_and_no_other(listing: str) -> None:
+    # CUDA's minor-version compatibility: the image's 13.0 runtime runs on a driver of any 13.x (R580 and later),
+    # not on a 12.x one. RunPod matches allowedCudaVersions exactly, so a 13.2 host is excluded unless listed.
     torch_pin = image_checks.pinned_torch((REPO_ROOT / "requirements-torch-cuda.txt").read_text())
-    cuda = image_checks.cuda_version_of_label(torch_pin.partition("+")[2])
-    for listing in ("hub.json", "tests.json"):
-        allowed = json.loads((REPO_ROOT / ".runpod" / listing).read_text())["config"]["allowedCudaVersions"]
-        assert allowed and all(tuple(map(int, version.split("."))) >= tuple(map(int, cuda.split("."))) for version in allowed)
+    cuda = version(image_checks.cuda_version_of_label(torch_pin.partition("+")[2]))
+    running = [host for host in CUDA_PINS["host_cuda_versions"]["versions"] if version(host)[0] == cuda[0] and version(host) >= cuda]
+
+    allowed = json.loads((REPO_ROOT / ".runpod" / listing).read_text())["config"]["allowedCudaVersions"]
+
+    assert allowed == running == ["13.0", "13.1", "13.2", "13.3", "13.4"]
 
 
 def test_the_workflow_exports_only_the_final_images_layers_to_githubs_cache() -> None:

@@ -1,6 +1,6 @@
 """A plan-only job: `"dry_run": true` answers with the plan report the CLI's `plan --json` prints (every phase's
-predicted time and memory, the deadline check) and, with FLUXBOOTH_PRICE_PER_HOUR, the predicted cost, without
-a single request to the dataset's URL and without starting the trainer."""
+predicted time and memory, the deadline check) and, with FLUXBOOTH_PRICE_PER_HOUR, the predicted cost, reading
+no more of the dataset than its zip's directory (tests/test_dry_run_count.py) and without starting the trainer."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ NO_TRAINER = "tests.no_such_trainer_module"
 
 @pytest.fixture
 def dataset_server(http_server: LocalHTTPServer) -> LocalHTTPServer:  # noqa: F811 - the imported fixture
-    http_server.add("/dataset.zip", body=make_dataset_zip(3))
+    http_server.add("/dataset.zip", body=make_dataset_zip(3), ranges=True)
     return http_server
 
 
@@ -57,14 +57,14 @@ def run(env: dict[str, str], job_input: dict[str, Any], progress: list[dict[str,
     return asyncio.run(run_job(job_input, job_id="quote-1", settings=settings, progress=sink))
 
 
-def test_a_dry_run_answers_with_the_plan_without_a_request_to_the_dataset_url(
+def test_a_dry_run_answers_with_the_plan_after_one_range_request_to_the_dataset_url(
     quote_env: dict[str, str], dataset_server: LocalHTTPServer, tmp_path: Path
 ) -> None:
     progress: list[dict[str, Any]] = []
     result = run(quote_env, dry_run_input(dataset_server), progress)
 
     assert (result["model_name"], result["dry_run"]) == ("sks-dog", True)
-    assert dataset_server.requests == []
+    assert len(dataset_server.requests) == 1 and dataset_server.range_headers[0].startswith("bytes=-")
     assert progress == []
     assert sorted(tmp_path.joinpath("work").rglob("*")) == []
 
@@ -102,7 +102,7 @@ def test_a_dry_run_the_deadline_refuses_is_does_not_fit_with_the_report_in_its_d
     assert "beyond the job deadline" in result["error"]["message"]
     report = result["error"]["details"]["plan_report"]
     assert report["plan"] is None and report["candidates"]
-    assert dataset_server.requests == []
+    assert len(dataset_server.requests) == 1
 
 
 def test_with_a_price_per_hour_a_dry_run_quotes_the_whole_jobs_cost(
@@ -148,7 +148,7 @@ def test_a_dry_run_through_the_handler_answers_the_same(
     result = asyncio.run(handler({"id": "quote-2", "input": dry_run_input(dataset_server)}))
 
     assert result["dry_run"] is True and result["cost"]["price_per_hour"] == 0.69
-    assert dataset_server.requests == []
+    assert result["instance_images"] == 3
 
 
 # --- the fields ------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """`python handler.py` as RunPod runs it: the runpod SDK's worker loop against a stand-in for RunPod's job queue
 over real HTTP (tests/runpod_queue.py), and the SDK's local test mode (`--test_input`).
 
-- Worker start: the doctor's checks run once, as the SDK's fitness check, and a worker that cannot train
-  exits before it takes a job.
+- Worker start: the doctor's checks run once, as the SDK's fitness check, and a worker that cannot train stays
+  up and answers each job with `worker_unfit`, naming what failed, and `refresh_worker` (RunPod then replaces
+  it), instead of exiting and leaving the jobs queued.
 - Logs: at RUNPOD_LOG_LEVEL=INFO (the image's setting) they hold no dataset bytes and no presigned URL.
 """
 
@@ -26,7 +27,7 @@ from tests.test_hostile_jobs import FAKE_TRAINER_MODULE, tiny_model  # noqa: F40
 
 START_TIMEOUT_SECONDS = 300
 JOB_TIMEOUT_SECONDS = 600
-NOT_FIT_AT_START = "Fitness check failed: check_worker_at_start | RuntimeError: the worker cannot train: "
+UNFIT_FIX = "; fix the endpoint (its image, GPU type or environment variables) and send the job again"
 
 
 def canary_job(job_id: str, **overrides: Any) -> dict[str, Any]:
@@ -105,28 +106,36 @@ def start_worker(workers: list[Worker], env: dict[str, str], tmp_path: Path, *ar
 # --- worker start ---------------------------------------------------------------------------------------
 
 
-def test_a_broken_setting_stops_the_worker_before_its_first_job(
+def test_a_worker_with_a_broken_setting_answers_its_job_worker_unfit_naming_the_setting(
     worker_process_env: dict[str, str], runpod_queue: RunPodQueue, workers: list[Worker], tmp_path: Path  # noqa: F811
 ) -> None:
-    runpod_queue.jobs.append(canary_job("never-taken"))
+    runpod_queue.jobs.append(canary_job("answered-unfit"))
     env = {**worker_process_env, "FLUXBOOTH_JOB_DEADLINE_SECONDS": "soon"}
     worker = start_worker(workers, env, tmp_path)
-    assert worker.wait(START_TIMEOUT_SECONDS) == 1
-    assert (
-        NOT_FIT_AT_START + "worker settings: environment variable FLUXBOOTH_JOB_DEADLINE_SECONDS='soon' is not a number; "
-        "fix the endpoint's environment variables"
-    ) in worker.log
-    assert runpod_queue.taken == []
+
+    result = runpod_queue.wait_for_result("answered-unfit", START_TIMEOUT_SECONDS)
+
+    assert json.loads(result["error"]) == {
+        "code": "worker_unfit",
+        "message": "this worker cannot train: worker settings: environment variable FLUXBOOTH_JOB_DEADLINE_SECONDS='soon' "
+        "is not a number; fix the endpoint's environment variables" + UNFIT_FIX,
+        "refresh_worker": True,
+    }
+    assert "answers every job with worker_unfit" in worker.log
 
 
-def test_a_runpod_worker_without_a_bucket_stops_at_start(
+def test_a_runpod_worker_without_a_bucket_answers_its_job_worker_unfit(
     worker_process_env: dict[str, str], runpod_queue: RunPodQueue, workers: list[Worker], tmp_path: Path  # noqa: F811
 ) -> None:
-    runpod_queue.jobs.append(canary_job("never-taken"))
-    worker = start_worker(workers, worker_process_env, tmp_path)
-    assert worker.wait(START_TIMEOUT_SECONDS) == 1
-    assert NOT_FIT_AT_START + "object storage: no bucket is configured, and this worker runs on RunPod" in worker.log
-    assert runpod_queue.taken == []
+    runpod_queue.jobs.append(canary_job("answered-unfit"))
+    start_worker(workers, worker_process_env, tmp_path)
+
+    # Only the bucket fails: every other check runs first, the runtime probe (torch, DeepSpeed) included.
+    result = runpod_queue.wait_for_result("answered-unfit", JOB_TIMEOUT_SECONDS)
+
+    error = json.loads(result["error"])
+    assert (error["code"], error["refresh_worker"]) == ("worker_unfit", True)
+    assert "object storage: no bucket is configured, and this worker runs on RunPod" in error["message"]
 
 
 # --- logs on RunPod: the SDK's worker loop -----------------------------------------------------------------

@@ -120,14 +120,14 @@ def test_the_worker_start_runs_only_fluxboths_own_checks_and_never_imports_torch
     # CUDA context on a GPU worker) out; the worker's start checks run the doctor in a subprocess.
     start = TORCH_PROBE + (
         "import asyncio, handler, runpod; from runpod.serverless.modules import rp_fitness; "
-        "runpod.serverless.register_fitness_check(handler.check_worker_at_start); "
+        "start_check = handler.StartCheck(); runpod.serverless.register_fitness_check(start_check.run); "
         "asyncio.run(rp_fitness.run_fitness_checks()); "
-        "print('CHECKS', [check.__name__ for check in rp_fitness._fitness_checks])"
+        "print('CHECKS', [check.__qualname__ for check in rp_fitness._fitness_checks], 'FAILED', start_check.failures)"
     )
     completed = run_in(container, ["python", "-c", start], timeout=600)
 
     assert completed.returncode == 0, completed.stderr[-4000:]
-    assert "CHECKS ['check_worker_at_start']" in completed.stdout
+    assert "CHECKS ['StartCheck.run'] FAILED ()" in completed.stdout
     assert "TORCH_IMPORTED False" in completed.stdout
 
 

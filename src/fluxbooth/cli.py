@@ -110,6 +110,10 @@ HARDWARE_FLAGS = (("--gpus", "gpus"), ("--gpu-memory", "gpu_memory"), ("--host-m
 # What a request needs that sizing does not: stand-ins when plan is given flags instead of a request file.
 SIZING_STAND_INS = {"model_name": "plan", "dataset_url": "https://example.com/dataset.zip", "instance_prompt": "a photo of sks person"}
 CLASS_PROMPT_STAND_IN = "a photo of a person"
+# The instance_images_source of a count given by flag (the others: remote_count's zip, url and cap).
+INSTANCE_IMAGES_FLAG = "--instance-images"
+IMAGES_SOURCE_WORDS = {"zip": "counted in the request's dataset zip", "url": "counted in the directory of the zip at dataset_url",
+                       "cap": "the worker's cap, FLUXBOOTH_MAX_IMAGES", INSTANCE_IMAGES_FLAG: INSTANCE_IMAGES_FLAG}
 
 
 def add_plan_parser(subparsers: Any) -> None:
@@ -121,6 +125,12 @@ def add_plan_parser(subparsers: Any) -> None:
         "hypothetical hardware needs all of --gpus, --gpu-memory, --host-memory, --cpus and --disk.",
     )
     hardware = parser.add_argument_group("hypothetical hardware (all or none; none: this machine)")
+    hardware.add_argument(
+        "--runpod-gpu", metavar="TYPE",
+        help="a RunPod serverless GPU type ('RTX 4090', 'H100 SXM'; 'list' prints them all): fills in --gpus 1, "
+        "--gpu-memory, --host-memory, --cpus, --disk and --gpu-name as a worker on it gets them, and prices the quote "
+        "at its per-second rate; flags given beside it win",
+    )
     hardware.add_argument("--gpus", type=_whole_number(0), help="number of GPUs (0: CPU only, no --gpu-memory)")
     hardware.add_argument("--gpu-memory", type=_size, help="memory per GPU with its unit, e.g. 24GiB, 80GiB")
     hardware.add_argument("--host-memory", type=_size, help="host RAM the container may use, e.g. 62GiB")
@@ -140,7 +150,9 @@ def add_plan_parser(subparsers: Any) -> None:
     job.add_argument("--gradient-accumulation-steps", type=_integer)
     job.add_argument("--steps", type=_integer)
     job.add_argument(
-        "--instance-images", type=_integer, help="photos in the dataset (default: the dataset cap, as the worker plans before download)"
+        "--instance-images", type=_integer,
+        help="photos in the dataset (default: counted from the --request's dataset zip or the directory of the zip at "
+        "its dataset_url, as a dry run does; the worker's cap without a request file or when the zip cannot be counted)",
     )
     job.add_argument("--lora-rank", type=_integer)
     job.add_argument("--mixed-precision", choices=_request_choices("mixed_precision"))
@@ -216,19 +228,32 @@ def _validated_request(arguments: argparse.Namespace) -> Any:
         raise FluxboothError(error.code, re.sub(r"input\.(\w+)", flag_for, error.message)) from None
 
 
-def _instance_images(arguments: argparse.Namespace, settings: WorkerSettings) -> int:
-    """The dataset's image count: the worker's cap unless given; bounded by the worker's dataset limits."""
+def _instance_images(arguments: argparse.Namespace, request: Any, settings: WorkerSettings) -> Any:
+    """The dataset's image count (a remote_count.DatasetCount): `--instance-images` when given, bounded by the
+    worker's dataset limits; else the --request's dataset counted as a dry run counts it; else the worker's cap."""
+    from fluxbooth.dataset.remote_count import SOURCE_CAP, DatasetCount, count_dataset
+
     limits = settings.dataset_limits
     count = arguments.instance_images
     if count is None:
-        return limits.max_images
+        if arguments.request is None:
+            return DatasetCount(limits.max_images, SOURCE_CAP)
+        try:
+            return count_dataset(request, limits)
+        except FluxboothError as error:
+            # A request file often carries a placeholder dataset: plan still answers, for the cap.
+            return DatasetCount(
+                limits.max_images, SOURCE_CAP,
+                f"the request's dataset was not counted ({error.message}); planned for the worker's cap of "
+                f"{limits.max_images} (FLUXBOOTH_MAX_IMAGES)",
+            )
     if not limits.min_images <= count <= limits.max_images:
         raise FluxboothError(
             ErrorCode.INVALID_INPUT,
             f"--instance-images {count}: the worker accepts {limits.min_images} to {limits.max_images} instance images "
             "(FLUXBOOTH_MIN_IMAGES, FLUXBOOTH_MAX_IMAGES)",
         )
-    return count
+    return DatasetCount(count, INSTANCE_IMAGES_FLAG)
 
 
 def _base_model_from(request: Any, settings: WorkerSettings) -> str:
@@ -317,6 +342,8 @@ def _plan_table(report: dict[str, Any], out: TextIO) -> None:
         + f", {width}x{height}, batch {job['batch_size']}, {job['mixed_precision']}, "
         f"checkpointing {'on' if job['gradient_checkpointing'] else 'off'}\n"
         f"machine  {report['hardware_summary']}\n"
+        f"images   {report['instance_images']} ({IMAGES_SOURCE_WORDS.get(report['instance_images_source'], report['instance_images_source'])})\n"
+        + (f"         {report['instance_images_note']}\n" if report.get("instance_images_note") else "")
         + (f"gpu      {report['gpu_name']['given']!r} read as {report['gpu_name']['matched']}\n" if report["gpu_name"] else "")
         + f"deadline {report['deadline_seconds'] / 60:.0f} min ({report['deadline_source']})\n\n"
     )
@@ -378,7 +405,7 @@ def _chosen_summary(report: dict[str, Any], out: TextIO) -> None:
         "(a rough estimate, see docs/memory.md)\n"
         + (
             f"cost:   ≈{report['cost']['predicted_cost']:.2f} at {report['cost']['price_per_hour']:g} per hour "
-            "(FLUXBOOTH_PRICE_PER_HOUR)\n" if "cost" in report else ""
+            f"({report['cost'].get('price_source', 'FLUXBOOTH_PRICE_PER_HOUR')})\n" if "cost" in report else ""
         )
         + "\n"
     )
@@ -405,13 +432,33 @@ def _deadline(request: Any, settings: WorkerSettings) -> tuple[int, str]:
     return settings.job_deadline_seconds, "the worker's FLUXBOOTH_JOB_DEADLINE_SECONDS"
 
 
+def _apply_runpod_preset(arguments: argparse.Namespace) -> Any:
+    """The RunPod GPU type --runpod-gpu names (plan.runpod_gpus), its machine filled into the hardware flags not
+    given; None without the flag."""
+    from fluxbooth.plan.runpod_gpus import preset_for, worker_flags
+
+    if arguments.runpod_gpu is None:
+        return None
+    gpu = preset_for(arguments.runpod_gpu, gpus_flag=arguments.gpus)
+    for name, value in worker_flags(gpu).items():
+        if getattr(arguments, name) is None:
+            setattr(arguments, name, value)
+    return gpu
+
+
 def run_plan_command(arguments: argparse.Namespace, environ: Mapping[str, str], out: TextIO) -> int:
     from fluxbooth.plan import model_size
+    from fluxbooth.plan.runpod_gpus import preset_table, quote_price
     from fluxbooth.quote import plan_report
 
+    if arguments.runpod_gpu is not None and arguments.runpod_gpu.strip().lower() == "list":
+        out.write(preset_table())
+        return EXIT_OK
+    gpu = _apply_runpod_preset(arguments)
     settings = WorkerSettings.from_environ(environ)
+    price_per_hour, price_source = quote_price(gpu, settings.price_per_hour)
     request = _validated_request(arguments)
-    instance_images = _instance_images(arguments, settings)
+    dataset = _instance_images(arguments, request, settings)
     hardware = _hardware_from(arguments, settings, environ)
     model = model_size(_base_model_from(request, settings))
     deadline, deadline_source = _deadline(request, settings)
@@ -419,12 +466,18 @@ def run_plan_command(arguments: argparse.Namespace, environ: Mapping[str, str], 
         request,
         hardware=hardware,
         model=model,
-        instance_images=instance_images,
+        instance_images=dataset.instance_images,
+        instance_images_source=dataset.source,
         deadline_seconds=deadline,
         deadline_source=deadline_source,
-        price_per_hour=settings.price_per_hour,
+        price_per_hour=price_per_hour,
         gpu_name_given=arguments.gpu_name,
     )
+    if gpu is not None:
+        report["runpod_gpu"] = gpu.to_dict()
+    if "cost" in report:
+        report["cost"]["price_source"] = price_source
+    report["instance_images_note"] = dataset.note
     if arguments.json:
         out.write(json.dumps(report, indent=2) + "\n")
     else:

@@ -20,11 +20,13 @@ class ErrorCode(StrEnum):
     CANCELLED = "cancelled"
     UPLOAD_FAILED = "upload_failed"
     INTERNAL = "internal"
+    WORKER_UNFIT = "worker_unfit"  # the worker's start check failed: it answers every job with this
 
 
 # Failures after which the GPU, the process table or host memory may be left in a bad state.
 CODES_THAT_REFRESH_WORKER = frozenset(
-    {ErrorCode.CUDA_OOM, ErrorCode.HOST_OOM, ErrorCode.TRAINER_FAILED, ErrorCode.TIMEOUT, ErrorCode.INTERNAL}
+    {ErrorCode.CUDA_OOM, ErrorCode.HOST_OOM, ErrorCode.TRAINER_FAILED, ErrorCode.TIMEOUT, ErrorCode.INTERNAL,
+     ErrorCode.WORKER_UNFIT}
 )
 
 

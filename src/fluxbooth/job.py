@@ -361,13 +361,19 @@ async def _plan_job(
 
 
 def quote_job(request: TrainingRequest, settings: WorkerSettings, job_dir: Path) -> dict[str, Any]:
-    """A dry run (fluxbooth.quote): planned from the base model's configs on this machine, before anything is
-    fetched or launched."""
+    """A dry run (fluxbooth.quote): planned from the base model's configs on this machine and the images the
+    dataset's zip lists (its directory only), before anything else is fetched or launched."""
     from fluxbooth.quote import dry_run_answer
 
+    from fluxbooth.dataset.remote_count import count_dataset
+
     model = resolve_base_model(request.base_model, settings, request.base_model_revision)
+    dataset = count_dataset(request, settings.dataset_limits)
     job_dir.mkdir(parents=True, exist_ok=True)
-    return dry_run_answer(request, settings, hardware=probe_hardware(job_dir, settings.environ), model=model_size(str(model.folder)))
+    return dry_run_answer(
+        request, settings, hardware=probe_hardware(job_dir, settings.environ), model=model_size(str(model.folder)),
+        dataset=dataset,
+    )
 
 
 def _with_job_swap_dir(plan: Plan, job_dir: Path) -> Plan:

@@ -5,13 +5,16 @@ endpoint sets a price per hour, the predicted cost. One owner for the CLI and th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import Hardware, format_bytes
 from fluxbooth.modelsize import ModelSize
 from fluxbooth.plan import JobShape, as_job, check_job, choose_plan, evaluate_candidates, pick
 from fluxbooth.settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from fluxbooth.dataset.remote_count import DatasetCount
 
 SECONDS_PER_HOUR = 3600
 COST_DECIMALS = 4  # a tiny job costs fractions of a cent
@@ -62,6 +65,7 @@ def plan_report(
     hardware: Hardware,
     model: ModelSize,
     instance_images: int,
+    instance_images_source: str,
     deadline_seconds: int,
     deadline_source: str,
     price_per_hour: float | None = None,
@@ -69,7 +73,9 @@ def plan_report(
 ) -> dict[str, Any]:
     """Every strategy for `request` (a validated TrainingRequest) on `hardware`, and the chosen plan: the
     phases' peaks and times, the estimated run, the cost when `price_per_hour` is set. A job nothing fits, or
-    one the deadline check refuses, has `plan` None and the `does_not_fit` error in `error`."""
+    one the deadline check refuses, has `plan` None and the `does_not_fit` error in `error`. The report names the
+    image count it planned for and where it came from (`instance_images_source`: the dataset's zip, its URL,
+    the worker's cap, or the `--instance-images` flag)."""
     job = as_job(request, instance_images)
     check_job(job, model)
     candidates = evaluate_candidates(job, hardware, model)
@@ -83,6 +89,8 @@ def plan_report(
         "gpu_name": {"given": gpu_name_given, "matched": hardware.gpus[0].name} if gpu_name_given else None,
         "model": model.to_dict(),
         "job": job_summary(job),
+        "instance_images": instance_images,
+        "instance_images_source": instance_images_source,
         "deadline_seconds": deadline_seconds,
         "deadline_source": deadline_source,
         "candidates": [candidate.to_dict() for candidate in candidates],
@@ -105,20 +113,24 @@ def plan_report(
     return report
 
 
-def dry_run_answer(request: Any, settings: WorkerSettings, *, hardware: Hardware, model: ModelSize) -> dict[str, Any]:
-    """What a `dry_run` job answers: the report above for this worker, with the endpoint's price. The dataset's
-    size is unknown before it is fetched, so the job is planned for the most images the worker accepts (as
-    `plan` does by default). A job that nothing fits, or that the deadline check refuses, is refused as the
-    real job would be (`does_not_fit`), the report in its details."""
+def dry_run_answer(
+    request: Any, settings: WorkerSettings, *, hardware: Hardware, model: ModelSize, dataset: DatasetCount
+) -> dict[str, Any]:
+    """What a `dry_run` job answers: the report above for this worker, with the endpoint's price, planned for
+    the images of the dataset sent (`dataset`, remote_count.count_dataset: counted from the zip's directory, or
+    the worker's cap when it could not be, `instance_images_note` saying why). A job that nothing fits, or that the
+    deadline check refuses, is refused as the real job would be (`does_not_fit`), the report in its details."""
     report = plan_report(
         request,
         hardware=hardware,
         model=model,
-        instance_images=settings.dataset_limits.max_images,
+        instance_images=dataset.instance_images,
+        instance_images_source=dataset.source,
         deadline_seconds=request.timeout_seconds or settings.job_deadline_seconds,
         deadline_source="timeout_seconds" if request.timeout_seconds else "FLUXBOOTH_JOB_DEADLINE_SECONDS",
         price_per_hour=settings.price_per_hour,
     )
+    report["instance_images_note"] = dataset.note
     refusal = report.pop("error")
     if refusal is not None:
         raise FluxboothError(ErrorCode.DOES_NOT_FIT, refusal["message"], details={"plan_report": report})

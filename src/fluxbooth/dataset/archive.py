@@ -330,6 +330,23 @@ def _check_counts(planned: list[_PlannedMember], skipped: Counter[str], limits: 
         raise dataset_error(f"found {class_count} class images; at most {limits.max_images} are accepted")
 
 
+def _check_member_count(infos: list[zipfile.ZipInfo], limits: DatasetLimits) -> None:
+    if len(infos) > limits.max_members:
+        raise dataset_error(
+            f"the archive has {len(infos):,} members, over the {limits.max_members:,} cap; use fewer files"
+        )
+
+
+def count_instance_images(infos: list[zipfile.ZipInfo], limits: DatasetLimits) -> int:
+    """The instance images this stage would extract from a zip whose central directory lists `infos`, by the
+    same rules (names, types, skipped files, the wrapper folder, the image counts), without a byte of member
+    data: what a dry run plans for. A directory the stage would refuse is refused the same way."""
+    _check_member_count(infos, limits)
+    planned, skipped = _plan_extraction(infos)
+    _check_counts(planned, skipped, limits)
+    return sum(1 for member in planned if member.role == "instance")
+
+
 def _extracted_name(index: int, member_name: str) -> str:
     suffix = PurePosixPath(member_name).suffix.lower()
     if not re.fullmatch(r"\.[a-z0-9]{1,8}", suffix):
@@ -400,10 +417,7 @@ def extract_archive(archive_path: Path, destination: Path, limits: DatasetLimits
         raise dataset_error(_describe_non_zip(archive_path)) from None
     with archive:
         infos = archive.infolist()
-        if len(infos) > limits.max_members:
-            raise dataset_error(
-                f"the archive has {len(infos):,} members, over the {limits.max_members:,} cap; use fewer files"
-            )
+        _check_member_count(infos, limits)
         _check_no_shared_data(archive_path, infos, archive.start_dir)
         planned, skipped = _plan_extraction(infos)
         _check_counts(planned, skipped, limits)

@@ -59,6 +59,14 @@ GPU_TABLE: tuple[tuple[tuple[str, ...], GpuSpec], ...] = (
     # NVIDIA RTX Blackwell GPU architecture whitepaper (GeForce RTX 5090): FP16/BF16 tensor with FP32
     # accumulate 209.5 TFLOPS (419 with sparsity), 1792 GB/s, PCIe 5.0 x16.
     (("5090",), GpuSpec("GeForce RTX 5090", 209.5 * TERA, 1792 * GB, PCIE5_X16)),
+    # NVIDIA RTX 2000 Ada Generation datasheet: tensor 191.9 TFLOPS (FP8 with sparsity: BF16 dense a quarter),
+    # 224 GB/s, PCIe 4.0 x8 (half a x16 link).
+    (("2000", "ADA"), GpuSpec("RTX 2000 Ada", 48.0 * TERA, 224 * GB, PCIE4_X16 / 2)),
+    # NVIDIA RTX 4000 Ada Generation datasheet: tensor 327.6 TFLOPS (FP8 with sparsity), 360 GB/s, PCIe 4.0 x16.
+    (("4000", "ADA"), GpuSpec("RTX 4000 Ada", 81.9 * TERA, 360 * GB, PCIE4_X16)),
+    # NVIDIA RTX PRO 6000 Blackwell (Server, Workstation and Max-Q editions): AI 4000 TOPS (FP4 with sparsity:
+    # BF16 dense an eighth), 1792 GB/s, PCIe 5.0 x16. The Max-Q edition runs at a lower power limit; its row errs fast.
+    (("PRO", "6000"), GpuSpec("RTX PRO 6000", 500 * TERA, 1792 * GB, PCIE5_X16)),
     # NVIDIA RTX 6000 Ada Generation datasheet: 91.1 TFLOPS FP32, tensor BF16 364.2 TFLOPS dense
     # (728.5 with sparsity), 960 GB/s, PCIe 4.0 x16.
     (("6000", "ADA"), GpuSpec("RTX 6000 Ada", 364.2 * TERA, 960 * GB, PCIE4_X16)),
