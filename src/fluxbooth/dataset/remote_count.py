@@ -149,7 +149,9 @@ def _fetch_range(
     timeout = float(limits.download_timeout_seconds)
     for hop in range(MAX_REDIRECTS + 1):
         scheme, host, port, target = _checked_url(current, redirected=hop > 0)
-        connection = _connect(scheme, host, port, _resolve_allowed_addresses(host, port, limits), timeout, current)
+        connection = _connect(
+            scheme, host, port, _resolve_allowed_addresses(host, port, limits), timeout, current, deadline
+        )
         try:
             try:
                 connection.request("GET", target, headers={
