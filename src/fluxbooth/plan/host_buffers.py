@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fluxbooth.modelsize import ModelSize, block_of, is_quantised_layer, matches_lora_target, norm_params_per_module
-from fluxbooth.pinned import block_store_pinned_bytes, caching_host_allocation_bytes
+from fluxbooth.pinned import block_store_layout, block_store_pinned_bytes, caching_host_allocation_bytes
 
 # The ZeRO-1/2 flat partition is padded to this many elements per process (stage_1_and_2.py:
 # nccl_start_alignment_factor, 4-byte alignment of 16-bit elements).
@@ -69,8 +69,13 @@ def block_tensor_bytes(model: ModelSize, precision: str, width: int) -> dict[str
     return blocks
 
 
+def block_store_sizes(model: ModelSize, precision: str, width: int) -> dict[str, int]:
+    """Each block's store in bytes (fluxbooth.pinned.block_store_layout): a device slot holds one."""
+    return {name: block_store_layout(sizes)[1] for name, sizes in block_tensor_bytes(model, precision, width).items()}
+
+
 def block_store_bytes(model: ModelSize, precision: str, width: int) -> dict[str, int]:
-    """Each block's pinned store (fluxbooth.pinned.block_store_pinned_bytes): what block swapping pins."""
+    """Each block's store as pinned (fluxbooth.pinned.block_store_pinned_bytes): what block swapping pins."""
     return {name: block_store_pinned_bytes(sizes) for name, sizes in block_tensor_bytes(model, precision, width).items()}
 
 

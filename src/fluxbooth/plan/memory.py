@@ -13,7 +13,7 @@ from fluxbooth import deepspeed_numbers as ds
 from fluxbooth.hardware import GIB, Hardware
 from fluxbooth.modelsize import ModelSize, block_of, is_quantised_layer
 from fluxbooth.pinned import BLOCK_SWAP_DEVICE_SLOTS
-from fluxbooth.plan.host_buffers import block_store_bytes, block_tensor_bytes, largest_trainable_parameter, zero12_offload_allocations
+from fluxbooth.plan.host_buffers import block_store_bytes, block_store_sizes, block_tensor_bytes, largest_trainable_parameter, zero12_offload_allocations
 from fluxbooth.plan.types import PHASES, JobShape, MemoryEstimate, Strategy
 from fluxbooth.train.names import normalise_optimizer_name
 
@@ -257,9 +257,8 @@ def _frozen_placement(
     in_blocks = sum(sum(sizes) for sizes in block_tensor_bytes(model, strategy.base_precision, width).values())
     # Each block's tensors in one store pinned in place at its own size (fluxbooth.pinned), streamed through
     # BLOCK_SWAP_DEVICE_SLOTS device buffers of the largest store's size, allocated once (train/blockswap.py).
-    stores = block_store_bytes(model, strategy.base_precision, width)
-    swapped = BLOCK_SWAP_DEVICE_SLOTS * max(stores.values(), default=0)
-    pinned = processes * sum(stores.values())
+    swapped = BLOCK_SWAP_DEVICE_SLOTS * max(block_store_sizes(model, strategy.base_precision, width).values(), default=0)
+    pinned = processes * sum(block_store_bytes(model, strategy.base_precision, width).values())
     if strategy.training_type == "full":
         outside = device["weights_16bit"] - in_blocks
         return {"weights_outside_blocks": outside, "swapped_blocks": swapped}, {"trained_blocks_pinned": pinned}

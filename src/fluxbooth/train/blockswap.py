@@ -51,7 +51,7 @@ FLUX's.
 
 from __future__ import annotations
 
-import weakref
+import mmap
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -79,6 +79,7 @@ class _Block:
     tensors: list[_SwappedTensor]
     store: torch.Tensor  # uint8, every tensor's bytes at `offsets` (fluxbooth.pinned.block_store_layout)
     offsets: tuple[int, ...]
+    memory: Any = None  # the _HostStore behind `store` (None for an empty block)
     slot: int | None = None  # the device slot holding its copy while resident
     ready: Any = None  # the CUDA event its copy records; None on the CPU
     stepped: bool = False  # made resident by a backward, where its trained parameters are stepped
@@ -314,25 +315,48 @@ def _view_at(buffer: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Ten
     return buffer[offset : offset + size].view(like.dtype).view(like.shape)
 
 
+def _tensors_to_swap(block: torch.nn.Module, *, trainable: bool) -> list[tuple[torch.nn.Module, str, str, bool]]:
+    """(module, name, registry, trained) of every tensor the swapper takes from `block`, in the order it stores
+    them: per module, with `trainable` its trained parameters, then its frozen parameters, then its buffers."""
+    found = []
+    for module in block.modules():
+        for name, parameter in module._parameters.items():
+            if parameter is not None and parameter.requires_grad and trainable:
+                found.append((module, name, "parameter", True))
+        for name, parameter in module._parameters.items():
+            if parameter is not None and not parameter.requires_grad:
+                found.append((module, name, "parameter", False))
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                persistent = name not in module._non_persistent_buffers_set
+                found.append((module, name, "buffer" if persistent else "non_persistent_buffer", False))
+    return found
+
+
+def swapped_tensor_bytes(block: torch.nn.Module, *, trainable: bool = False) -> list[int]:
+    """The bytes of every tensor a BlockSwapper would take from `block` (touching nothing: a model on the meta
+    device will do); `fluxbooth.pinned.block_store_pinned_bytes` of it is what the block's store pins."""
+    sizes = []
+    for module, name, registry, _ in _tensors_to_swap(block, trainable=trainable):
+        tensor = module._parameters[name] if registry == "parameter" else module._buffers[name]
+        sizes.append(tensor.numel() * tensor.element_size())
+    return sizes
+
+
 def _take_block_tensors(block: torch.nn.Module, *, trainable: bool) -> list[_SwappedTensor]:
     """Unregister every frozen tensor of `block` (parameters that do not train, buffers) and keep it as a plain
     attribute (holding, for now, the tensor itself; `_stored_block` moves it into the store); with `trainable`,
     also take every trained parameter, which stays registered."""
     taken = []
-    for module in block.modules():
-        if trainable:
-            for name, parameter in module._parameters.items():
-                if parameter is not None and parameter.requires_grad:
-                    taken.append(_SwappedTensor(module, name, parameter.detach(), "parameter", trained=parameter))
-        frozen = [name for name, parameter in module._parameters.items() if parameter is not None and not parameter.requires_grad]
-        for name in frozen:
-            tensor = module._parameters.pop(name).detach()
-            taken.append(_SwappedTensor(module, name, tensor, "parameter"))
-        for name in [name for name, buffer in module._buffers.items() if buffer is not None]:
-            persistent = name not in module._non_persistent_buffers_set
+    for module, name, registry, trained in _tensors_to_swap(block, trainable=trainable):
+        if trained:
+            parameter = module._parameters[name]
+            taken.append(_SwappedTensor(module, name, parameter.detach(), "parameter", trained=parameter))
+        elif registry == "parameter":
+            taken.append(_SwappedTensor(module, name, module._parameters.pop(name).detach(), "parameter"))
+        else:
             module._non_persistent_buffers_set.discard(name)
-            registered_as = "buffer" if persistent else "non_persistent_buffer"
-            taken.append(_SwappedTensor(module, name, module._buffers.pop(name), registered_as))
+            taken.append(_SwappedTensor(module, name, module._buffers.pop(name), registry))
     return taken
 
 
@@ -340,28 +364,34 @@ def _stored_block(taken: list[_SwappedTensor], *, pin: bool) -> _Block:
     """Copy the taken tensors into one host store, one tensor at a time (each original is let go as soon as
     it is copied), point every tensor at its view, and page-lock the filled store in place when `pin`."""
     offsets, size = block_store_layout([item.host.numel() * item.host.element_size() for item in taken])
-    store = torch.empty(size, dtype=torch.uint8)
+    memory = _HostStore(-1, size) if size else None
+    store = torch.frombuffer(memory, dtype=torch.uint8) if memory is not None else torch.empty(0, dtype=torch.uint8)
     for item, offset in zip(taken, offsets, strict=True):
         view = _view_at(store, offset, item.host)
         view.copy_(item.host)
         item.host = view
         _point(item, view)
-    if pin and size:
-        _register_in_place(store)
-    return _Block(taken, store, offsets)
+    if pin and memory is not None:
+        memory.lock(store.data_ptr(), size)
+    return _Block(taken, store, offsets, memory)
 
 
-def _register_in_place(store: torch.Tensor) -> None:
-    """Page-lock `store` where it is (cudaHostRegister: exactly its pages, no power-of-two rounding, outside
-    PyTorch's caching host allocator) and unregister it when the store is freed."""
-    cudart = torch.cuda.cudart()
-    address = store.data_ptr()
-    torch.cuda.check_error(int(cudart.cudaHostRegister(address, store.numel(), 0)))
-    weakref.finalize(store, _unregister, address)
+class _HostStore(mmap.mmap):
+    """Anonymous, page-aligned host memory behind one block's store (`torch.frombuffer` keeps it alive for as
+    long as any tensor views it). `lock` page-locks it in place with cudaHostRegister (exactly its pages,
+    outside PyTorch's caching host allocator and its power-of-two rounding); it is unregistered when the last
+    view is freed, before its pages are unmapped."""
 
+    registered_address: int | None = None
 
-def _unregister(address: int) -> None:
-    torch.cuda.check_error(int(torch.cuda.cudart().cudaHostUnregister(address)))
+    def lock(self, address: int, size: int) -> None:
+        torch.cuda.check_error(int(torch.cuda.cudart().cudaHostRegister(address, size, 0)))
+        self.registered_address = address
+
+    def __del__(self) -> None:
+        if self.registered_address is not None:
+            torch.cuda.check_error(int(torch.cuda.cudart().cudaHostUnregister(self.registered_address)))
+            self.registered_address = None
 
 
 @contextmanager
