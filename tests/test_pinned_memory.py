@@ -164,3 +164,8 @@ def test_a_block_store_lives_as_long_as_any_tensor_viewing_it(tiny_base: Path) -
     del model
     gc.collect()
     assert memory() is None
+
+
+def test_the_installed_torch_can_release_its_pinned_host_cache() -> None:
+    """train/runtime.release_pinned_host_cache relies on it between phases (on CUDA; the CPU has no pinned cache)."""
+    assert callable(torch.accelerator.empty_host_cache)
