@@ -7,7 +7,13 @@ pinned, so the planner charges each as it is really allocated (`fluxbooth.pinned
   (`param_buffer_of_bit16_for_cpu_offload_groups`) and the 16-bit buffer one gradient is copied through
   (`temp_grad_buffer_for_cpu_offload`, the largest parameter's size), each pinned with `pin_memory()` when
   the DeepSpeed config says `pin_memory` (configs.py: on CUDA); and the optimizer's state, which
-  DeepSpeedCPUAdam creates pageable (`torch.zeros_like` on the master partition).
+  DeepSpeedCPUAdam creates pageable (`torch.zeros_like` on the master partition);
+- DeepSpeed ZeRO-3's (deepspeed/runtime/zero/stage3.py, partition_parameters.py): with `offload_optimizer:
+  cpu` its fp32 master partitions (pageable copies), the flat fp32 gradient buffer of every partition
+  (`grad_partitions_flat_buffer`, pinned) and one sub-group's fp32 gradient buffer (`subgroup_gradient_buffer`,
+  pinned, cached and reused from sub-group to sub-group); with `offload_param: cpu` each parameter's 16-bit
+  partition, pinned one by one as zero.Init partitions it (then moved into the flat buffer: the freed blocks
+  stay in PyTorch's pinned cache), and the flat 16-bit buffer (`param_groups_fp16_flat_cpu_memory`, pinned).
 No torch here.
 """
 
@@ -114,3 +120,36 @@ def zero12_offload_allocations(
 
 def allocated_bytes(allocations: Sequence[HostAllocation]) -> int:
     return sum(allocation.allocated_bytes for allocation in allocations)
+
+
+def zero3_optimizer_offload_allocations(trainable: int, processes: int, state: int, sub_group: int, pinned: bool) -> list[HostAllocation]:
+    """ZeRO-3's host buffers with `offload_optimizer: cpu`, for every process (see the module doc)."""
+    partition = math.ceil(trainable / processes)
+    per_process = [
+        HostAllocation("fp32_master_partition", 4 * partition, False),
+        HostAllocation("fp32_gradient_flat_buffer", 4 * partition, pinned),
+        HostAllocation("fp32_subgroup_gradient_buffer", 4 * min(partition, sub_group), pinned),
+        HostAllocation("optimizer_states", state * partition, False),
+    ]
+    return per_process * processes
+
+
+def parameter_numels(model: ModelSize, training_type: str, lora_rank: int, targets: Sequence[str]) -> list[int]:
+    """Elements of every parameter of the transformer (and, for a LoRA, of its A and B matrices)."""
+    numels = []
+    for layer in model.linear_layers:
+        numels.append(layer.in_features * layer.out_features)
+        if layer.bias:
+            numels.append(layer.out_features)
+        if training_type == "lora" and matches_lora_target(layer.name, tuple(targets)):
+            numels += [lora_rank * layer.in_features, lora_rank * layer.out_features]
+    return numels + list(norm_params_per_module(model.transformer).values())
+
+
+def zero3_param_offload_allocations(numels: Sequence[int], processes: int, width: int, pinned: bool) -> list[HostAllocation]:
+    """ZeRO-3's host buffers with `offload_param: cpu`, for every process: each parameter's partition and the
+    flat buffer they end up in (see the module doc)."""
+    partitions = [math.ceil(numel / processes) for numel in numels]
+    per_process = [HostAllocation("parameter_partition", width * partition, pinned) for partition in partitions]
+    per_process.append(HostAllocation("flat_16bit_buffer", width * sum(partitions), pinned))
+    return per_process * processes

@@ -13,7 +13,17 @@ from fluxbooth import deepspeed_numbers as ds
 from fluxbooth.hardware import GIB, Hardware
 from fluxbooth.modelsize import ModelSize, block_of, is_quantised_layer
 from fluxbooth.pinned import BLOCK_SWAP_DEVICE_SLOTS
-from fluxbooth.plan.host_buffers import block_store_bytes, block_store_sizes, block_tensor_bytes, largest_trainable_parameter, zero12_offload_allocations
+from fluxbooth.plan.host_buffers import (
+    allocated_bytes,
+    block_store_bytes,
+    block_store_sizes,
+    block_tensor_bytes,
+    largest_trainable_parameter,
+    parameter_numels,
+    zero3_optimizer_offload_allocations,
+    zero3_param_offload_allocations,
+    zero12_offload_allocations,
+)
 from fluxbooth.plan.types import PHASES, JobShape, MemoryEstimate, Strategy
 from fluxbooth.train.names import normalise_optimizer_name
 
@@ -285,13 +295,16 @@ def model_state_bytes(
     on_cuda: bool = True,
     state: int = 8,
     largest_parameter: int = 0,
+    lora: tuple[int, Sequence[str]] = (0, ()),
 ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """(device, host, disk) terms of the model states. DeepSpeed's estimators
     (`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`) without
     their 1.5x buffer factor — margins are applied once, in `fits` — extended to frozen weights
     (LoRA's base, quantised or not) and to NVMe. Device terms are per GPU, host and disk terms for the
     node. `state`: the optimizer's fp32 state bytes per trainable parameter (8 for Adam); `largest_parameter`:
-    the elements of the largest trainable parameter (DeepSpeed's CPU offload sizes a pinned buffer by it)."""
+    the elements of the largest trainable parameter (DeepSpeed's CPU offload sizes a pinned buffer by it);
+    `lora`: the LoRA's rank and targets (ZeRO-3's parameter offload pins every parameter's partition)."""
+    lora_rank, targets = lora
     n = processes
     weights, host = _frozen_placement(strategy, model, trainable, width, processes)
     disk: dict[str, int] = {}
@@ -310,7 +323,7 @@ def model_state_bytes(
     if strategy.zero_stage in (1, 2):
         device, offloaded = _zero12_states(strategy, trainable, weights, n, width, state, on_cuda, largest_parameter)
         return device, {**host, **offloaded}, disk
-    partitioned_state, offloaded_state = _state_bytes(width, state)
+    partitioned_state, _ = _state_bytes(width, state)
     master = 4 if width == 2 else 0
     frozen = model.transformer_params if strategy.training_type == "lora" else 0
     device = {"largest_layer_gathered": 4 * model.largest_layer_params}
@@ -322,7 +335,8 @@ def model_state_bytes(
     if strategy.offload_param == "none":
         device["weights_16bit_partition"] = weights_16bit // n
     elif strategy.offload_param == "cpu":
-        host["weights_16bit_offloaded"] = weights_16bit
+        numels = parameter_numels(model, strategy.training_type, lora_rank, targets)
+        host["weights_16bit_offloaded"] = allocated_bytes(zero3_param_offload_allocations(numels, n, width, on_cuda))
     else:
         disk["weights_16bit_swapped"] = weights_16bit
         host["param_swap_buffers"] = (
@@ -332,7 +346,8 @@ def model_state_bytes(
     if strategy.offload_optimizer == "none":
         device["optimizer_states_partition"] = trainable * (partitioned_state - width) // n
     elif strategy.offload_optimizer == "cpu":
-        host["optimizer_states_offloaded"] = trainable * offloaded_state
+        allocations = zero3_optimizer_offload_allocations(trainable, n, state, ds.ZERO3_SUB_GROUP_ELEMENTS, on_cuda)
+        host["optimizer_states_offloaded"] = allocated_bytes(allocations)
     else:
         # ZeRO-Infinity swaps the fp32 master and optimizer states; fp32 gradients stay in host RAM.
         host["gradients_fp32"] = trainable * 4
@@ -416,7 +431,8 @@ def estimate_memory(
     state = optimizer_state_bytes(job.optimizer)
     largest = largest_trainable_parameter(model, strategy.training_type, job.lora_rank, targets)
     device, host, disk = model_state_bytes(
-        strategy, model, trainable, processes, width, on_cuda=not on_cpu, state=state, largest_parameter=largest
+        strategy, model, trainable, processes, width, on_cuda=not on_cpu, state=state, largest_parameter=largest,
+        lora=(job.lora_rank, targets),
     )
     device.update(activation_bytes(model, job, mixed_precision))
     if strategy.quantised:
