@@ -146,10 +146,12 @@ def parameter_numels(model: ModelSize, training_type: str, lora_rank: int, targe
     return numels + list(norm_params_per_module(model.transformer).values())
 
 
-def zero3_param_offload_allocations(numels: Sequence[int], processes: int, width: int, pinned: bool) -> list[HostAllocation]:
-    """ZeRO-3's host buffers with `offload_param: cpu`, for every process: each parameter's partition and the
-    flat buffer they end up in (see the module doc)."""
+def zero3_param_offload_allocations(
+    numels: Sequence[int], trainable: int, processes: int, width: int, pinned: bool
+) -> list[HostAllocation]:
+    """ZeRO-3's host buffers with `offload_param: cpu`, for every process: each parameter's partition, and the
+    flat buffer the trained ones (the optimizer's groups) end up in (see the module doc)."""
     partitions = [math.ceil(numel / processes) for numel in numels]
     per_process = [HostAllocation("parameter_partition", width * partition, pinned) for partition in partitions]
-    per_process.append(HostAllocation("flat_16bit_buffer", width * sum(partitions), pinned))
+    per_process.append(HostAllocation("flat_16bit_buffer", width * math.ceil(trainable / processes), pinned))
     return per_process * processes

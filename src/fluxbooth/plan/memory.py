@@ -336,7 +336,7 @@ def model_state_bytes(
         device["weights_16bit_partition"] = weights_16bit // n
     elif strategy.offload_param == "cpu":
         numels = parameter_numels(model, strategy.training_type, lora_rank, targets)
-        host["weights_16bit_offloaded"] = allocated_bytes(zero3_param_offload_allocations(numels, n, width, on_cuda))
+        host["weights_16bit_offloaded"] = allocated_bytes(zero3_param_offload_allocations(numels, trainable, n, width, on_cuda))
     else:
         disk["weights_16bit_swapped"] = weights_16bit
         host["param_swap_buffers"] = (
