@@ -446,6 +446,8 @@ def estimate_memory(
     if job.ema:
         # train/ema.py: an fp32 copy of every trained weight on the main process's CPU, exported beside them.
         host["ema_shadow"] = trainable * 4
+        # Each update copies one weight at a time to the host and casts it to fp32 (the largest sets the peak).
+        host["ema_update_working"] = largest * (width + 4)
 
     encoders = encoder_bytes(model, width)
     gpu_limit = hardware.gpu_memory_bytes / (1 + GPU_MARGIN)
