@@ -357,6 +357,12 @@ def model_state_bytes(
     return device, host, disk
 
 
+def ema_host_bytes(trainable: int, largest_parameter: int, width: int) -> dict[str, int]:
+    """train/ema.py: an fp32 copy of every trained weight on the main process's CPU (exported beside them), and
+    while it updates, one weight at a time copied to the host and cast to fp32 (the largest sets the peak)."""
+    return {"ema_shadow": trainable * 4, "ema_update_working": largest_parameter * (width + 4)}
+
+
 def cached_bytes(model: ModelSize, job: JobShape, width: int) -> int:
     """What the trainer caches: the VAE posterior's mean and std in fp32 of every instance sample in its
     shape and of every class image in each shape (prior preservation pairs them), and (upper bound: every
@@ -430,10 +436,7 @@ def estimate_memory(
     trainable = trainable_params(model, strategy.training_type, job.lora_rank, targets)
     state = optimizer_state_bytes(job.optimizer)
     largest = largest_trainable_parameter(model, strategy.training_type, job.lora_rank, targets)
-    device, host, disk = model_state_bytes(
-        strategy, model, trainable, processes, width, on_cuda=not on_cpu, state=state, largest_parameter=largest,
-        lora=(job.lora_rank, targets),
-    )
+    device, host, disk = model_state_bytes(strategy, model, trainable, processes, width, not on_cpu, state, largest, (job.lora_rank, targets))
     device.update(activation_bytes(model, job, mixed_precision))
     if strategy.quantised:
         # Each quantised Linear is dequantised to the compute dtype for its matmul, forward and backward.
@@ -444,10 +447,7 @@ def estimate_memory(
     # Cached embeddings and latents stay in host RAM for the whole run.
     host["cached_embeddings"] = processes * cached_bytes(model, job, width)
     if job.ema:
-        # train/ema.py: an fp32 copy of every trained weight on the main process's CPU, exported beside them.
-        host["ema_shadow"] = trainable * 4
-        # Each update copies one weight at a time to the host and casts it to fp32 (the largest sets the peak).
-        host["ema_update_working"] = largest * (width + 4)
+        host.update(ema_host_bytes(trainable, largest, width))
 
     encoders = encoder_bytes(model, width)
     gpu_limit = hardware.gpu_memory_bytes / (1 + GPU_MARGIN)
