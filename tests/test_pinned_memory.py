@@ -1,5 +1,5 @@
 """Pinned host memory counted as it is allocated (fluxbooth.pinned, fluxbooth.plan.host_buffers): the rounding
-rule of PyTorch's caching host allocator, the block swapper's stores pinned at their own size, DeepSpeed's
+rule of PyTorch's caching host allocator, the block swapper's tensors pinned at their own size, DeepSpeed's
 ZeRO-2 CPU-offload buffers as DeepSpeed allocates them, and the planner's FLUX.1 host charges equal to the
 rounded sum of every pinned allocation its plan makes."""
 
@@ -60,7 +60,7 @@ def test_a_block_store_aligns_every_tensor_and_its_size_does_not_depend_on_the_o
     offsets, size = block_store_layout([256, 6144, 1000])
     assert offsets == (0, 512, 6656) and size == 7680
     assert block_store_layout([1000, 6144, 256])[1] == size
-    assert block_store_pinned_bytes([256, 6144, 1000]) == 8192  # whole 4 KiB pages
+    assert block_store_pinned_bytes([256, 6144, 1000]) == 4096 + 8192 + 4096  # each tensor: whole 4 KiB pages
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8", "nf4"])
@@ -84,7 +84,7 @@ def test_the_swapper_takes_from_flux1_exactly_the_tensors_the_planner_lists() ->
     assert [sorted(swapped_tensor_bytes(block)) for block in blocks] == [sorted(sizes) for sizes in planned]
 
 
-def test_a_swapped_bf16_lora_of_flux1_on_a_24_gib_card_is_charged_its_stores_as_pinned() -> None:
+def test_a_swapped_bf16_lora_of_flux1_on_a_24_gib_card_is_charged_its_blocks_as_pinned() -> None:
     job = JobShape(resolution=(1024, 1024))
     estimate = estimate_memory(SWAPPED_LORA, model_size(FLUX_DEV), job, gpu(24, 62), "bf16")
     allocations = [block_store_pinned_bytes(swapped_tensor_bytes(block)) for block in flux_blocks(flux1_dev_on_meta())]
@@ -149,14 +149,14 @@ def test_real_deepspeed_pins_exactly_the_buffers_the_planner_lists(tiny_base: Pa
     assert sorted(probe["pinned_requests"]) == sorted(item.requested_bytes for item in planned if item.pinned)
 
 
-def test_a_block_store_lives_as_long_as_any_tensor_viewing_it(tiny_base: Path) -> None:
-    """The store's memory is what is page-locked on CUDA and unregistered when it is freed: it must outlive the
-    swapper while the detached model still uses its tensors, and go with the model."""
+def test_a_swapped_tensors_host_memory_lives_as_long_as_the_tensor(tiny_base: Path) -> None:
+    """A swapped tensor's host memory is what is page-locked on CUDA and unregistered when it is freed: it must
+    outlive the swapper while the detached model still uses the tensor, and go with the model."""
     from diffusers import FluxTransformer2DModel
 
     model = FluxTransformer2DModel.from_pretrained(str(tiny_base), subfolder="transformer", torch_dtype=torch.bfloat16)
     swapper = BlockSwapper(flux_blocks(model.requires_grad_(False)), torch.device("cpu"))
-    memory = weakref.ref(swapper._blocks[0].memory)  # the mmap behind the store
+    memory = weakref.ref(swapper._blocks[0].memories[0])  # the mmap behind the first tensor
     swapper.detach()
     del swapper
     gc.collect()
@@ -169,3 +169,14 @@ def test_a_block_store_lives_as_long_as_any_tensor_viewing_it(tiny_base: Path) -
 def test_the_installed_torch_can_release_its_pinned_host_cache() -> None:
     """train/runtime.release_pinned_host_cache relies on it between phases (on CUDA; the CPU has no pinned cache)."""
     assert callable(torch.accelerator.empty_host_cache)
+
+
+def test_swapped_trained_weights_share_no_storage_so_savers_keep_every_one(tiny_base: Path) -> None:
+    """accelerate and safetensors drop or refuse tensors that share a storage: every swapped tensor has its own."""
+    from accelerate.utils import id_tensor_storage
+    from diffusers import FluxTransformer2DModel
+
+    model = FluxTransformer2DModel.from_pretrained(str(tiny_base), subfolder="transformer", torch_dtype=torch.bfloat16)
+    BlockSwapper(flux_blocks(model), torch.device("cpu"), swap_trainable=True)
+    state = model.state_dict()
+    assert len({id_tensor_storage(tensor) for tensor in state.values()}) == len(state)

@@ -9,17 +9,18 @@ Two ways host memory gets pinned in a training run:
   size is under `pinned_max_round_threshold_mb`, unlimited by default). DeepSpeed's CPU offload pins this way
   (`get_accelerator().pin_memory`, its default `DS_PIN_MEMORY_BACKEND=torch`), so a buffer of 44.4 GiB takes
   64 GiB: `caching_host_allocation_bytes`.
-- The block swapper pins at the size it stores: each block's tensors are views into one pageable buffer (a
-  "store", laid out by `block_store_layout`) that is page-locked in place with `cudaHostRegister`, which locks
-  whole pages and nothing more: `registered_bytes`.
+- The block swapper pins at the size it stores: each tensor of a block is copied into page-aligned anonymous
+  memory of its own, page-locked in place with `cudaHostRegister`, which locks whole pages and nothing more
+  (`registered_bytes`, `block_store_pinned_bytes`). On the device a block's tensors sit back to back in a
+  slot (`block_store_layout`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-# Offsets of the tensors inside a block store: what the CUDA caching allocator aligns device blocks to, so a
-# view's data pointer suits every dtype and DMA engine.
+# Offsets of a block's tensors inside a device slot: what the CUDA caching allocator aligns device blocks to,
+# so a view's data pointer suits every dtype and DMA engine.
 STORE_TENSOR_ALIGNMENT = 512
 # Linux's page size on x86_64 and arm64 servers: cudaHostRegister locks whole pages.
 HOST_PAGE_BYTES = 4096
@@ -49,15 +50,15 @@ def block_store_layout(tensor_bytes: Sequence[int]) -> tuple[tuple[int, ...], in
     return tuple(offsets), end
 
 
-def registered_bytes(store_bytes: int) -> int:
-    """Host bytes page-locked by cudaHostRegister over a store of `store_bytes` (whole pages, the store
-    starting on a page: PyTorch's CPU allocator hands out large buffers from mmap)."""
-    return aligned(store_bytes, HOST_PAGE_BYTES)
+def registered_bytes(size: int) -> int:
+    """Host bytes page-locked by cudaHostRegister over anonymous memory of `size` bytes (an mmap: it starts on
+    a page, and whole pages are locked)."""
+    return aligned(size, HOST_PAGE_BYTES)
 
 
 def block_store_pinned_bytes(tensor_bytes: Sequence[int]) -> int:
-    """Pinned host bytes of one block's store holding tensors of these sizes."""
-    return registered_bytes(block_store_layout(tensor_bytes)[1])
+    """Pinned host bytes of one swapped block whose tensors have these sizes (each in memory of its own)."""
+    return sum(registered_bytes(size) for size in tensor_bytes)
 
 
 # Device buffers the block swapper streams blocks through, each the size of the largest block's store: the

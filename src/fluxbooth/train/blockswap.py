@@ -16,12 +16,13 @@ forward, so the same hooks fire in backward order):
 - backward (the recompute of block i runs inside the autograd engine): block i, then i - 1 prefetched. The
   backward of block i + 1 has finished when block i is recomputed, so i + 1 is dropped then.
 Memory is held to the plan on both sides (fluxbooth.pinned owns the layout and the rounding rule):
-- host: each block's tensors are views into one pageable buffer of its own (its "store", laid out by
-  `block_store_layout`), page-locked in place with cudaHostRegister on CUDA and unregistered when the store is
-  freed, so a block pins exactly what it stores (PyTorch's `pin_memory()` would round every tensor up to a
-  power of two: a 72 MiB weight would take 128 MiB);
-- device: BLOCK_SWAP_DEVICE_SLOTS byte buffers of the largest store's size ("slots"), allocated once; a block
-  is made resident by one copy of its store into a free slot and its tensors are views into that slot, so no
+- host: each tensor is copied into page-aligned anonymous memory of its own (its own storage: state dicts,
+  accelerate's and safetensors' savers see no shared tensors), page-locked in place with cudaHostRegister on
+  CUDA and unregistered when the tensor is freed, so a block pins exactly what it stores, to the page
+  (PyTorch's `pin_memory()` would round every tensor up to a power of two: a 72 MiB weight would take 128 MiB);
+- device: BLOCK_SWAP_DEVICE_SLOTS byte buffers of the largest block's size ("slots", each block's tensors laid
+  out by `block_store_layout`), allocated once; a block is made resident by copying its tensors into a free
+  slot at their offsets, and its tensors are views into that slot, so no
   more blocks than that are ever on the device, however far the CPU runs ahead of the GPU. On CUDA the copies
   run on their own stream; a copy into a slot waits for the compute stream's work queued before it (the last
   use of the block that held the slot), a write-back is queued on the same copy stream before any copy that
@@ -69,7 +70,7 @@ SWAPPER_ATTRIBUTE = "_fluxbooth_block_swapper"
 class _SwappedTensor:
     module: torch.nn.Module
     name: str
-    host: torch.Tensor  # a view into its block's store
+    host: torch.Tensor  # the host copy, in memory of its own
     registered_as: str  # "parameter", "buffer" or "non_persistent_buffer": how `detach` gives it back
     trained: torch.nn.Parameter | None = None  # a trained parameter, still registered: its `.data` is pointed
 
@@ -77,9 +78,9 @@ class _SwappedTensor:
 @dataclass
 class _Block:
     tensors: list[_SwappedTensor]
-    store: torch.Tensor  # uint8, every tensor's bytes at `offsets` (fluxbooth.pinned.block_store_layout)
-    offsets: tuple[int, ...]
-    memory: Any = None  # the _HostStore behind `store` (None for an empty block)
+    offsets: tuple[int, ...]  # each tensor's place in a device slot (fluxbooth.pinned.block_store_layout)
+    size: int  # the bytes it takes in a slot
+    memories: list[Any] = field(default_factory=list)  # the _HostStore behind each host tensor (not empty ones)
     slot: int | None = None  # the device slot holding its copy while resident
     ready: Any = None  # the CUDA event its copy records; None on the CPU
     stepped: bool = False  # made resident by a backward, where its trained parameters are stepped
@@ -137,7 +138,7 @@ class BlockSwapper:
         self.statistics = SwapStatistics()
         pin = self.device.type == "cuda"
         self._blocks = [_stored_block(_take_block_tensors(block, trainable=swap_trainable), pin=pin) for block in blocks]
-        slot_bytes = max((block.store.numel() for block in self._blocks), default=0)
+        slot_bytes = max((block.size for block in self._blocks), default=0)
         self._slots = [torch.empty(slot_bytes, dtype=torch.uint8, device=self.device) for _ in range(slots)]
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._resident: set[int] = set()
@@ -160,12 +161,12 @@ class BlockSwapper:
         return any(item.trained is not None for block in self._blocks for item in block.tensors)
 
     def host_bytes(self) -> int:
-        """The blocks' stores: what they hold on the host (pinned in place on CUDA, whole pages)."""
-        return sum(block.store.numel() for block in self._blocks)
+        """What the blocks' tensors hold on the host (pinned in place on CUDA, to the page)."""
+        return sum(item.host.numel() * item.host.element_size() for block in self._blocks for item in block.tensors)
 
     def store_bytes(self) -> list[int]:
-        """Each block's store size in bytes, in block order (fluxbooth.pinned.block_store_pinned_bytes pins it)."""
-        return [block.store.numel() for block in self._blocks]
+        """Each block's size in a device slot, in block order (fluxbooth.pinned.block_store_layout)."""
+        return [block.size for block in self._blocks]
 
     def largest_block_bytes(self) -> int:
         return max(self.store_bytes(), default=0)
@@ -192,7 +193,7 @@ class BlockSwapper:
 
     def detach(self) -> None:
         """Remove the hooks and give every tensor back to its module, registered again, on the host (views into
-        the blocks' stores), and let the device slots go."""
+        memory of their own), and let the device slots go."""
         self.release()
         for handle in self._handles:
             handle.remove()
@@ -237,22 +238,23 @@ class BlockSwapper:
         if block.slot is not None:
             return
         slot = self._free_slot()
-        size = block.store.numel()
-        target = self._slots[slot][:size]
+        target = self._slots[slot]
         if self._copy_stream is None:
-            target.copy_(block.store)
+            for view, item in zip(_views_into(target, block), block.tensors, strict=True):
+                view.copy_(item.host)
         else:
             # The copy may not start before the compute stream has finished with the block that held the slot
             # (its last kernels were queued before it was evicted, so before this point).
             self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self._copy_stream):
-                target.copy_(block.store, non_blocking=True)
+                for view, item in zip(_views_into(target, block), block.tensors, strict=True):
+                    view.copy_(item.host, non_blocking=True)
                 block.ready = torch.cuda.Event()
                 block.ready.record(self._copy_stream)
         block.slot = slot
         self._resident.add(index)
         self.statistics.blocks_loaded += 1
-        self.statistics.bytes_loaded += size
+        self.statistics.bytes_loaded += sum(item.host.numel() * item.host.element_size() for item in block.tensors)
 
     def _make_resident(self, index: int) -> None:
         self._prefetch(index)
@@ -304,7 +306,7 @@ def _point(item: _SwappedTensor, tensor: torch.Tensor) -> None:
 
 
 def _views_into(buffer: torch.Tensor, block: _Block) -> list[torch.Tensor]:
-    """The block's tensors as views into `buffer` (its store or a slot), at the store's offsets."""
+    """The block's tensors as views into `buffer` (a slot), at their offsets."""
     return [
         _view_at(buffer, offset, item.host) for item, offset in zip(block.tensors, block.offsets, strict=True)
     ]
@@ -335,7 +337,7 @@ def _tensors_to_swap(block: torch.nn.Module, *, trainable: bool) -> list[tuple[t
 
 def swapped_tensor_bytes(block: torch.nn.Module, *, trainable: bool = False) -> list[int]:
     """The bytes of every tensor a BlockSwapper would take from `block` (touching nothing: a model on the meta
-    device will do); `fluxbooth.pinned.block_store_pinned_bytes` of it is what the block's store pins."""
+    device will do); `fluxbooth.pinned.block_store_pinned_bytes` of it is what the block pins."""
     sizes = []
     for module, name, registry, _ in _tensors_to_swap(block, trainable=trainable):
         tensor = module._parameters[name] if registry == "parameter" else module._buffers[name]
@@ -345,7 +347,7 @@ def swapped_tensor_bytes(block: torch.nn.Module, *, trainable: bool = False) -> 
 
 def _take_block_tensors(block: torch.nn.Module, *, trainable: bool) -> list[_SwappedTensor]:
     """Unregister every frozen tensor of `block` (parameters that do not train, buffers) and keep it as a plain
-    attribute (holding, for now, the tensor itself; `_stored_block` moves it into the store); with `trainable`,
+    attribute (holding, for now, the tensor itself; `_stored_block` copies it to its own memory); with `trainable`,
     also take every trained parameter, which stays registered."""
     taken = []
     for module, name, registry, trained in _tensors_to_swap(block, trainable=trainable):
@@ -361,23 +363,28 @@ def _take_block_tensors(block: torch.nn.Module, *, trainable: bool) -> list[_Swa
 
 
 def _stored_block(taken: list[_SwappedTensor], *, pin: bool) -> _Block:
-    """Copy the taken tensors into one host store, one tensor at a time (each original is let go as soon as
-    it is copied), point every tensor at its view, and page-lock the filled store in place when `pin`."""
+    """Copy each taken tensor into host memory of its own, one at a time (each original is let go as soon as it
+    is copied), point the tensor at its copy, and page-lock the copy in place when `pin`."""
     offsets, size = block_store_layout([item.host.numel() * item.host.element_size() for item in taken])
-    memory = _HostStore(-1, size) if size else None
-    store = torch.frombuffer(memory, dtype=torch.uint8) if memory is not None else torch.empty(0, dtype=torch.uint8)
-    for item, offset in zip(taken, offsets, strict=True):
-        view = _view_at(store, offset, item.host)
-        view.copy_(item.host)
-        item.host = view
-        _point(item, view)
-    if pin and memory is not None:
-        memory.lock(store.data_ptr(), size)
-    return _Block(taken, store, offsets, memory)
+    memories = []
+    for item in taken:
+        nbytes = item.host.numel() * item.host.element_size()
+        if not nbytes:
+            copy = torch.empty_like(item.host, device="cpu")
+        else:
+            memory = _HostStore(-1, nbytes)
+            copy = torch.frombuffer(memory, dtype=torch.uint8).view(item.host.dtype).view(item.host.shape)
+            copy.copy_(item.host)
+            if pin:
+                memory.lock(copy.data_ptr(), nbytes)
+            memories.append(memory)
+        item.host = copy
+        _point(item, copy)
+    return _Block(taken, offsets, size, memories)
 
 
 class _HostStore(mmap.mmap):
-    """Anonymous, page-aligned host memory behind one block's store (`torch.frombuffer` keeps it alive for as
+    """Anonymous, page-aligned host memory behind one swapped tensor (`torch.frombuffer` keeps it alive for as
     long as any tensor views it). `lock` page-locks it in place with cudaHostRegister (exactly its pages,
     outside PyTorch's caching host allocator and its power-of-two rounding); it is unregistered when the last
     view is freed, before its pages are unmapped."""
