@@ -1,6 +1,6 @@
 """The host buffers a plan allocates, listed one allocation at a time with the bytes requested and whether it is
 pinned, so the planner charges each as it is really allocated (`fluxbooth.pinned` owns the rounding):
-- the block swapper's stores, one per transformer block, pinned in place at their own size;
+- the block swapper's tensors, each pinned in place at its own size (to the page);
 - DeepSpeed ZeRO-1/2's CPU-offload buffers, as deepspeed/runtime/zero/stage_1_and_2.py (0.19) allocates them
   per process and per parameter group (the trainer gives DeepSpeed one group): the fp32 master partition and
   its fp32 gradient partition, the 16-bit staging buffer the updated partition is copied through to the GPU
@@ -76,12 +76,12 @@ def block_tensor_bytes(model: ModelSize, precision: str, width: int) -> dict[str
 
 
 def block_store_sizes(model: ModelSize, precision: str, width: int) -> dict[str, int]:
-    """Each block's store in bytes (fluxbooth.pinned.block_store_layout): a device slot holds one."""
+    """Each block's bytes laid out in a device slot (fluxbooth.pinned.block_store_layout)."""
     return {name: block_store_layout(sizes)[1] for name, sizes in block_tensor_bytes(model, precision, width).items()}
 
 
 def block_store_bytes(model: ModelSize, precision: str, width: int) -> dict[str, int]:
-    """Each block's store as pinned (fluxbooth.pinned.block_store_pinned_bytes): what block swapping pins."""
+    """Each block's tensors as pinned (fluxbooth.pinned.block_store_pinned_bytes): what block swapping pins."""
     return {name: block_store_pinned_bytes(sizes) for name, sizes in block_tensor_bytes(model, precision, width).items()}
 
 

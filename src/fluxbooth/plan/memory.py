@@ -265,8 +265,8 @@ def _frozen_placement(
         device.update(frozen)
         return device, {}
     in_blocks = sum(sum(sizes) for sizes in block_tensor_bytes(model, strategy.base_precision, width).values())
-    # Each block's tensors in one store pinned in place at its own size (fluxbooth.pinned), streamed through
-    # BLOCK_SWAP_DEVICE_SLOTS device buffers of the largest store's size, allocated once (train/blockswap.py).
+    # Each block's tensors pinned in place at their own size (fluxbooth.pinned), streamed through
+    # BLOCK_SWAP_DEVICE_SLOTS device buffers of the largest block's size, allocated once (train/blockswap.py).
     swapped = BLOCK_SWAP_DEVICE_SLOTS * max(block_store_sizes(model, strategy.base_precision, width).values(), default=0)
     pinned = processes * sum(block_store_bytes(model, strategy.base_precision, width).values())
     if strategy.training_type == "full":
