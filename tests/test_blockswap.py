@@ -135,3 +135,33 @@ def test_detach_gives_every_tensor_back_registered_as_it_was(tiny_base: Path) ->
     after = {name: (tensor.dtype, tensor.requires_grad) for name, tensor in [*model.named_parameters(), *model.named_buffers()]}
     assert after == before
     assert set(model.state_dict()) == persistent
+
+
+def test_every_resident_block_lives_in_one_of_the_planned_device_slots(tiny_base: Path) -> None:
+    """At every block's start, forward and backward, each tensor a module points at is its host copy or a
+    view into one of the swapper's device slots, and no more blocks than the plan's slots are held."""
+    from fluxbooth.pinned import BLOCK_SWAP_DEVICE_SLOTS
+
+    model = lora_transformer(tiny_base, "bf16")
+    held: list[int] = []
+    with swapping_blocks(model, CPU) as swapper:
+        slots = [(slot.data_ptr(), slot.data_ptr() + slot.numel()) for slot in swapper.device_slots]
+
+        def in_slot(tensor: torch.Tensor) -> bool:
+            return any(start <= tensor.data_ptr() < end for start, end in slots)
+
+        def count(module: torch.nn.Module, inputs: object) -> None:
+            on_device = set()
+            for index, block in enumerate(swapper._blocks):
+                for item in block.tensors:
+                    current = getattr(item.module, item.name)
+                    assert in_slot(current) or current.data_ptr() == item.host.data_ptr()
+                    if in_slot(current) or block.slot is not None:
+                        on_device.add(index)
+            held.append(len(on_device))
+
+        for block in flux_blocks(model):
+            block.register_forward_pre_hook(count)
+        model(**forward_inputs(model.config)).sample.float().square().mean().backward()
+    assert len(slots) == BLOCK_SWAP_DEVICE_SLOTS
+    assert len(held) == 2 * len(flux_blocks(model)) and max(held) == BLOCK_SWAP_DEVICE_SLOTS

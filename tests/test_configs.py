@@ -224,9 +224,16 @@ def test_environment_keeps_the_guides_useful_variables(tmp_path: Path) -> None:
         "TOKENIZERS_PARALLELISM", "CUDA_DEVICE_ORDER",
     )} == {
         "DS_ACCELERATOR": "cuda", "DS_SKIP_CUDA_CHECK": "0", "CUDA_VISIBLE_DEVICES": "0",
-        "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512,expandable_segments:True",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "TOKENIZERS_PARALLELISM": "false", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
     }
+
+
+def test_the_trainers_cuda_allocator_uses_expandable_segments_without_max_split_size(tmp_path: Path) -> None:
+    env = child_environment(GUIDE_DEFAULT_PLAN, {}, cpu_count=8, torch_extensions_dir=tmp_path)
+    settings = env["PYTORCH_CUDA_ALLOC_CONF"].split(",")
+    assert "expandable_segments:True" in settings
+    assert not any(setting.startswith("max_split_size_mb") for setting in settings)
 
 
 def test_cpu_threads_are_the_cores_per_process_not_one(tmp_path: Path) -> None:

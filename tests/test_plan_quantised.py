@@ -9,6 +9,8 @@ from fluxbooth.hardware import GIB, Hardware, hypothetical_hardware
 from fluxbooth.modelsize import FLUX_DEV_NAME, ModelSize, is_quantised_layer, model_size
 from fluxbooth.plan import JobShape, Strategy, choose_plan, frozen_base_bytes
 from fluxbooth.plan.candidates import evaluate_candidates, strategies_for
+from fluxbooth.pinned import block_store_layout, block_store_pinned_bytes
+from fluxbooth.plan.host_buffers import block_tensor_bytes
 from fluxbooth.plan.memory import estimate_memory, frozen_block_bytes, layer_being_quantised
 from fluxbooth.plan.timing import step_terms
 from fluxbooth.plan.gpus import gpu_spec
@@ -264,10 +266,10 @@ def test_a_block_swapped_base_keeps_two_of_its_largest_blocks_on_the_gpu_and_eve
 ) -> None:
     strategy = Strategy("lora", True, 2, "none", "none", "fp8", block_swap=True)
     estimate = estimate_memory(strategy, flux_dev, lora(), card(8, "NVIDIA RTX A4000"), "bf16")
-    blocks = frozen_block_bytes(flux_dev, "fp8", 2)
+    blocks = block_tensor_bytes(flux_dev, "fp8", 2)
     assert len(blocks) == 19 + 38  # FLUX.1-dev's double- and single-stream blocks
-    assert estimate.breakdown["gpu.swapped_blocks"] == int(2 * max(blocks.values()))
-    assert estimate.breakdown["host.frozen_blocks_pinned"] == int(sum(blocks.values()))
+    assert estimate.breakdown["gpu.swapped_blocks"] == 2 * max(block_store_layout(sizes)[1] for sizes in blocks.values())
+    assert estimate.breakdown["host.frozen_blocks_pinned"] == sum(block_store_pinned_bytes(sizes) for sizes in blocks.values())
     assert "gpu.frozen_weights_quantised" not in estimate.breakdown
 
 

@@ -229,7 +229,9 @@ def child_environment(
         {
             "DS_ACCELERATOR": plan.accelerator,
             "DS_SKIP_CUDA_CHECK": "0",
-            "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512,expandable_segments:True",
+            # Expandable segments alone: with max_split_size_mb beside them the allocator fights itself
+            # (pytorch/pytorch#123548, #119452) and reserved memory grows.
+            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "OMP_NUM_THREADS": threads,
             "MKL_NUM_THREADS": threads,

@@ -248,7 +248,7 @@ def transformer_linear_layers(shape: TransformerShape) -> tuple[LinearLayer, ...
     return tuple(layers)
 
 
-def _norm_params_per_module(shape: TransformerShape) -> dict[str, int]:
+def norm_params_per_module(shape: TransformerShape) -> dict[str, int]:
     """Parameters outside Linear layers, by owning module (RMSNorm weights of q/k norms)."""
     head = shape.attention_head_dim
     norms: dict[str, int] = {}
@@ -265,7 +265,7 @@ def transformer_params(shape: TransformerShape, layers: tuple[LinearLayer, ...])
     """(total parameters, parameters of the largest single module) — as DeepSpeed's
     `model_to_params` counts them: a module's own parameters, not its children's."""
     linear_sizes = [layer.params for layer in layers]
-    norm_sizes = list(_norm_params_per_module(shape).values())
+    norm_sizes = list(norm_params_per_module(shape).values())
     total = sum(linear_sizes) + sum(norm_sizes)
     return total, max(linear_sizes + norm_sizes)
 

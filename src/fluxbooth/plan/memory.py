@@ -12,12 +12,24 @@ from collections.abc import Sequence
 from fluxbooth import deepspeed_numbers as ds
 from fluxbooth.hardware import GIB, Hardware
 from fluxbooth.modelsize import ModelSize, block_of, is_quantised_layer
+from fluxbooth.pinned import BLOCK_SWAP_DEVICE_SLOTS
+from fluxbooth.plan.host_buffers import (
+    allocated_bytes,
+    block_store_bytes,
+    block_store_sizes,
+    block_tensor_bytes,
+    largest_trainable_parameter,
+    parameter_numels,
+    zero3_optimizer_offload_allocations,
+    zero3_param_offload_allocations,
+    zero12_offload_allocations,
+)
 from fluxbooth.plan.types import PHASES, JobShape, MemoryEstimate, Strategy
 from fluxbooth.train.names import normalise_optimizer_name
 
 # ---- Safety margins: a plan fits when predicted * (1 + margin) <= available. -------------------
 GPU_MARGIN = 0.10  # allocator fragmentation, cuDNN/cuBLAS workspaces we do not model
-HOST_MARGIN = 0.10  # page cache, the handler's own memory, pinned-buffer rounding
+HOST_MARGIN = 0.10  # page cache, the handler's own memory (pinned buffers are charged as allocated)
 DISK_MARGIN = 0.05
 
 # ---- Fixed costs (see docs/memory.md, "Fixed costs"). ------------------------------------------
@@ -199,9 +211,10 @@ def largest_quantised_layer_params(model: ModelSize) -> int:
 
 
 def _zero12_states(
-    strategy: Strategy, trainable: int, weights: dict[str, int], n: int, width: int, state: int, on_cuda: bool
+    strategy: Strategy, trainable: int, weights: dict[str, int], n: int, width: int, state: int, on_cuda: bool,
+    largest_parameter: int = 0,
 ) -> tuple[dict[str, int], dict[str, int]]:
-    partitioned_state, offloaded_state = _state_bytes(width, state)
+    partitioned_state, _ = _state_bytes(width, state)
     device: dict[str, int] = dict(weights)
     host: dict[str, int] = {}
     if strategy.offload_optimizer == "none":
@@ -211,7 +224,11 @@ def _zero12_states(
         else:
             device["optimizer_states_partition"] = trainable * partitioned_state // n
     else:
-        host["optimizer_states_offloaded"] = trainable * offloaded_state
+        # DeepSpeed's own buffers as it allocates them (plan/host_buffers.py): pinned ones rounded up to a
+        # power of two by PyTorch's caching host allocator (configs.py pins them on CUDA).
+        allocations = zero12_offload_allocations(trainable, largest_parameter, n, width, state, pinned=on_cuda)
+        for allocation in allocations:
+            host[f"offload_{allocation.name}"] = host.get(f"offload_{allocation.name}", 0) + allocation.allocated_bytes
     # DeepSpeed allocates whole buckets: the CUDA allocator reserves them, while on the CPU only
     # the pages written (at most the trainable parameters) become resident. With overlap_comm
     # (CUDA only, see configs.py) the reduce bucket is double-buffered.
@@ -238,7 +255,8 @@ def _frozen_placement(
 ) -> tuple[dict[str, int], dict[str, int]]:
     """(device, host) bytes of the weights outside ZeRO-3: the trainable ones in 16 bits, the frozen
     base as stored, whole on each GPU; or, block-swapped, its blocks in pinned host RAM and two of them on the
-    GPU at a time (the one computing and the one prefetched), the rest of it (embedders, output) on the GPU;
+    GPU at a time (the one computing and the one prefetched, in the swapper's device slots), the rest of it
+    (embedders, output) on the GPU;
     each process pins its own copy of the blocks. The fused full fine-tune swaps its trained bf16 blocks the
     same way (each written back to its pinned copy after its backward)."""
     frozen = frozen_base_bytes(model, strategy.base_precision, width) if strategy.training_type == "lora" else {}
@@ -246,13 +264,15 @@ def _frozen_placement(
     if not strategy.block_swap:
         device.update(frozen)
         return device, {}
-    blocks = frozen_block_bytes(model, strategy.base_precision, width)
-    swapped = int(2 * max(blocks.values(), default=0.0))
-    pinned = processes * int(sum(blocks.values()))
+    in_blocks = sum(sum(sizes) for sizes in block_tensor_bytes(model, strategy.base_precision, width).values())
+    # Each block's tensors pinned in place at their own size (fluxbooth.pinned), streamed through
+    # BLOCK_SWAP_DEVICE_SLOTS device buffers of the largest block's size, allocated once (train/blockswap.py).
+    swapped = BLOCK_SWAP_DEVICE_SLOTS * max(block_store_sizes(model, strategy.base_precision, width).values(), default=0)
+    pinned = processes * sum(block_store_bytes(model, strategy.base_precision, width).values())
     if strategy.training_type == "full":
-        outside = device["weights_16bit"] - int(sum(blocks.values()))
+        outside = device["weights_16bit"] - in_blocks
         return {"weights_outside_blocks": outside, "swapped_blocks": swapped}, {"trained_blocks_pinned": pinned}
-    device["frozen_weights_outside_blocks"] = int(sum(frozen.values()) - sum(blocks.values()))
+    device["frozen_weights_outside_blocks"] = int(sum(frozen.values()) - in_blocks)
     device["swapped_blocks"] = swapped
     return device, {"frozen_blocks_pinned": pinned}
 
@@ -274,12 +294,17 @@ def model_state_bytes(
     width: int,
     on_cuda: bool = True,
     state: int = 8,
+    largest_parameter: int = 0,
+    lora: tuple[int, Sequence[str]] = (0, ()),
 ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """(device, host, disk) terms of the model states. DeepSpeed's estimators
     (`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`) without
     their 1.5x buffer factor — margins are applied once, in `fits` — extended to frozen weights
     (LoRA's base, quantised or not) and to NVMe. Device terms are per GPU, host and disk terms for the
-    node. `state`: the optimizer's fp32 state bytes per trainable parameter (8 for Adam)."""
+    node. `state`: the optimizer's fp32 state bytes per trainable parameter (8 for Adam); `largest_parameter`:
+    the elements of the largest trainable parameter (DeepSpeed's CPU offload sizes a pinned buffer by it);
+    `lora`: the LoRA's rank and targets (ZeRO-3's parameter offload pins every parameter's partition)."""
+    lora_rank, targets = lora
     n = processes
     weights, host = _frozen_placement(strategy, model, trainable, width, processes)
     disk: dict[str, int] = {}
@@ -296,9 +321,9 @@ def model_state_bytes(
         device["trainable_weights_grads_optimizer"] = trainable * (8 + state)
         return device, host, disk
     if strategy.zero_stage in (1, 2):
-        device, offloaded = _zero12_states(strategy, trainable, weights, n, width, state, on_cuda)
+        device, offloaded = _zero12_states(strategy, trainable, weights, n, width, state, on_cuda, largest_parameter)
         return device, {**host, **offloaded}, disk
-    partitioned_state, offloaded_state = _state_bytes(width, state)
+    partitioned_state, _ = _state_bytes(width, state)
     master = 4 if width == 2 else 0
     frozen = model.transformer_params if strategy.training_type == "lora" else 0
     device = {"largest_layer_gathered": 4 * model.largest_layer_params}
@@ -310,7 +335,8 @@ def model_state_bytes(
     if strategy.offload_param == "none":
         device["weights_16bit_partition"] = weights_16bit // n
     elif strategy.offload_param == "cpu":
-        host["weights_16bit_offloaded"] = weights_16bit
+        numels = parameter_numels(model, strategy.training_type, lora_rank, targets)
+        host["weights_16bit_offloaded"] = allocated_bytes(zero3_param_offload_allocations(numels, trainable, n, width, on_cuda))
     else:
         disk["weights_16bit_swapped"] = weights_16bit
         host["param_swap_buffers"] = (
@@ -320,7 +346,8 @@ def model_state_bytes(
     if strategy.offload_optimizer == "none":
         device["optimizer_states_partition"] = trainable * (partitioned_state - width) // n
     elif strategy.offload_optimizer == "cpu":
-        host["optimizer_states_offloaded"] = trainable * offloaded_state
+        allocations = zero3_optimizer_offload_allocations(trainable, n, state, ds.ZERO3_SUB_GROUP_ELEMENTS, on_cuda)
+        host["optimizer_states_offloaded"] = allocated_bytes(allocations)
     else:
         # ZeRO-Infinity swaps the fp32 master and optimizer states; fp32 gradients stay in host RAM.
         host["gradients_fp32"] = trainable * 4
@@ -328,6 +355,12 @@ def model_state_bytes(
         # Pinned fp32 buffers of one sub-group each (configs.py: sub_group_size) for the master and state.
         host["optimizer_swap_buffers"] = ds.OPTIMIZER_SWAP_BUFFER_COUNT * min(trainable, ds.ZERO3_SUB_GROUP_ELEMENTS) * 4
     return device, host, disk
+
+
+def ema_host_bytes(trainable: int, largest_parameter: int, width: int) -> dict[str, int]:
+    """train/ema.py: an fp32 copy of every trained weight on the main process's CPU (exported beside them), and
+    while it updates, one weight at a time copied to the host and cast to fp32 (the largest sets the peak)."""
+    return {"ema_shadow": trainable * 4, "ema_update_working": largest_parameter * (width + 4)}
 
 
 def cached_bytes(model: ModelSize, job: JobShape, width: int) -> int:
@@ -402,7 +435,8 @@ def estimate_memory(
     targets = job.lora_target_modules or model.default_lora_targets or job.lora_targets
     trainable = trainable_params(model, strategy.training_type, job.lora_rank, targets)
     state = optimizer_state_bytes(job.optimizer)
-    device, host, disk = model_state_bytes(strategy, model, trainable, processes, width, on_cuda=not on_cpu, state=state)
+    largest = largest_trainable_parameter(model, strategy.training_type, job.lora_rank, targets)
+    device, host, disk = model_state_bytes(strategy, model, trainable, processes, width, not on_cpu, state, largest, (job.lora_rank, targets))
     device.update(activation_bytes(model, job, mixed_precision))
     if strategy.quantised:
         # Each quantised Linear is dequantised to the compute dtype for its matmul, forward and backward.
@@ -413,8 +447,7 @@ def estimate_memory(
     # Cached embeddings and latents stay in host RAM for the whole run.
     host["cached_embeddings"] = processes * cached_bytes(model, job, width)
     if job.ema:
-        # train/ema.py: an fp32 copy of every trained weight on the main process's CPU, exported beside them.
-        host["ema_shadow"] = trainable * 4
+        host.update(ema_host_bytes(trainable, largest, width))
 
     encoders = encoder_bytes(model, width)
     gpu_limit = hardware.gpu_memory_bytes / (1 + GPU_MARGIN)

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from fluxbooth.hardware import Hardware
 from fluxbooth.modelsize import ModelSize, is_quantised_layer
+from fluxbooth.plan.ema import ema_update_seconds
 from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec
 from fluxbooth.plan.memory import compute_dtype_bytes, frozen_block_bytes, sequence_tokens
 from fluxbooth.plan.types import JobShape, Strategy
@@ -211,6 +212,9 @@ def step_terms(
             strategy, model, hardware, width, 2 * micro_steps, compute + dequantise,
             write_backs=micro_steps if strategy.training_type == "full" else 0,
         ),
+        "ema": ema_update_seconds(
+            trainable, width, host_link_bytes_per_second(hardware) if hardware.gpus else None, HOST_MEMORY_BYTES_PER_SECOND
+        ) if job.ema else 0.0,
     }
 
 

@@ -88,9 +88,25 @@ def peak_gpu_metrics() -> dict[str, int]:
 
 
 def free_accelerator_memory() -> None:
+    """Return what the freed tensors held: the CUDA caching allocator's unused blocks, and the pinned host
+    blocks PyTorch's caching host allocator keeps after they are freed (DeepSpeed's CPU-offload buffers once
+    the engine is gone), which it otherwise keeps page-locked until the process exits."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+        release_pinned_host_cache()
+
+
+def release_pinned_host_cache() -> bool:
+    """Unpin and free every pinned host block no tensor uses: `torch.accelerator.empty_host_cache` (public in
+    this image's torch), or `torch._C._host_emptyCache` in CUDA builds of torch before it (2.5 on). False
+    where this torch has neither; call it only with an accelerator (a CPU-only torch raises)."""
+    public = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
+    empty_host_cache = public or getattr(torch._C, "_host_emptyCache", None)
+    if empty_host_cache is None:
+        return False
+    empty_host_cache()
+    return True
 
 
 class ReleaseTracker:
