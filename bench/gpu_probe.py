@@ -239,6 +239,8 @@ def training(size: ProbeSize, device: torch.device, out: Path) -> dict[str, Any]
         env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": setting, "PYTHONUNBUFFERED": "1"}
         if device.type == "cpu":
             env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed would otherwise look for CUDA
+            # DeepSpeed's CPU communication op (shm) is compiled once into the project's extension cache.
+            env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "fluxbooth" / "torch_extensions"))
         command = [sys.executable, str(BENCH / "gpu_probe_train.py"), "--device", device.type, "--size", size.name, "--out", str(record)]
         if device.type == "cpu" and position > 0:
             command += ["--trainings", SECOND_SETTING_TRAININGS_ON_CPU]

@@ -24,6 +24,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -137,11 +138,15 @@ def zero2_engine(transformer: Any, optimizer: Any, device: torch.device) -> Any:
     from fluxbooth import deepspeed_numbers as numbers
 
     if not torch.distributed.is_initialized():
-        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"})
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
         from deepspeed.accelerator import get_accelerator
 
-        deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(), verbose=False)
+        # A one-process group through a file store (a TCP rendezvous of one hung on the shared CPU machine);
+        # DeepSpeed then finds the group initialised and uses it.
+        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+        store = Path(tempfile.mkdtemp(prefix="gpu-probe-")) / "process-group"
+        torch.distributed.init_process_group(
+            get_accelerator().communication_backend_name(), init_method=f"file://{store}", rank=0, world_size=1
+        )
     config = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
