@@ -629,3 +629,15 @@ def test_fused_backward_pass_true_with_a_setting_it_cannot_run_with_is_refused_n
 
 def test_fused_backward_pass_as_a_string_other_than_auto_is_refused(dataset_b64: str) -> None:
     assert "input.fused_backward_pass" in refusal(minimal(dataset_b64, training_type="full", fused_backward_pass="yes"))
+
+
+def test_the_learning_check_is_its_own_field_off_by_default(dataset_b64: str) -> None:
+    assert parse_request(minimal(dataset_b64)).learning_check is False
+    request = parse_request(minimal(dataset_b64, learning_check=True))
+    assert (request.learning_check, request.debug) == (True, False)
+
+
+def test_a_learning_check_that_is_not_a_boolean_names_the_field(dataset_b64: str) -> None:
+    with pytest.raises(FluxboothError) as raised:
+        parse_request(minimal(dataset_b64, learning_check="sometimes"))
+    assert raised.value.code == ErrorCode.INVALID_INPUT and "learning_check" in raised.value.message
