@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from fluxbooth.hardware import Hardware
 from fluxbooth.modelsize import ModelSize, is_quantised_layer
-from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec
+from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec, pcie_link_bytes_per_second
 from fluxbooth.plan.memory import compute_dtype_bytes, frozen_block_bytes, sequence_tokens
 from fluxbooth.plan.types import JobShape, Strategy
 from fluxbooth.report.history import MAX_SHOWN_ROUNDS
@@ -88,9 +88,16 @@ def sustained_flops(hardware: Hardware) -> float:
 
 
 def host_link_bytes_per_second(hardware: Hardware) -> float:
+    """The host link's sustained rate: the datasheet's x16 link, or the link NVML reports (hardware.pcie_link)
+    when it is narrower or older (a card in an x8 slot, a gen4 board under a gen5 card)."""
     if not hardware.gpus:
         return HOST_MEMCPY_BYTES_PER_SECOND
-    return gpu_spec_for(hardware)[0].pcie_bytes_per_second * PCIE_EFFICIENCY
+    datasheet = gpu_spec_for(hardware)[0].pcie_bytes_per_second
+    gpu = hardware.gpus[0]
+    measured = None
+    if gpu.pcie_generation is not None and gpu.pcie_width is not None:
+        measured = pcie_link_bytes_per_second(gpu.pcie_generation, gpu.pcie_width)
+    return (datasheet if measured is None else min(datasheet, measured)) * PCIE_EFFICIENCY
 
 
 def forward_flops(model: ModelSize, job: JobShape) -> float:
