@@ -2,8 +2,8 @@
 
 - `h100`: full width (hidden 3072: 24 heads of 128), 2 double and 4 single blocks, 512², FLUX's 512 text
   tokens, 4 steps: every tensor has a real FLUX.1 shape, small enough for a cold H100 call;
-- `cpu`: the plain CPU dry run: 4 heads (hidden 512), 1 double and 2 single blocks, 64², 2 steps;
-- `tiny`: the test's: 2 heads (hidden 256), 1 and 1 blocks, 64², 2 steps.
+- `cpu`: the plain CPU dry run: 2 heads (hidden 256), 1 double and 2 single blocks, 64², 2 steps;
+- `tiny`: the test's: 2 heads (hidden 256), 1 and 1 blocks, 32², 2 steps.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ class ProbeSize:
 
 SIZES: dict[str, ProbeSize] = {
     "h100": ProbeSize("h100", heads=24, double_blocks=2, single_blocks=4, resolution=512, text_tokens=512, steps=4, bandwidth_bytes=1 << 30),
-    "cpu": ProbeSize("cpu", heads=4, double_blocks=1, single_blocks=2, resolution=64, text_tokens=16, steps=2, bandwidth_bytes=64 << 20),
-    "tiny": ProbeSize("tiny", heads=2, double_blocks=1, single_blocks=1, resolution=64, text_tokens=16, steps=2, bandwidth_bytes=8 << 20),
+    "cpu": ProbeSize("cpu", heads=2, double_blocks=1, single_blocks=2, resolution=64, text_tokens=16, steps=2, bandwidth_bytes=64 << 20),
+    "tiny": ProbeSize("tiny", heads=2, double_blocks=1, single_blocks=1, resolution=32, text_tokens=16, steps=2, bandwidth_bytes=8 << 20),
 }
 
 

@@ -422,9 +422,9 @@ def test_an_8_gib_card_at_1024_and_the_default_deadline_is_refused_naming_steps_
     )
     assert code == EXIT_FAILED
     assert report["error"]["message"] == (
-        "steps: 1000 steps at ≈6.4 s/step with LoRA rank 16 with ZeRO-2, no offload, frozen blocks swapped in from "
-        "host RAM, with every phase (caching ≈3 min, training ≈106 min), take ≈1.8 h, beyond the job deadline of "
-        "0.9 h; use about 488 steps, or timeout_seconds 8220 (and an endpoint execution timeout above it), or a "
+        "steps: 1000 steps at ≈6.2 s/step with LoRA rank 16 with ZeRO-2, no offload, frozen blocks swapped in from "
+        "host RAM, with every phase (caching ≈4 min, training ≈104 min), take ≈1.8 h, beyond the job deadline of "
+        "0.9 h; use about 482 steps, or timeout_seconds 8220 (and an endpoint execution timeout above it), or a "
         "faster GPU"
     )
 
