@@ -232,16 +232,29 @@ def quantised_layers(size: ProbeSize, device: torch.device) -> list[dict[str, An
     return rows
 
 
+# DeepSpeed on the CPU accelerator loads (and first compiles) its shared-memory communication op when its process
+# group starts. Loaded here, outside the training processes' time limits: a process killed while compiling would
+# leave the extension cache's lock behind, and every later DeepSpeed start on the machine would wait on it.
+LOAD_CPU_COMMUNICATION_OP = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+
+
+def cpu_environment(env: dict[str, str]) -> dict[str, str]:
+    """The dry run's DeepSpeed settings: the CPU accelerator and the project's extension cache."""
+    env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed would otherwise look for CUDA
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "fluxbooth" / "torch_extensions"))
+    return env
+
+
 def training(size: ProbeSize, device: torch.device, out: Path) -> dict[str, Any]:
     """bench/gpu_probe_train.py once per allocator setting, each in its own process (CUDA reads the setting once)."""
     results: dict[str, Any] = {}
+    if device.type == "cpu":
+        subprocess.run([sys.executable, "-c", LOAD_CPU_COMMUNICATION_OP], env=cpu_environment(dict(os.environ)), capture_output=True, check=False)
     for position, (label, setting) in enumerate(ALLOCATOR_SETTINGS.items()):
         record = out / f"train-{label}.json"
         env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": setting, "PYTHONUNBUFFERED": "1"}
         if device.type == "cpu":
-            env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed would otherwise look for CUDA
-            # DeepSpeed's CPU communication op (shm) is compiled once into the project's extension cache.
-            env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "fluxbooth" / "torch_extensions"))
+            env = cpu_environment(env)
         command = [sys.executable, str(BENCH / "gpu_probe_train.py"), "--device", device.type, "--size", size.name, "--out", str(record)]
         if device.type == "cpu" and position > 0:
             command += ["--trainings", SECOND_SETTING_TRAININGS_ON_CPU]

@@ -50,8 +50,10 @@ class TrainingRun:
     losses: list[float] = field(default_factory=list)
     weights_checksum: float = 0.0
     seconds_per_step: float = 0.0
+    # Beyond what earlier runs of the process left allocated (DeepSpeed may keep references to an engine).
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
+    left_by_earlier_runs_bytes: int | None = None
     alloc_retries: int | None = None
     most_resident_blocks: int | None = None
     largest_block_bytes: int | None = None
@@ -186,9 +188,13 @@ def train_steps(run: TrainingRun, size: ProbeSize, device: torch.device, lag_cyc
     from fluxbooth.train.blockswap import release_swapped_blocks
     from fluxbooth.train.model import trainable_parameters
 
+    cuda = device.type == "cuda"
+    if cuda:
+        gc.collect()
+        torch.cuda.empty_cache()
+        run.left_by_earlier_runs_bytes = torch.cuda.memory_allocated()
     transformer, model, optimizer, swapper = prepare(run.training, run.variant.startswith("swapped"), size, device)
     hooks = add_lag(transformer, lag_cycles) if lag_cycles else []
-    cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -215,7 +221,7 @@ def train_steps(run: TrainingRun, size: ProbeSize, device: torch.device, lag_cyc
         run.most_resident_blocks = swapper.statistics.most_resident
         run.largest_block_bytes = swapper.largest_block_bytes()
     if cuda:
-        run.peak_allocated_bytes = torch.cuda.max_memory_allocated()
+        run.peak_allocated_bytes = torch.cuda.max_memory_allocated() - (run.left_by_earlier_runs_bytes or 0)
         run.peak_reserved_bytes = torch.cuda.max_memory_reserved()
         run.alloc_retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries_before
     for hook in hooks:
