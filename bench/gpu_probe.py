@@ -43,7 +43,6 @@ sys.path.insert(0, str(BENCH))
 from gpu_probe_sizes import SIZES, ProbeSize  # noqa: E402
 from gpu_probe_table import ALLOCATOR_SETTINGS, render_table  # noqa: E402
 
-MIB = 2**20
 QUANTISED = ("fp8", "nf4")
 # Each training process's share of the 8-minute call (two of them); on the CPU, of the dry run's 5 minutes (the
 # first process trains all three, the second one: SECOND_SETTING_TRAININGS_ON_CPU).
@@ -248,7 +247,9 @@ def cpu_environment(env: dict[str, str]) -> dict[str, str]:
 def training(size: ProbeSize, device: torch.device, out: Path) -> dict[str, Any]:
     """bench/gpu_probe_train.py once per allocator setting, each in its own process (CUDA reads the setting once)."""
     results: dict[str, Any] = {}
-    if device.type == "cpu":
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # this process's cached blocks are not the training processes' to compete with
+    else:
         subprocess.run([sys.executable, "-c", LOAD_CPU_COMMUNICATION_OP], env=cpu_environment(dict(os.environ)), capture_output=True, check=False)
     for position, (label, setting) in enumerate(ALLOCATOR_SETTINGS.items()):
         record = out / f"train-{label}.json"
