@@ -347,7 +347,7 @@ def test_at_the_workers_default_deadline_the_guides_basic_request_is_refused_wit
     assert code == EXIT_FAILED
     assert report["error"]["code"] == "does_not_fit"
     assert report["error"]["message"].endswith(
-        "beyond the job deadline of 0.9 h; use about 1056 steps, or timeout_seconds 7740 (and an endpoint "
+        "beyond the job deadline of 0.9 h; use about 1060 steps, or timeout_seconds 7620 (and an endpoint "
         "execution timeout above it), or a faster GPU"
     )
 
