@@ -144,6 +144,7 @@ def swapper_host_memory(size: ProbeSize, device: torch.device) -> dict[str, Any]
     pinned_before = host_pinned_bytes() or 0
     transformer = build_transformer(size, device, keep_on=torch.device("cpu"))
     result: dict[str, Any] = {"rss_model_built": rss_bytes()}
+    transformer.requires_grad_(False)  # a LoRA's frozen base: the swapper takes (and pins) every block tensor
     swapper = BlockSwapper(flux_blocks(transformer), device)
     gc.collect()
     result.update(stored_bytes=swapper.host_bytes(), largest_block_bytes=swapper.largest_block_bytes(), rss_swapper=rss_bytes())
