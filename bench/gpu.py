@@ -1,5 +1,5 @@
-"""GPU evidence: the worker's real path on a full-size synthetic FLUX.1-dev (calls 1-3) and FLUX.2 [klein] 4B
-(call 4), in calls of at most 9 minutes.
+"""GPU evidence: the worker's real path on a full-size synthetic FLUX.1-dev and FLUX.2 [klein] 4B, cut into
+independent calls of at most 9 minutes (a lent GPU machine starts cold, for 15 minutes in all).
 
 Each run writes a request JSON, records `python -m fluxbooth plan --json` for it, then runs
 `python -m fluxbooth train` on it while a thread samples NVML's used memory and the summed PSS of the
@@ -8,24 +8,24 @@ PyTorch allocator peaks. Smaller cards are emulated on the big one: FLUXBOOTH_GP
 the planner see the small card, FLUXBOOTH_CUDA_MEMORY_FRACTION caps PyTorch's allocator inside the
 trainer (it caps only PyTorch, so NVML's reading is recorded beside it).
 
-  call 1: setup (DeepSpeed's CUDA ops built and timed, flux1-dev built on the GPU), then a rank-16
-          LoRA at 1024² planned for 80 and 48 GiB cards, for every base precision the request accepts;
-  call 2: the same for 24 and 16 GiB cards;
-  call 3: LoRA with ZeRO-3 parameter offload on an 8 GiB card at 512²; a full fine-tune (ZeRO-2,
-          optimizer offloaded) on a reduced-depth model sized to the host RAM; the end-of-job phases
-          (validation render, export) under 24 and 16 GiB; the guide's debug variables off and on.
-  call 4: the other families: a full-size synthetic FLUX.2 [klein] 4B (Qwen3-4B text encoder) built on the
-          GPU, a rank-16 LoRA at 1024² planned for 24 and 16 GiB cards, and its end of job (validation with
-          the family's sampling, both LoRA formats) on 24 GiB. FLUX.2 [dev] (32 B transformer, 24 B text
-          encoder: 112 GB of bf16 weights) does not fit the lent machine's 64 GiB disk and is planned only
-          (bench/family_tiers.py).
+The runs (`--list`): a rank-16 LoRA at 1024² planned for 80, 48, 24 and 16 GiB cards, for every base
+precision the request accepts; LoRA with ZeRO-3 parameter offload on an 8 GiB card at 512²; a full fine-tune
+(ZeRO-2, optimizer offloaded) on a reduced-depth model sized to the host RAM; the end-of-job phases
+(validation render, export) under 24 and 16 GiB; the fixed-noise learning check off and on; a full-size
+synthetic FLUX.2 [klein] 4B, LoRA on 24 and 16 GiB and its end of job. `calls()` packs them in that order
+into calls whose setup (DeepSpeed's CUDA ops, the models, built on a cold machine: `SETUP_SECONDS`) and runs
+fit `CALL_BUDGET_SECONDS`; every call is independent of the others. A run that would not finish within what is
+left of its call is skipped and named under the table.
 
-A run that would not finish within the call's budget is skipped and noted in the work folder; the
-next call on the same (still warm) machine runs it first. Each call appends its table to bench/RESULTS.md (`--results`) and writes every log under `--out`
-($OUT on the device machine). `--dry-run` runs the same code on the CPU with the `scaled` preset, a
-few steps at 64², and two runs (the end-of-job LoRA on the reduced-depth model, and on tiny FLUX.2 [klein]).
+Each call writes four files under `--out` ($OUT on the device machine): `table.md` (its rows),
+`gpu-runs.jsonl` (every field of every run, its request and plan included), `setup.log` and `runs.log` (the
+worker's log of each run). Its rows are merged into bench/RESULTS.md by run and GPU (bench/gpu_results.py):
+`--results` on the device machine, `--merge $OUT/table.md` back here. `--dry-run` runs the same code on the CPU
+with the `scaled` preset, a few steps at 64², and two runs (the end-of-job LoRA on the reduced-depth model, and
+on tiny FLUX.2 [klein]).
 
-Usage: python bench/gpu.py --call 1|2|3 [--out DIR] [--work DIR] [--results FILE] [--only NAME,...]
+Usage: python bench/gpu.py --call N [--out DIR] [--work DIR] [--results FILE] [--only NAME,...]
+       python bench/gpu.py --list | --merge TABLE.md [--results FILE]
        python bench/gpu.py --dry-run --out DIR --results FILE
 """
 
@@ -47,6 +47,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fluxbooth.hardware import GIB, format_bytes  # noqa: E402
+from gpu_results import merge_into, table_rows  # noqa: E402
 from gpu_runner import Nvml, RunRecord, RunSpec, dataset_zip, predict, read_result, train  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,7 +55,12 @@ CARDS_GIB = (80, 48, 24, 16)
 FALLBACK_PRECISIONS = ("bf16", "fp8", "nf4")
 CALL_BUDGET_SECONDS = 510.0
 SAFETY_SECONDS = 15.0
-SECTION_TITLE = "### GPU: the worker on a full-size synthetic FLUX.1-dev (bench/gpu.py)"
+# The files a call writes under --out (the device tool brings back at most 8).
+TABLE, RECORDS, SETUP_LOG, RUNS_LOG = "table.md", "gpu-runs.jsonl", "setup.log", "runs.log"
+# How much of each run's worker log runs.log keeps (the end, where failures are).
+RUN_LOG_TAIL_CHARACTERS = 200_000
+# A cold machine's setup, per thing a call's runs need (estimates until a GPU call times them: setup.log).
+SETUP_SECONDS = {"ops": 120.0, "full": 120.0, "reduced": 60.0, "klein": 90.0}
 LORA = {"training_type": "lora", "lora_rank": 16}
 
 
@@ -120,60 +126,89 @@ def lora_runs(call: int, cards: tuple[int, ...], precisions: list[str], has_fiel
     ]
 
 
-def call_three(mode: Mode) -> list[RunSpec]:
+def flux1_other_runs(mode: Mode) -> list[RunSpec]:
     end_of_job = {
         **LORA, "resolution": mode.resolution, "validation_prompts": ["a photo of sks dog"],
         "output_formats": ["diffusers", "comfyui"],
     }
     return [
         RunSpec(
-            "lora-zero3-offload-8GiB-512", 3, f"LoRA r16 {mode.small_resolution}², ZeRO-3 parameter offload, 8 GiB",
+            "lora-zero3-offload-8GiB-512", 0, f"LoRA r16 {mode.small_resolution}², ZeRO-3 parameter offload, 8 GiB",
             {**LORA, "resolution": mode.small_resolution, "zero_stage": 3, "offload": "cpu"}, card_gib=8,
             estimate_seconds=150,
         ),
         RunSpec(
-            "full-zero2-offload-reduced", 3, "full fine-tune, ZeRO-2, optimizer offloaded, reduced depth",
+            "full-zero2-offload-reduced", 0, "full fine-tune, ZeRO-2, optimizer offloaded, reduced depth",
             {"training_type": "full", "resolution": mode.small_resolution, "zero_stage": 2, "offload": "cpu"},
             model="reduced", estimate_seconds=150,
         ),
-        RunSpec("end-of-job-24GiB", 3, "validation render + export, 24 GiB", end_of_job, card_gib=24, estimate_seconds=120),
-        RunSpec("end-of-job-16GiB", 3, "validation render + export, 16 GiB", end_of_job, card_gib=16, estimate_seconds=200),
-        RunSpec("debug-off", 3, f"LoRA r16 {mode.resolution}², 80 GiB, debug off", {**LORA, "resolution": mode.resolution}, card_gib=80),
+        RunSpec("end-of-job-24GiB", 0, "validation render + export, 24 GiB", end_of_job, card_gib=24, estimate_seconds=120),
+        RunSpec("end-of-job-16GiB", 0, "validation render + export, 16 GiB", end_of_job, card_gib=16, estimate_seconds=200),
+        RunSpec("learning-check-off", 0, f"LoRA r16 {mode.resolution}², 80 GiB", {**LORA, "resolution": mode.resolution}, card_gib=80),
         RunSpec(
-            "debug-on", 3, f"LoRA r16 {mode.resolution}², 80 GiB, debug on (CUDA_LAUNCH_BLOCKING, no allocator cache)",
-            {**LORA, "resolution": mode.resolution, "debug": True}, card_gib=80, estimate_seconds=200,
+            "learning-check-on", 0, f"LoRA r16 {mode.resolution}², 80 GiB, the fixed-noise learning check on (learning_check)",
+            {**LORA, "resolution": mode.resolution, "learning_check": True}, card_gib=80, estimate_seconds=150,
         ),
     ]
 
 
-def call_four(mode: Mode) -> list[RunSpec]:
+def klein_runs(mode: Mode) -> list[RunSpec]:
     """FLUX.2 [klein] 4B: LoRA on 24 and 16 GiB cards (the planner picks the base precision), then its end of job."""
     end_of_job = {
         **LORA, "resolution": mode.resolution, "validation_prompts": ["a photo of sks dog"], "output_formats": ["diffusers", "comfyui"],
     }
     return [
-        RunSpec(f"klein4b-lora-r16-{mode.resolution}-{card}GiB", 4, f"FLUX.2 [klein] 4B, LoRA r16 {mode.resolution}², plan for {card} GiB",
+        RunSpec(f"klein4b-lora-r16-{mode.resolution}-{card}GiB", 0, f"FLUX.2 [klein] 4B, LoRA r16 {mode.resolution}², plan for {card} GiB",
                 {**LORA, "resolution": mode.resolution}, card_gib=card, model=KLEIN, estimate_seconds=120)
         for card in (24, 16)
     ] + [
-        RunSpec("klein4b-end-of-job-24GiB", 4, "FLUX.2 [klein] 4B, validation render + export, 24 GiB", end_of_job, card_gib=24,
+        RunSpec("klein4b-end-of-job-24GiB", 0, "FLUX.2 [klein] 4B, validation render + export, 24 GiB", end_of_job, card_gib=24,
                 model=KLEIN, estimate_seconds=150),
     ]
 
 
 def sequence(mode: Mode) -> list[RunSpec]:
-    """Every run of the four calls, in order."""
+    """Every run, in order, each with the call that runs it (`pack`); the dry run's two runs as call 0."""
     precisions, has_field = request_precisions()
-    runs = lora_runs(1, CARDS_GIB[:2], precisions, has_field, mode)
-    runs += lora_runs(2, CARDS_GIB[2:], precisions, has_field, mode)
-    runs += call_three(mode)
-    runs += call_four(mode)
+    runs = lora_runs(0, CARDS_GIB, precisions, has_field, mode)
+    runs += flux1_other_runs(mode)
+    runs += klein_runs(mode)
     if mode.dry_run:
         # The same code path in runs that fit a CPU test: the end-of-job LoRA (training, validation render,
         # export) on the reduced-depth model (so its build is exercised too), and on tiny FLUX.2 [klein].
         ends = ("end-of-job-24GiB", "klein4b-end-of-job-24GiB")
-        runs = [replace(run, call=0, model="reduced" if run.model == "full" else run.model) for run in runs if run.name in ends]
-    return runs
+        return [replace(run, call=0, model="reduced" if run.model == "full" else run.model) for run in runs if run.name in ends]
+    return pack(runs)
+
+
+def setup_needs(run: RunSpec) -> set[str]:
+    """What a cold machine builds before `run`: DeepSpeed's CUDA ops and its model (the reduced-depth model
+    shares the full model's encoders, so it needs that one built too)."""
+    return {"ops", run.model, *(("full",) if run.model == "reduced" else ())}
+
+
+def call_seconds(runs: list[RunSpec]) -> float:
+    """A call's setup on a cold machine plus its runs' estimates."""
+    needs = set().union(*(setup_needs(run) for run in runs)) if runs else set()
+    return sum(SETUP_SECONDS[need] for need in needs) + sum(run.estimate_seconds for run in runs)
+
+
+def pack(runs: list[RunSpec]) -> list[RunSpec]:
+    """Number the calls: in order, each run joins the current call while the call's setup and runs still fit
+    CALL_BUDGET_SECONDS less SAFETY_SECONDS, else it opens the next call."""
+    packed: list[RunSpec] = []
+    current: list[RunSpec] = []
+    call = 1
+    for run in runs:
+        if current and call_seconds([*current, run]) > CALL_BUDGET_SECONDS - SAFETY_SECONDS:
+            call, current = call + 1, []
+        current.append(run)
+        packed.append(replace(run, call=call))
+    return packed
+
+
+def call_count(mode: Mode) -> int:
+    return max(run.call for run in sequence(mode))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -185,7 +220,8 @@ def timed(label: str, command: list[str], env: dict[str, str], log_dir: Path, ti
     started = time.monotonic()
     completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     seconds = round(time.monotonic() - started, 1)
-    (log_dir / f"setup-{label}.log").write_text(completed.stdout + "\n--- stderr ---\n" + completed.stderr)
+    with (log_dir / SETUP_LOG).open("a") as log:
+        log.write(f"=== {label}: {' '.join(command[:4])} ...\n{completed.stdout}\n--- stderr ---\n{completed.stderr}\n")
     print(f"setup {label}: exit {completed.returncode} in {seconds} s", flush=True)
     return {"step": label, "exit": completed.returncode, "seconds": seconds, "tail": completed.stderr.strip()[-300:]}
 
@@ -269,7 +305,7 @@ def run_one(spec: RunSpec, mode: Mode, models: dict[str, Path], work: Path, log_
 
     from fluxbooth.modelsize import model_size
 
-    folder = log_dir / spec.name
+    folder = work / "runs" / spec.name
     folder.mkdir(parents=True, exist_ok=True)
     model_dir = models[spec.model]
     request = {
@@ -296,6 +332,7 @@ def run_one(spec: RunSpec, mode: Mode, models: dict[str, Path], work: Path, log_
         record.notes.append(f"exported {format_bytes(exported)}")
     # The weights are not the measurement; a full fine-tune's would fill the disk over a call.
     shutil.rmtree(work / "outputs" / spec.name, ignore_errors=True)
+    keep_run_log(folder, log_dir, spec.name)
     if spec.model == "reduced" and record.transformer_params:
         parameters = record.transformer_params
         record.notes.append(
@@ -305,22 +342,35 @@ def run_one(spec: RunSpec, mode: Mode, models: dict[str, Path], work: Path, log_
     return record
 
 
+def keep_run_log(folder: Path, log_dir: Path, name: str) -> None:
+    """The run's request, plan and the end of its worker log, appended to --out's runs.log."""
+    parts = []
+    for file in ("request.json", "env.json", "plan.json", "plan.log", "worker.log", "result.json"):
+        path = folder / file
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            if file == "request.json":
+                text = json.dumps({key: value for key, value in json.loads(text).items() if key != "dataset"}, indent=1)
+            parts.append(f"--- {file} ---\n{text[-RUN_LOG_TAIL_CHARACTERS:]}")
+    with (log_dir / RUNS_LOG).open("a") as log:
+        log.write(f"=== run {name}\n" + "\n".join(parts) + "\n")
+
+
 # ----------------------------------------------------------------------------------------------
 # The table
 # ----------------------------------------------------------------------------------------------
 
 
-def machine(nvml: Nvml) -> str:
-    """GPU, driver, CUDA, torch and DeepSpeed, named in every row."""
+def machine(nvml: Nvml) -> tuple[str, str]:
+    """(the GPU, or "CPU", and the versions: driver, CUDA, torch, DeepSpeed), named in every row."""
     import deepspeed
     import torch
 
     described = nvml.describe()
     if not described:
-        return f"CPU only ({platform.machine()}, {os.cpu_count()} cores), torch {torch.__version__}, DeepSpeed {deepspeed.__version__}"
-    return (
-        f"{described['gpu']}, driver {described['driver']}, CUDA {torch.version.cuda}, torch {torch.__version__}, "
-        f"DeepSpeed {deepspeed.__version__}"
+        return "CPU", f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, DeepSpeed {deepspeed.__version__}"
+    return described["gpu"], (
+        f"driver {described['driver']}, CUDA {torch.version.cuda}, torch {torch.__version__}, DeepSpeed {deepspeed.__version__}"
     )
 
 
@@ -338,44 +388,40 @@ def plan_cell(plan: dict[str, Any]) -> str:
     return f"{plan.get('training_type')} {strategy} offload {plan.get('offload_optimizer')}/{plan.get('offload_param')}{base}"
 
 
-def row(record: RunRecord, where: str) -> str:
+def row(record: RunRecord, gpu: str, versions: str, recorded: str) -> str:
+    """One row of bench/RESULTS.md's gpu table (bench/gpu_results.COLUMNS)."""
     plan = record.plan
     phases = ", ".join(f"{name} {seconds:.0f}" for name, seconds in record.phase_seconds.items())
     predicted_step = plan.get("predicted_seconds_per_step")
     cells = [
-        record.name, where, record.card, record.base_precision, plan_cell(plan),
+        record.name, gpu, versions, recorded, record.card, record.base_precision, plan_cell(plan),
         gib(plan.get("predicted_gpu_bytes")), gib(record.gpu_allocated_peak), gib(record.gpu_reserved_peak),
         gib(record.nvml_used_peak), gib(plan.get("predicted_host_bytes")), gib(record.host_peak),
         "-" if predicted_step is None else f"{predicted_step:.2f}",
         "-" if record.seconds_per_step is None else f"{record.seconds_per_step:.2f}",
-        phases or "-", f"{record.exit_status} {record.outcome[:120]}".replace("|", "/"), "; ".join(record.notes) or "-",
+        phases or "-", f"{record.exit_status} {record.outcome[:120]}", "; ".join(record.notes) or "-",
     ]
-    return "| " + " | ".join(str(cell).replace("\n", " ") for cell in cells) + " |"
+    return "| " + " | ".join(str(cell).replace("\n", " ").replace("|", "/") for cell in cells) + " |"
 
 
-HEADER = (
-    "| run | machine | card | base | plan | GPU pred GiB | alloc peak | reserved peak | NVML used peak | "
-    "host pred GiB | host peak (PSS) | s/step pred | s/step | phases (s) | exit | notes |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-)
+def call_table(call: str, rows: list[str], setup_steps: list[dict[str, Any]], skipped: list[str]) -> str:
+    """table.md: what one call measured (its rows are what --merge takes)."""
+    from gpu_results import HEADER
 
-
-def section(call: str, where: str, records: list[RunRecord], setup_steps: list[dict[str, Any]], skipped: list[str]) -> str:
-    lines = [
-        "", f"{SECTION_TITLE}, call {call}", "",
-        f"Machine: {where}. Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. GPU pred/host pred: "
-        "`python -m fluxbooth plan --json`; alloc/reserved: the trainer's torch peaks; NVML: the device's used "
-        "memory sampled every 0.1 s (it includes the CUDA context, and is not capped by the emulated card); "
-        "host: summed PSS of the worker's process tree; s/step: median after the first step.", "",
-    ]
+    lines = [f"Call {call} of bench/gpu.py.", ""]
     if setup_steps:
-        lines.append("Setup: " + "; ".join(f"{step['step']} exit {step['exit']} in {step['seconds']} s" for step in setup_steps) + ".")
-        lines.append("")
-    lines.append(HEADER)
-    lines += [row(record, where) for record in records]
+        lines += ["Setup: " + "; ".join(f"{step['step']} exit {step['exit']} in {step['seconds']} s" for step in setup_steps) + ".", ""]
+    lines += [HEADER, *rows]
     if skipped:
-        lines += ["", "Not run in this call (its time budget was spent; the next call runs them first): " + ", ".join(skipped) + "."]
+        lines += ["", "Not run (the call's time budget was spent; run the call again): " + ", ".join(skipped) + "."]
     return "\n".join(lines) + "\n"
+
+
+def merge_results(results: Path, table: str, skipped: list[str]) -> None:
+    """Merge a call's rows into `results` (bench/RESULTS.md) by run and GPU."""
+    existing = results.read_text() if results.is_file() else ""
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(merge_into(existing, table_rows(table), skipped))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -386,28 +432,28 @@ def section(call: str, where: str, records: list[RunRecord], setup_steps: list[d
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--call", type=int, choices=(1, 2, 3, 4), help="which of the four GPU calls to run")
-    which.add_argument("--dry-run", action="store_true", help="the same code on the CPU: scaled preset, 64², one run")
+    which.add_argument("--call", type=int, help="which GPU call to run (see --list)")
+    which.add_argument("--dry-run", action="store_true", help="the same code on the CPU: scaled preset, 64², two runs")
+    which.add_argument("--list", action="store_true", help="print the runs of every call and exit")
+    which.add_argument("--merge", type=Path, help="merge a call's table.md (brought back from $OUT) into --results and exit")
     parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
                         help="where the logs go (default: $OUT)")
     parser.add_argument("--work", type=Path, default=REPO / ".fluxbooth" / "gpu-bench",
-                        help="models, jobs and caches (kept between calls while the machine stays warm)")
-    parser.add_argument("--results", type=Path, default=REPO / "bench" / "RESULTS.md", help="the markdown file the table is appended to")
+                        help="models, jobs and caches (reused while the machine stays warm)")
+    parser.add_argument("--results", type=Path, default=REPO / "bench" / "RESULTS.md", help="the markdown file the rows are merged into")
     parser.add_argument("--only", default=None, help="comma-separated run names (see --list)")
-    parser.add_argument("--list", action="store_true", help="print the runs of every call and exit")
     parser.add_argument("--budget-seconds", type=float, default=CALL_BUDGET_SECONDS,
                         help="runs that would not finish within this many seconds of the start are skipped")
     arguments = parser.parse_args(argv)
-    if arguments.out is None and not arguments.list:
+    if arguments.call is not None and not 1 <= arguments.call <= call_count(GPU_MODE):
+        parser.error(f"--call: choose 1 to {call_count(GPU_MODE)} (see --list)")
+    if arguments.out is None and (arguments.call is not None or arguments.dry_run):
         parser.error("--out is required when $OUT is not set")
     return arguments
 
 
-PENDING_FILE = "pending.json"
-
-
-def selected_runs(arguments: argparse.Namespace, mode: Mode, work: Path) -> list[RunSpec]:
-    """--only's runs; else the runs an earlier call on this machine skipped, then this call's."""
+def selected_runs(arguments: argparse.Namespace, mode: Mode) -> list[RunSpec]:
+    """--only's runs; else the call's (every run, in the dry run)."""
     runs = sequence(mode)
     if arguments.only:
         wanted = set(arguments.only.split(","))
@@ -415,14 +461,30 @@ def selected_runs(arguments: argparse.Namespace, mode: Mode, work: Path) -> list
         if unknown:
             raise SystemExit(f"--only: unknown run(s) {sorted(unknown)}; see --list")
         return [run for run in runs if run.name in wanted]
-    if mode.dry_run:
-        return runs
-    try:
-        pending = set(json.loads((work / PENDING_FILE).read_text()))
-    except (OSError, ValueError):
-        pending = set()
-    carried = [run for run in runs if run.name in pending and run.call != arguments.call]
-    return carried + [run for run in runs if run.call == arguments.call]
+    return runs if mode.dry_run else [run for run in runs if run.call == arguments.call]
+
+
+def measure_runs(
+    runs: list[RunSpec], mode: Mode, arguments: argparse.Namespace, started: float, machine_names: tuple[str, str]
+) -> tuple[list[str], list[str], list[dict[str, Any]]]:
+    """Set up, then every run that still fits the call's budget: (rows, skipped run names, setup steps)."""
+    work, log_dir = arguments.work.absolute(), arguments.out.absolute()
+    nvml = Nvml()
+    models, setup_steps = setup(mode, work, log_dir, os.environ.copy(), runs)
+    recorded = time.strftime("%Y-%m-%d", time.gmtime())
+    rows: list[str] = []
+    skipped: list[str] = []
+    for spec in runs:
+        remaining = arguments.budget_seconds - (time.monotonic() - started) - SAFETY_SECONDS
+        if remaining < spec.estimate_seconds:
+            skipped.append(spec.name)
+            continue
+        record = run_one(spec, mode, models, work, log_dir, nvml, remaining)
+        with (log_dir / RECORDS).open("a") as lines:
+            lines.write(json.dumps({"gpu": machine_names[0], "versions": machine_names[1], **record.to_dict()}) + "\n")
+        rows.append(row(record, *machine_names, recorded))
+        print(rows[-1], flush=True)
+    return rows, skipped, setup_steps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -431,37 +493,23 @@ def main(argv: list[str] | None = None) -> int:
     mode = DRY_MODE if arguments.dry_run else GPU_MODE
     if arguments.list:
         for run in sequence(mode):
-            print(f"call {run.call}: {run.name} — {run.purpose}")
+            print(f"call {run.call}: {run.name} — {run.purpose} (about {run.estimate_seconds:.0f} s)")
         return 0
-    work, log_dir = arguments.work.absolute(), arguments.out.absolute()
-    work.mkdir(parents=True, exist_ok=True)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(work / "torch_extensions"))
-    runs = selected_runs(arguments, mode, work)
-    nvml = Nvml()
-    where = machine(nvml)
-    print(f"{where}: {len(runs)} run(s)", flush=True)
-    models, setup_steps = setup(mode, work, log_dir, os.environ.copy(), runs)
-    records: list[RunRecord] = []
-    skipped: list[str] = []
-    for spec in runs:
-        remaining = arguments.budget_seconds - (time.monotonic() - started) - SAFETY_SECONDS
-        if remaining < spec.estimate_seconds:
-            skipped.append(spec.name)
-            continue
-        record = run_one(spec, mode, models, work, log_dir, nvml, remaining)
-        records.append(record)
-        with (log_dir / "gpu-runs.jsonl").open("a") as lines:
-            lines.write(json.dumps({"machine": where, **record.to_dict()}) + "\n")
-        print(row(record, where), flush=True)
-    (work / PENDING_FILE).write_text(json.dumps(skipped) + "\n")
-    text = section("dry run" if mode.dry_run else str(arguments.call), where, records, setup_steps, skipped)
-    arguments.results.parent.mkdir(parents=True, exist_ok=True)
-    with arguments.results.open("a") as results:
-        results.write(text)
-    (log_dir / "table.md").write_text(text)
-    print(text, flush=True)
-    return 0 if records and all(step["exit"] == 0 for step in setup_steps) else 1
+    if arguments.merge:
+        merge_results(arguments.results, arguments.merge.read_text(), [])
+        return 0
+    arguments.work.absolute().mkdir(parents=True, exist_ok=True)
+    arguments.out.absolute().mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(arguments.work.absolute() / "torch_extensions"))
+    runs = selected_runs(arguments, mode)
+    machine_names = machine(Nvml())
+    print(f"{machine_names[0]} ({machine_names[1]}): {len(runs)} run(s)", flush=True)
+    rows, skipped, setup_steps = measure_runs(runs, mode, arguments, started, machine_names)
+    table = call_table("dry run" if mode.dry_run else str(arguments.call), rows, setup_steps, skipped)
+    (arguments.out.absolute() / TABLE).write_text(table)
+    merge_results(arguments.results, table, skipped)
+    print(table, flush=True)
+    return 0 if rows and all(step["exit"] == 0 for step in setup_steps) else 1
 
 
 if __name__ == "__main__":

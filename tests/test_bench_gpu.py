@@ -36,25 +36,40 @@ def fake_nvidia_smi(directory: Path, rows: str) -> Path:
     return script
 
 
-def test_every_call_fits_the_device_tool_and_covers_the_issue(gpu: ModuleType) -> None:
-    runs = gpu.sequence(gpu.GPU_MODE)
-    by_call = {call: [run.name for run in runs if run.call == call] for call in (1, 2, 3)}
+def test_the_runs_cover_the_issue_in_order(gpu: ModuleType) -> None:
+    names = [run.name for run in gpu.sequence(gpu.GPU_MODE)]
     precisions, has_field = gpu.request_precisions()
     assert has_field and precisions == ["bf16", "fp8", "nf4"]
-    assert by_call[1] == [f"lora-r16-1024-{card}GiB-{p}" for card in (80, 48) for p in precisions]
-    assert by_call[2] == [f"lora-r16-1024-{card}GiB-{p}" for card in (24, 16) for p in precisions]
-    assert by_call[3] == [
+    lora = [f"lora-r16-1024-{card}GiB-{p}" for card in (80, 48, 24, 16) for p in precisions]
+    assert names == lora + [
         "lora-zero3-offload-8GiB-512", "full-zero2-offload-reduced", "end-of-job-24GiB", "end-of-job-16GiB",
-        "debug-off", "debug-on",
+        "learning-check-off", "learning-check-on",
+        "klein4b-lora-r16-1024-24GiB", "klein4b-lora-r16-1024-16GiB", "klein4b-end-of-job-24GiB",
     ]
+
+
+def test_every_call_with_its_cold_setup_fits_nine_minutes(gpu: ModuleType) -> None:
+    runs = gpu.sequence(gpu.GPU_MODE)
+    calls = sorted({run.call for run in runs})
+    assert calls == list(range(1, gpu.call_count(gpu.GPU_MODE) + 1))
+    for call in calls:
+        in_call = [run for run in runs if run.call == call]
+        assert gpu.call_seconds(in_call) <= gpu.CALL_BUDGET_SECONDS - gpu.SAFETY_SECONDS, call
     assert gpu.CALL_BUDGET_SECONDS <= 9 * 60 - 30
 
 
-def test_call_four_trains_flux2_klein_4b_on_24_and_16_gib_cards_and_ends_a_job_on_24(gpu: ModuleType) -> None:
-    runs = [run for run in gpu.sequence(gpu.GPU_MODE) if run.call == 4]
-    assert [(run.name, run.card_gib, run.model) for run in runs] == [
-        ("klein4b-lora-r16-1024-24GiB", 24, gpu.KLEIN), ("klein4b-lora-r16-1024-16GiB", 16, gpu.KLEIN),
-        ("klein4b-end-of-job-24GiB", 24, gpu.KLEIN),
+def test_a_call_counts_the_setup_of_what_its_runs_need_once(gpu: ModuleType) -> None:
+    runs = {run.name: run for run in gpu.sequence(gpu.GPU_MODE)}
+    klein = [runs["klein4b-lora-r16-1024-24GiB"], runs["klein4b-lora-r16-1024-16GiB"]]
+    assert gpu.call_seconds(klein) == gpu.SETUP_SECONDS["ops"] + gpu.SETUP_SECONDS["klein"] + 240
+    assert gpu.setup_needs(runs["full-zero2-offload-reduced"]) == {"ops", "reduced", "full"}
+    assert klein[0].call == klein[1].call
+
+
+def test_the_flux2_klein_4b_runs_train_on_24_and_16_gib_cards_and_end_a_job_on_24(gpu: ModuleType) -> None:
+    runs = [run for run in gpu.sequence(gpu.GPU_MODE) if run.model == gpu.KLEIN]
+    assert [(run.name, run.card_gib) for run in runs] == [
+        ("klein4b-lora-r16-1024-24GiB", 24), ("klein4b-lora-r16-1024-16GiB", 16), ("klein4b-end-of-job-24GiB", 24),
     ]
     assert gpu.GPU_MODE.klein_preset == "flux2-klein-4b"
     assert runs[-1].fields["output_formats"] == ["diffusers", "comfyui"] and runs[-1].fields["validation_prompts"]
@@ -65,7 +80,7 @@ def test_lora_runs_send_the_precision_through_the_request(gpu: ModuleType) -> No
     assert runs["lora-r16-1024-16GiB-nf4"].fields == {
         "training_type": "lora", "lora_rank": 16, "resolution": 1024, "base_precision": "nf4"
     }
-    assert runs["debug-on"].fields["debug"] is True and "debug" not in runs["debug-off"].fields
+    assert runs["learning-check-on"].fields["learning_check"] is True and "learning_check" not in runs["learning-check-off"].fields
 
 
 def test_a_precision_the_schema_lacks_goes_in_as_is_and_bf16_falls_back_to_the_default(gpu: ModuleType) -> None:
@@ -107,6 +122,34 @@ def test_probe_names_the_variable_when_its_value_is_not_a_size(tmp_path: Path) -
     script = fake_nvidia_smi(tmp_path / "bin", H100_ROW)
     with pytest.raises(ValueError, match="^FLUXBOOTH_GPU_MEMORY_BYTES: 'lots' is not a size"):
         probe_hardware(tmp_path, {"FLUXBOOTH_GPU_MEMORY_BYTES": "lots"}, nvidia_smi=str(script))
+
+
+def results_row(run: str, gpu: str, value: str) -> str:
+    from gpu_results import COLUMNS
+
+    return "| " + " | ".join([run, gpu, *[value] * (len(COLUMNS) - 2)]) + " |"
+
+
+def test_a_merged_row_replaces_the_same_run_on_the_same_gpu_and_keeps_the_others(gpu: ModuleType) -> None:
+    from gpu_results import merge_into, table_rows
+
+    first = merge_into("# results\n", [results_row("a", "NVIDIA H100 80GB HBM3", "1"), results_row("b", "NVIDIA H100 80GB HBM3", "1")])
+    second = merge_into(first + "\n## later section\n", [results_row("a", "NVIDIA H100 80GB HBM3", "2"), results_row("a", "NVIDIA H200", "3")])
+    rows = table_rows(second)
+    assert rows == [
+        results_row("a", "NVIDIA H100 80GB HBM3", "2"), results_row("b", "NVIDIA H100 80GB HBM3", "1"), results_row("a", "NVIDIA H200", "3"),
+    ]
+    assert second.startswith("# results\n") and second.rstrip().endswith("## later section")
+    assert second.count("<!-- gpu:begin -->") == 1
+
+
+def test_merging_into_the_note_of_a_section_keeps_its_place(gpu: ModuleType) -> None:
+    from gpu_results import merge_into, table_rows
+
+    text = "before\n<!-- gpu:begin -->\n### GPU\n\nNot measured yet.\n<!-- gpu:end -->\nafter\n"
+    merged = merge_into(text, [results_row("a", "CPU", "1")])
+    assert merged.startswith("before\n<!-- gpu:begin -->") and merged.endswith("<!-- gpu:end -->\nafter\n")
+    assert table_rows(merged) == [results_row("a", "CPU", "1")]
 
 
 def test_trainer_events_are_read_from_the_worker_log_and_the_raw_marker(gpu: ModuleType) -> None:
@@ -176,7 +219,7 @@ def test_dry_run_trains_the_flux2_klein_run_on_tiny_klein(dry_run: tuple[subproc
     klein = next(record for record in records if record["name"] == "klein4b-end-of-job-24GiB")
     assert (klein["exit_status"], klein["outcome"]) == (0, "ok")
     assert {"cache", "train", "export", "validate"} <= set(klein["phase_seconds"])
-    assert (out / "setup-build-tiny-flux2-klein.log").is_file()
+    assert "=== build-tiny-flux2-klein:" in (out / "setup.log").read_text()
 
 
 @pytest.mark.slow
@@ -184,15 +227,15 @@ def test_dry_run_appends_its_table_and_keeps_what_was_there(dry_run: tuple[subpr
     _, _, results = dry_run
     text = results.read_text()
     assert text.startswith("# earlier results\n")
-    assert "### GPU: the worker on a full-size synthetic FLUX.1-dev (bench/gpu.py), call dry run" in text
-    rows = [line for line in text.splitlines() if line.startswith("| end-of-job-24GiB | CPU only")]
+    assert "### GPU: the worker on a full-size synthetic FLUX.1-dev (bench/gpu.py)" in text
+    rows = [line for line in text.splitlines() if line.startswith("| end-of-job-24GiB | CPU |")]
     assert len(rows) == 1 and "DeepSpeed 0.19.8" in rows[0] and "| 0 ok |" in rows[0]
 
 
 @pytest.mark.slow
-def test_dry_run_keeps_every_log(dry_run: tuple[subprocess.CompletedProcess[str], Path, Path]) -> None:
+def test_dry_run_keeps_every_log_in_four_files(dry_run: tuple[subprocess.CompletedProcess[str], Path, Path]) -> None:
     _, out, _ = dry_run
-    run = out / "end-of-job-24GiB"
-    assert {"request.json", "plan.json", "worker.log", "result.json", "env.json"} <= {path.name for path in run.iterdir()}
-    assert "trainer event |" in (run / "worker.log").read_text()
-    assert (out / "setup-build-scaled.log").is_file() and (out / "table.md").is_file()
+    assert sorted(path.name for path in out.iterdir()) == ["gpu-runs.jsonl", "runs.log", "setup.log", "table.md"]
+    runs = (out / "runs.log").read_text()
+    assert "=== run end-of-job-24GiB" in runs and "--- plan.json ---" in runs and "trainer event |" in runs
+    assert "=== build-scaled:" in (out / "setup.log").read_text()

@@ -347,7 +347,7 @@ def test_at_the_workers_default_deadline_the_guides_basic_request_is_refused_wit
     assert code == EXIT_FAILED
     assert report["error"]["code"] == "does_not_fit"
     assert report["error"]["message"].endswith(
-        "beyond the job deadline of 55 min; use about 1056 steps, or timeout_seconds 7740 (and an endpoint "
+        "beyond the job deadline of 55 min; use about 1060 steps, or timeout_seconds 7620 (and an endpoint "
         "execution timeout above it), or a faster GPU"
     )
 
@@ -422,9 +422,9 @@ def test_an_8_gib_card_at_1024_and_the_default_deadline_is_refused_naming_steps_
     )
     assert code == EXIT_FAILED
     assert report["error"]["message"] == (
-        "steps: 1000 steps at ≈6.4 s/step with LoRA rank 16 with ZeRO-2, no offload, frozen blocks swapped in from "
-        "host RAM, with every phase (caching ≈3 min, training ≈106 min), take ≈1.8 h, beyond the job deadline of "
-        "55 min; use about 488 steps, or timeout_seconds 8220 (and an endpoint execution timeout above it), or a "
+        "steps: 1000 steps at ≈6.2 s/step with LoRA rank 16 with ZeRO-2, no offload, frozen blocks swapped in from "
+        "host RAM, with every phase (caching ≈4 min, training ≈104 min), take ≈1.8 h, beyond the job deadline of "
+        "55 min; use about 482 steps, or timeout_seconds 8220 (and an endpoint execution timeout above it), or a "
         "faster GPU"
     )
 

@@ -291,15 +291,24 @@ def test_the_plans_base_precision_reaches_the_trainer(tmp_path: Path) -> None:
     assert TrainerConfig.read(write_launch_files(tmp_path, plan, trainer).trainer_config).base_precision == "nf4"
 
 
-@pytest.mark.parametrize("debug", [False, True])
-def test_only_a_debug_request_measures_the_fixed_noise_loss(debug: bool, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("fields", "measured"), [({}, False), ({"learning_check": True}, True), ({"debug": True}, False)])
+def test_only_a_learning_check_request_measures_the_fixed_noise_loss(fields: dict[str, bool], measured: bool, tmp_path: Path) -> None:
     from fluxbooth.configs import trainer_config_for
     from fluxbooth.request import parse_request
 
     request = parse_request(
-        {"model_name": "m", "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==", "instance_prompt": "a photo of sks dog", "debug": debug}
+        {"model_name": "m", "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==", "instance_prompt": "a photo of sks dog", **fields}
     )
     trainer = trainer_config_for(
         request, GUIDE_DEFAULT_PLAN, base_model="/models/flux", instance_dir=tmp_path / "instance", class_dir=None, job_dir=tmp_path
     )
-    assert trainer.measure_fixed_noise_loss is debug
+    assert trainer.measure_fixed_noise_loss is measured
+
+
+def test_the_learning_check_leaves_the_allocator_alone(tmp_path: Path) -> None:
+    # job.py passes only the request's debug to child_environment: learning_check has no say in the environment.
+    import inspect
+
+    assert "learning_check" not in inspect.signature(child_environment).parameters
+    env = child_environment(GUIDE_DEFAULT_PLAN, {}, cpu_count=8, torch_extensions_dir=tmp_path)
+    assert "PYTORCH_NO_CUDA_MEMORY_CACHING" not in env and "CUDA_LAUNCH_BLOCKING" not in env

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from fluxbooth.hardware import (
     probe_gpus,
     probe_hardware,
     read_cgroup_memory,
+    visible_gpus,
 )
 
 MEMINFO = "MemTotal:       263921212 kB\nMemFree:        100000000 kB\nMemAvailable:   200000000 kB\n"
@@ -112,6 +114,85 @@ def test_probe_gpus_runs_nvidia_smi_and_honours_cuda_visible_devices(tmp_path: P
     gpus, note = probe_gpus({"PATH": path_with(script), "CUDA_VISIBLE_DEVICES": "1"})
     assert note is None
     assert [gpu.index for gpu in gpus] == [1]
+
+
+UUID_ROWS = (
+    "0, NVIDIA H100 80GB HBM3, 81559, 81004, 9.0, GPU-3f2a6c1e-0000-4000-8000-000000000000\n"
+    "1, NVIDIA H100 80GB HBM3, 81559, 70000, 9.0, GPU-9b7d5e4c-0000-4000-8000-000000000001\n"
+)
+MIG_LISTING = (
+    "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-3f2a6c1e-0000-4000-8000-000000000000)\n"
+    "  MIG 3g.40gb     Device  0: (UUID: MIG-aaaa1111-0000-4000-8000-000000000000)\n"
+    "  MIG 2g.20gb     Device  1: (UUID: MIG-bbbb2222-0000-4000-8000-000000000000)\n"
+    "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-9b7d5e4c-0000-4000-8000-000000000001)\n"
+)
+
+
+def make_fake_nvidia_smi_with_listing(directory: Path, rows: str, listing: str) -> Path:
+    """The driver's query rows, and its `-L` listing when asked for it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "rows.txt").write_text(rows)
+    (directory / "listing.txt").write_text(listing)
+    script = directory / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\nif [ \"$1\" = -L ]; then cat '{directory / 'listing.txt'}'; else cat '{directory / 'rows.txt'}'; fi\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script
+
+
+def test_cuda_visible_devices_may_name_gpus_by_uuid_or_its_unique_prefix(tmp_path: Path) -> None:
+    script = make_fake_nvidia_smi(tmp_path / "bin", UUID_ROWS)
+    gpus, note = probe_gpus({"PATH": path_with(script), "CUDA_VISIBLE_DEVICES": "GPU-9b7d5e4c-0000-4000-8000-000000000001"})
+    assert note is None and [(gpu.index, gpu.free_bytes) for gpu in gpus] == [(1, 70000 * MIB)]
+    gpus, _ = probe_gpus({"PATH": path_with(script), "CUDA_VISIBLE_DEVICES": "GPU-9b7d,GPU-3f2a"})
+    assert [gpu.index for gpu in gpus] == [1, 0]
+
+
+def test_a_mig_instance_is_planned_with_its_profiles_memory(tmp_path: Path) -> None:
+    script = make_fake_nvidia_smi_with_listing(tmp_path / "bin", UUID_ROWS, MIG_LISTING)
+    gpus, note = probe_gpus({"PATH": path_with(script), "CUDA_VISIBLE_DEVICES": "MIG-bbbb2222-0000-4000-8000-000000000000"})
+    assert note is None and len(gpus) == 1
+    assert (gpus[0].name, gpus[0].total_bytes, gpus[0].free_bytes) == ("NVIDIA H100 80GB HBM3 MIG 2g.20gb", 20 * 1000**3, 20 * 1000**3)
+    assert gpus[0].compute_capability == (9, 0)
+
+
+def test_visible_devices_stop_at_the_first_entry_cuda_cannot_use() -> None:
+    gpus = parse_nvidia_smi_csv(UUID_ROWS)
+    assert [gpu.index for gpu in visible_gpus(gpus, ["1", "GPU-ffff", "0"], "")] == [1]
+    assert visible_gpus(gpus, ["MIG-cccc"], MIG_LISTING) == []
+
+
+def test_the_pcie_link_is_read_through_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class FakeNvml:
+        """nvidia-ml-py's calls the probe makes, for a card in a gen4 x8 slot (no driver on this machine)."""
+
+        NVMLError = RuntimeError
+
+        @staticmethod
+        def nvmlInit() -> None: ...
+
+        @staticmethod
+        def nvmlDeviceGetHandleByIndex(index: int) -> int:
+            return index
+
+        @staticmethod
+        def nvmlDeviceGetMaxPcieLinkGeneration(handle: int) -> int:
+            return 4
+
+        @staticmethod
+        def nvmlDeviceGetMaxPcieLinkWidth(handle: int) -> int:
+            return 8
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml)
+    script = make_fake_nvidia_smi(tmp_path / "bin", UUID_ROWS)
+    gpus, _ = probe_gpus({"PATH": path_with(script)})
+    assert [(gpu.pcie_generation, gpu.pcie_width) for gpu in gpus] == [(4, 8), (4, 8)]
+
+
+def test_without_nvml_the_link_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails: nvidia-ml-py is not installed
+    script = make_fake_nvidia_smi(tmp_path / "bin", UUID_ROWS)
+    gpus, _ = probe_gpus({"PATH": path_with(script)})
+    assert {(gpu.pcie_generation, gpu.pcie_width) for gpu in gpus} == {(None, None)}
 
 
 def test_probe_gpus_without_nvidia_smi_says_why(tmp_path: Path) -> None:

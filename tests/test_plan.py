@@ -606,3 +606,49 @@ def test_every_row_of_the_gpu_table_is_found_by_its_own_name() -> None:
 @pytest.mark.parametrize("name", ["RTX 6000", "rtx4900", "Radeon 7900"])
 def test_a_name_of_no_known_card_matches_nothing(name: str) -> None:
     assert gpu_spec(name) is None
+
+
+@pytest.mark.parametrize(("name", "stream"), [
+    ("transformer_blocks.3.norm1.linear", "vector"), ("transformer_blocks.3.norm1_context.linear", "vector"),
+    ("single_transformer_blocks.0.norm.linear", "vector"), ("norm_out.linear", "vector"),
+    ("time_text_embed.guidance_embedder.linear_2", "vector"), ("double_stream_modulation_img.linear", "vector"),
+    ("transformer_blocks.3.attn.to_q", "image"), ("transformer_blocks.3.ff.net.2", "image"), ("x_embedder", "image"),
+    ("proj_out", "image"), ("transformer_blocks.3.attn.add_k_proj", "text"), ("transformer_blocks.3.attn.to_add_out", "text"),
+    ("transformer_blocks.3.ff_context.linear_in", "text"), ("context_embedder", "text"),
+    ("single_transformer_blocks.5.proj_mlp", "joint"), ("single_transformer_blocks.5.attn.to_qkv_mlp_proj", "joint"),
+])
+def test_each_linear_multiplies_the_tokens_of_its_stream(name: str, stream: str) -> None:
+    from fluxbooth.modelsize import linear_stream
+
+    assert linear_stream(name) == stream
+
+
+def test_flux1_dev_forward_flops_count_each_weight_on_its_own_tokens() -> None:
+    from fluxbooth.plan.timing import forward_flops
+
+    model = model_size(FLUX_DEV_NAME)
+    job = JobShape(resolution=(1024, 1024), max_sequence_length=512)
+    by_stream = {"vector": 0, "text": 0, "image": 0, "joint": 0}
+    from fluxbooth.modelsize import linear_stream
+
+    for layer in model.linear_layers:
+        by_stream[linear_stream(layer.name)] += layer.in_features * layer.out_features
+    image, text = 4096, 512
+    attention = 4 * (image + text) ** 2 * model.transformer.hidden_size * model.transformer.num_blocks
+    expected = 2 * (by_stream["vector"] + by_stream["text"] * text + by_stream["image"] * image + by_stream["joint"] * (image + text)) + attention
+    assert forward_flops(model, job) == expected
+    # 2·P·T for every parameter would count 1.67 times as much.
+    assert (2 * model.transformer_params * (image + text) + attention) / forward_flops(model, job) == pytest.approx(1.67, abs=0.01)
+
+
+def test_the_modulation_costs_the_same_at_any_resolution() -> None:
+    from fluxbooth.modelsize import linear_stream
+    from fluxbooth.plan.timing import forward_flops
+
+    model = model_size(FLUX_DEV_NAME)
+    small, large = JobShape(resolution=(512, 512)), JobShape(resolution=(1024, 1024))
+    image_weights = sum(layer.in_features * layer.out_features for layer in model.linear_layers if linear_stream(layer.name) in ("image", "joint"))
+    shape = model.transformer
+    attention = [4 * (tokens + 512) ** 2 * shape.hidden_size * shape.num_blocks for tokens in (1024, 4096)]
+    difference = forward_flops(model, large) - forward_flops(model, small)
+    assert difference == 2 * image_weights * (4096 - 1024) + attention[1] - attention[0]

@@ -343,3 +343,29 @@ def test_a_deepspeed_plan_keeps_its_optimizer_and_no_fused_pass(tmp_path: Path) 
 
     assert (trainer.fused_backward_pass, trainer.optimizer) == (False, "adamw")
     assert deepspeed_config(plan, trainer)["optimizer"]["type"] == "AdamW"
+
+
+def test_block_swap_runs_at_the_host_link_nvml_reports_not_at_x16() -> None:
+    from dataclasses import replace
+
+    from fluxbooth.plan.gpus import PCIE4_X16
+    from fluxbooth.plan.timing import PCIE_EFFICIENCY
+
+    datasheet = card(24, 62, "NVIDIA GeForce RTX 4090")
+    in_an_x8_slot = replace(datasheet, gpus=tuple(replace(gpu, pcie_generation=4, pcie_width=8) for gpu in datasheet.gpus))
+    assert host_link_bytes_per_second(datasheet) == PCIE4_X16 * PCIE_EFFICIENCY
+    assert host_link_bytes_per_second(in_an_x8_slot) == PCIE4_X16 / 2 * PCIE_EFFICIENCY
+    model, job = model_size(FLUX_DEV), JobShape(training_type="full")
+    slow = step_terms(FUSED_SWAP_STRATEGY, model, job, in_an_x8_slot, model.transformer_params, 2)["swapping"]
+    assert slow > step_terms(FUSED_SWAP_STRATEGY, model, job, datasheet, model.transformer_params, 2)["swapping"]
+
+
+def test_a_link_faster_than_the_datasheet_counts_as_the_datasheet() -> None:
+    from dataclasses import replace
+
+    from fluxbooth.plan.gpus import PCIE4_X16
+    from fluxbooth.plan.timing import PCIE_EFFICIENCY
+
+    datasheet = card(24, 62, "NVIDIA GeForce RTX 4090")
+    gen5 = replace(datasheet, gpus=tuple(replace(gpu, pcie_generation=5, pcie_width=16) for gpu in datasheet.gpus))
+    assert host_link_bytes_per_second(gen5) == PCIE4_X16 * PCIE_EFFICIENCY

@@ -123,9 +123,9 @@ def test_an_8_gib_card_at_1024_beyond_the_deadline_is_refused_naming_only_change
         choose_plan(lora(), card(8, "NVIDIA RTX A4000"), flux_dev, deadline_seconds=3300)
     assert caught.value.code is ErrorCode.DOES_NOT_FIT
     assert caught.value.message == (
-        "steps: 1000 steps at ≈6.4 s/step with LoRA rank 16 with ZeRO-2, no offload, frozen blocks swapped in from "
-        "host RAM, with every phase (training ≈106 min), take ≈1.8 h, beyond the job deadline of "
-        "55 min; use about 512 steps, or timeout_seconds 8040 (and an endpoint execution timeout above it), "
+        "steps: 1000 steps at ≈6.2 s/step with LoRA rank 16 with ZeRO-2, no offload, frozen blocks swapped in from "
+        "host RAM, with every phase (training ≈104 min), take ≈1.7 h, beyond the job deadline of "
+        "55 min; use about 522 steps, or timeout_seconds 7860 (and an endpoint execution timeout above it), "
         "or a faster GPU"
     )
 

@@ -668,3 +668,15 @@ def test_a_zero_stage_sent_as_a_float_is_refused_like_any_whole_number_field(dat
 @pytest.mark.parametrize("spelling", ["ada-factor", "Ada_Factor", "ADAFACTOR"])
 def test_an_optimizer_name_ignores_case_dashes_and_underscores(dataset_b64: str, spelling: str) -> None:
     assert parse_request(minimal(dataset_b64, optimizer=spelling)).optimizer == "adafactor"
+
+
+def test_the_learning_check_is_its_own_field_off_by_default(dataset_b64: str) -> None:
+    assert parse_request(minimal(dataset_b64)).learning_check is False
+    request = parse_request(minimal(dataset_b64, learning_check=True))
+    assert (request.learning_check, request.debug) == (True, False)
+
+
+def test_a_learning_check_that_is_not_a_boolean_names_the_field(dataset_b64: str) -> None:
+    with pytest.raises(FluxboothError) as raised:
+        parse_request(minimal(dataset_b64, learning_check="sometimes"))
+    assert raised.value.code == ErrorCode.INVALID_INPUT and "learning_check" in raised.value.message

@@ -152,7 +152,7 @@ def test_a_fused_checkpoint_is_not_resumed_by_a_run_without_the_fused_pass(
 # Learning: over-fitting one image, next to the ZeRO-2 AdamW run
 # --------------------------------------------------------------------------------------------------
 # The setup of tests/test_trainer_prior.py's over-fitting test (tiny model, one 64x64 image, seed 7, 40 steps,
-# lr 1e-3), fixed-noise loss before and after (`debug`). Measured on the shared 2-core CI machine:
+# lr 1e-3), fixed-noise loss before and after (`learning_check`). Measured on the shared 2-core CI machine:
 # ZeRO-2 + DeepSpeedCPUAdam 1.4195 -> 1.0117, fused Adafactor on bf16 weights 1.4195 -> 1.0119.
 
 

@@ -101,7 +101,7 @@ def test_a_job_resumed_from_the_checkpoint_ends_on_the_uninterrupted_jobs_weight
 def overfit_runs(
     tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, torch_extensions_dir: Path
 ) -> dict[bool, dict[str, Any]]:
-    """One photo, 40 steps at a high rate, the fixed-noise loss measured (`debug`): the fused pass and, with
+    """One photo, 40 steps at a high rate, the fixed-noise loss measured (`learning_check`): the fused pass and, with
     `fused_backward_pass: false`, the ZeRO-2 AdamW run the planner chooses on this CPU instead."""
     root = tmp_path_factory.mktemp("worker-overfit")
     settings = WorkerSettings.from_environ(
@@ -111,7 +111,7 @@ def overfit_runs(
     for fused in (True, False):
         request = fused_input(
             model_name=f"sks-overfit-{fused}", dataset=to_base64(make_dataset_zip(count=1, size=(64, 64))),
-            fused_backward_pass=fused, steps=40, learning_rate=1e-3, debug=True,
+            fused_backward_pass=fused, steps=40, learning_rate=1e-3, learning_check=True,
         )
         runs[fused] = asyncio.run(run_job(request, job_id=f"overfit-{fused}", settings=settings))
         assert "error" not in runs[fused], runs[fused]

@@ -336,7 +336,7 @@ def trainer_config_for(
         encoders_on_cpu=plan.cache_encoders_on_cpu,
         base_precision=plan.base_precision,
         block_swap=plan.block_swap,
-        measure_fixed_noise_loss=request.debug,
+        measure_fixed_noise_loss=request.learning_check,
         model_name=request.model_name,
         base_model_name=base_model_name,
         trigger_word=request.trigger_word,

@@ -23,7 +23,7 @@ MIB = 1024**2
 
 # cgroup v1 reports "no limit" as a page-aligned huge number; anything above this is no limit.
 _CGROUP_V1_UNLIMITED = 1 << 60
-_NVIDIA_SMI_QUERY = "index,name,memory.total,memory.free,compute_cap"
+_NVIDIA_SMI_QUERY = "index,name,memory.total,memory.free,compute_cap,uuid"
 _NVIDIA_SMI_TIMEOUT_SECONDS = 20
 
 
@@ -34,6 +34,10 @@ class GpuInfo:
     total_bytes: int
     free_bytes: int
     compute_capability: tuple[int, int] | None
+    uuid: str | None = None  # "GPU-..." (nvidia-smi); CUDA_VISIBLE_DEVICES may name it instead of the index
+    # The host link as NVML reports it (`pcie_link`): the block-swap time uses it instead of assuming x16.
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
 
     @property
     def bf16_supported(self) -> bool:
@@ -163,12 +167,66 @@ def format_bytes(count: int | float) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _visible_indices(environ: Mapping[str, str]) -> set[str] | None:
-    """CUDA_VISIBLE_DEVICES as a set of indices or UUIDs; None when every GPU is visible."""
+def _visible_devices(environ: Mapping[str, str]) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES as a list of indices or UUIDs (GPU-..., MIG-...), in order; None when every GPU
+    is visible. CUDA stops at the first entry it cannot use (-1 hides every GPU)."""
     raw = environ.get("CUDA_VISIBLE_DEVICES")
     if raw is None:
         return None
-    return {item.strip() for item in raw.split(",") if item.strip() and item.strip() != "-1"}
+    devices = []
+    for item in (item.strip() for item in raw.split(",")):
+        if not item or item == "-1":
+            break
+        devices.append(item)
+    return devices
+
+
+def _names_gpu(entry: str, gpu: GpuInfo) -> bool:
+    """Whether a CUDA_VISIBLE_DEVICES entry names `gpu`: its index, or its UUID (CUDA accepts a unique prefix)."""
+    if entry.isdigit():
+        return int(entry) == gpu.index
+    return gpu.uuid is not None and entry.startswith("GPU-") and gpu.uuid.startswith(entry)
+
+
+_MIG_LINE = re.compile(r"^\s+MIG\s+(?P<profile>\d+g\.(?P<gigabytes>\d+)gb)\s+Device\s+\d+:\s+\(UUID:\s*(?P<uuid>MIG-[^)\s]+)\)")
+_GPU_LINE = re.compile(r"^GPU\s+(?P<index>\d+):")
+
+
+def parse_mig_listing(text: str) -> dict[str, tuple[int, str, int]]:
+    """`nvidia-smi -L`'s MIG instances: UUID -> (parent GPU index, profile, the profile's memory in bytes)."""
+    instances: dict[str, tuple[int, str, int]] = {}
+    parent = None
+    for line in text.splitlines():
+        if gpu := _GPU_LINE.match(line):
+            parent = int(gpu.group("index"))
+        elif (mig := _MIG_LINE.match(line)) and parent is not None:
+            instances[mig.group("uuid")] = (parent, mig.group("profile"), int(mig.group("gigabytes")) * 1000**3)
+    return instances
+
+
+def _mig_gpu(entry: str, gpus: Sequence[GpuInfo], instances: Mapping[str, tuple[int, str, int]]) -> GpuInfo | None:
+    """A MIG instance as the GPU it is to CUDA: its profile's memory, its parent's name and capability."""
+    found = next((value for uuid, value in instances.items() if uuid.startswith(entry)), None)
+    if found is None:
+        return None
+    parent_index, profile, memory = found
+    parent = next((gpu for gpu in gpus if gpu.index == parent_index), None)
+    return GpuInfo(
+        index=parent_index, name=f"{parent.name if parent else 'GPU'} MIG {profile}", total_bytes=memory, free_bytes=memory,
+        compute_capability=parent.compute_capability if parent else None, uuid=entry,
+    )
+
+
+def visible_gpus(gpus: Sequence[GpuInfo], visible: Sequence[str], mig_listing: str) -> list[GpuInfo]:
+    """The GPUs CUDA_VISIBLE_DEVICES's entries name, in its order (indices, GPU-... or MIG-... UUIDs)."""
+    instances = parse_mig_listing(mig_listing) if any(entry.startswith("MIG-") for entry in visible) else {}
+    chosen: list[GpuInfo] = []
+    for entry in visible:
+        gpu = _mig_gpu(entry, gpus, instances) if entry.startswith("MIG-") else next((gpu for gpu in gpus if _names_gpu(entry, gpu)), None)
+        if gpu is None:
+            break  # as CUDA does: the devices after an entry it cannot use are not visible
+        chosen.append(gpu)
+    return chosen
 
 
 def parse_nvidia_smi_csv(text: str) -> list[GpuInfo]:
@@ -186,6 +244,7 @@ def parse_nvidia_smi_csv(text: str) -> list[GpuInfo]:
         if len(parts) >= 5 and re.fullmatch(r"\d+\.\d+", parts[4]):
             major, minor = parts[4].split(".")
             capability = (int(major), int(minor))
+        uuid = parts[5] if len(parts) >= 6 and parts[5].startswith("GPU-") else None
         try:
             gpus.append(
                 GpuInfo(
@@ -194,6 +253,7 @@ def parse_nvidia_smi_csv(text: str) -> list[GpuInfo]:
                     total_bytes=int(float(total) * MIB),
                     free_bytes=int(float(free) * MIB),
                     compute_capability=capability,
+                    uuid=uuid,
                 )
             )
         except ValueError:
@@ -222,10 +282,44 @@ def probe_gpus(environ: Mapping[str, str], nvidia_smi: str | None = None) -> tup
         first_line = (completed.stderr or completed.stdout).strip().splitlines()[:1]
         return [], f"nvidia-smi exited {completed.returncode}: {first_line[0][:200] if first_line else ''}"
     gpus = parse_nvidia_smi_csv(completed.stdout)
-    visible = _visible_indices(environ)
+    visible = _visible_devices(environ)
     if visible is not None:
-        gpus = [gpu for gpu in gpus if str(gpu.index) in visible]
-    return gpus, None
+        listing = _run_quietly([executable, "-L"], environ) if any(entry.startswith("MIG-") for entry in visible) else ""
+        gpus = visible_gpus(gpus, visible, listing)
+    return [with_pcie_link(gpu) for gpu in gpus], None
+
+
+def _run_quietly(command: list[str], environ: Mapping[str, str]) -> str:
+    """A command's stdout, or "" when it cannot run."""
+    try:
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=_NVIDIA_SMI_TIMEOUT_SECONDS, check=False, env=dict(environ))
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return completed.stdout if completed.returncode == 0 else ""
+
+
+def pcie_link(index: int) -> tuple[int, int] | None:
+    """(generation, lanes) of GPU `index`'s host link through NVML (nvidia-ml-py), or None without it. The link
+    the device and the system train to: an idle GPU drops its current link to a lower generation to save
+    power, so the current reading is only the fallback."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        try:
+            return int(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle)), int(pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle))
+        except pynvml.NVMLError:
+            return int(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle)), int(pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle))
+    except Exception:  # no driver, no such device, an SXM part without a PCIe reading: the datasheet decides
+        return None
+
+
+def with_pcie_link(gpu: GpuInfo) -> GpuInfo:
+    link = pcie_link(gpu.index)
+    return gpu if link is None else replace(gpu, pcie_generation=link[0], pcie_width=link[1])
 
 
 # ---------------------------------------------------------------------------------------------

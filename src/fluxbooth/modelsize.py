@@ -498,6 +498,26 @@ def model_size(base_model_path_or_name: str) -> ModelSize:
 QUANTISED_BLOCK_PREFIXES: tuple[str, ...] = ("transformer_blocks.", "single_transformer_blocks.")
 
 
+# Which tokens each Linear of FLUX.1 and FLUX.2 acts on (their module names): the modulation and the time,
+# guidance and pooled-text embedders act on one vector per sample; a double-stream block's weights act on
+# their own stream's tokens only (the `add_*`, `to_add_out` and `ff_context` weights on the prompt's, the rest
+# on the image's); a single-stream block's on the joined sequence.
+_VECTOR_LAYER_PREFIXES = ("time_text_embed.", "time_guidance_embed.", "norm_out.", "double_stream_modulation_", "single_stream_modulation")
+_VECTOR_LAYER_PARTS = (".norm1.linear", ".norm1_context.linear", ".norm.linear")
+_TEXT_LAYER_PARTS = (".attn.add_q_proj", ".attn.add_k_proj", ".attn.add_v_proj", ".attn.to_add_out", ".ff_context.")
+
+
+def linear_stream(module_name: str) -> str:
+    """"vector", "text", "image" or "joint": the tokens the Linear `module_name` multiplies (time model)."""
+    if module_name.startswith(_VECTOR_LAYER_PREFIXES) or any(part in module_name for part in _VECTOR_LAYER_PARTS):
+        return "vector"
+    if module_name == "context_embedder" or (module_name.startswith("transformer_blocks.") and any(part in module_name for part in _TEXT_LAYER_PARTS)):
+        return "text"
+    if module_name.startswith("single_transformer_blocks."):
+        return "joint"
+    return "image"
+
+
 def is_quantised_layer(module_name: str) -> bool:
     """Whether a quantised base stores this Linear quantised (its bias stays in the compute dtype)."""
     return module_name.startswith(QUANTISED_BLOCK_PREFIXES)

@@ -250,7 +250,12 @@ class TrainingRequest(BaseModel):
     validation_steps: int | None = Field(default=None, ge=1, le=100_000)
     output_formats: list[OutputFormat] | None = Field(default=None, min_length=1, max_length=3)
     timeout_seconds: int | None = Field(default=None, ge=60, le=MAX_TIMEOUT_SECONDS)
+    # The reference guide's debugging variables for the trainer (CUDA_LAUNCH_BLOCKING=1,
+    # PYTORCH_NO_CUDA_MEMORY_CACHING=1: every kernel waits, no allocator cache, so no memory peaks), nothing else.
     debug: bool = False
+    # The loss at fixed noise before and after training (a repeatable learning measure, in the result's metrics):
+    # extra forward passes, the allocator and the GPU left as they are.
+    learning_check: bool = False
     # Plan and quote only: nothing fetched, no trainer started (job.py answers with the plan report).
     dry_run: bool = False
     # fluxbooth.dataset.checks: its findings become warnings, or (strict) refuse the job.

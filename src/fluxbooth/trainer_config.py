@@ -92,7 +92,7 @@ class TrainerConfig:
     # checkpointing, and ZeRO-2 at most. DeepSpeed is not told: it never sees the swapped tensors.
     block_swap: bool = False
     # The loss at fixed noise before and after training (a repeatable learning measure): 24 extra forward
-    # passes, so only when asked (the request's `debug`).
+    # passes, so only when asked (the request's `learning_check`).
     measure_fixed_noise_loss: bool = False
     # The share of instance samples whose caption is replaced by the empty prompt (seeded per sample position).
     caption_dropout: float = 0.0

@@ -11,19 +11,20 @@ import math
 from dataclasses import replace
 
 from fluxbooth.hardware import Hardware
-from fluxbooth.modelsize import ModelSize, is_quantised_layer
+from fluxbooth.modelsize import ModelSize, is_quantised_layer, linear_stream
 from fluxbooth.plan.ema import ema_update_seconds
-from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec
-from fluxbooth.plan.memory import compute_dtype_bytes, frozen_block_bytes, sequence_tokens
+from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec, pcie_link_bytes_per_second
+from fluxbooth.plan.memory import compute_dtype_bytes, frozen_block_bytes, image_tokens, sequence_tokens
 from fluxbooth.plan.types import JobShape, Strategy
 from fluxbooth.report.history import MAX_SHOWN_ROUNDS
 from fluxbooth.report.sheets import MAX_SHEET_IMAGES
 
 # Sustained share of the datasheet's dense bf16 peak a FLUX step reaches (large matmuls, flash attention),
 # and share of the datasheet memory bandwidth the dequantising element-wise ops reach: fitted by
-# bench/fit_gpu_timing.py to published FLUX.1 LoRA step times (docs/published_timings.md).
-GPU_EFFICIENCY = 0.78
-DEQUANTISE_BANDWIDTH_EFFICIENCY = 0.36
+# bench/fit_gpu_timing.py to published FLUX.1 LoRA step times (docs/published_timings.md), with the FLOPs each
+# Linear really does (forward_flops: no 2*P*T for the modulation, each double-stream weight on its own stream).
+GPU_EFFICIENCY = 0.475
+DEQUANTISE_BANDWIDTH_EFFICIENCY = 0.32
 # Pinned host-to-GPU copies reach about 20 of PCIe gen4 x16's 32 GB/s per direction.
 PCIE_EFFICIENCY = 0.625
 # bf16 training on this CI machine's cores: 50-70 GFLOP/s per core in the least disturbed runs of
@@ -89,16 +90,29 @@ def sustained_flops(hardware: Hardware) -> float:
 
 
 def host_link_bytes_per_second(hardware: Hardware) -> float:
+    """The host link's sustained rate: the datasheet's x16 link, or the link NVML reports (hardware.pcie_link)
+    when it is narrower or older (a card in an x8 slot, a gen4 board under a gen5 card)."""
     if not hardware.gpus:
         return HOST_MEMCPY_BYTES_PER_SECOND
-    return gpu_spec_for(hardware)[0].pcie_bytes_per_second * PCIE_EFFICIENCY
+    datasheet = gpu_spec_for(hardware)[0].pcie_bytes_per_second
+    gpu = hardware.gpus[0]
+    measured = None
+    if gpu.pcie_generation is not None and gpu.pcie_width is not None:
+        measured = pcie_link_bytes_per_second(gpu.pcie_generation, gpu.pcie_width)
+    return (datasheet if measured is None else min(datasheet, measured)) * PCIE_EFFICIENCY
 
 
 def forward_flops(model: ModelSize, job: JobShape) -> float:
-    """One forward pass of one sample: 2*P*T for the weights, 4*T^2*D per block for attention."""
+    """One forward pass of one sample: 2 * in * out * tokens for each Linear, with the tokens it really
+    multiplies (modelsize.linear_stream: one vector for the modulation and the embedders, its own stream's tokens
+    for a double-stream weight, the joined sequence in a single-stream block), and 4*T^2*D per block for
+    attention over the joined sequence."""
     shape = model.transformer
+    image = image_tokens(job.resolution) * model.sequence_images
+    tokens_of = {"vector": 1, "text": job.max_sequence_length, "image": image, "joint": image + job.max_sequence_length}
+    weights = sum(2 * layer.in_features * layer.out_features * tokens_of[linear_stream(layer.name)] for layer in model.linear_layers)
     tokens = sequence_tokens(model, job)
-    return 2 * model.transformer_params * tokens + 4 * tokens * tokens * shape.hidden_size * shape.num_blocks
+    return weights + 4 * tokens * tokens * shape.hidden_size * shape.num_blocks
 
 
 def training_flops_per_sample(model: ModelSize, job: JobShape, training_type: str) -> float:
