@@ -5,13 +5,14 @@ endpoint sets a price per hour, the predicted cost. One owner for the CLI and th
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import Hardware, format_bytes
 from fluxbooth.modelsize import ModelSize
 from fluxbooth.plan import JobShape, as_job, check_job, choose_plan, evaluate_candidates, pick
-from fluxbooth.settings import WorkerSettings
+from fluxbooth.settings import TransferRates, WorkerSettings
 
 SECONDS_PER_HOUR = 3600
 COST_DECIMALS = 4  # a tiny job costs fractions of a cent
@@ -66,11 +67,16 @@ def plan_report(
     deadline_source: str,
     price_per_hour: float | None = None,
     gpu_name_given: str | None = None,
+    download_bytes: int = 0,
+    transfer_rates: TransferRates | None = None,
 ) -> dict[str, Any]:
     """Every strategy for `request` (a validated TrainingRequest) on `hardware`, and the chosen plan: the
     phases' peaks and times, the estimated run, the cost when `price_per_hour` is set. A job nothing fits, or
     one the deadline check refuses, has `plan` None and the `does_not_fit` error in `error`."""
-    job = as_job(request, instance_images)
+    # The base model's pending download and the upload are phases of the run like the others.
+    job = replace(
+        as_job(request, instance_images), download_bytes=download_bytes, transfer_rates=transfer_rates or TransferRates()
+    )
     check_job(job, model)
     candidates = evaluate_candidates(job, hardware, model)
     report: dict[str, Any] = {
@@ -105,7 +111,9 @@ def plan_report(
     return report
 
 
-def dry_run_answer(request: Any, settings: WorkerSettings, *, hardware: Hardware, model: ModelSize) -> dict[str, Any]:
+def dry_run_answer(
+    request: Any, settings: WorkerSettings, *, hardware: Hardware, model: ModelSize, download_bytes: int = 0
+) -> dict[str, Any]:
     """What a `dry_run` job answers: the report above for this worker, with the endpoint's price. The dataset's
     size is unknown before it is fetched, so the job is planned for the most images the worker accepts (as
     `plan` does by default). A job that nothing fits, or that the deadline check refuses, is refused as the
@@ -118,6 +126,8 @@ def dry_run_answer(request: Any, settings: WorkerSettings, *, hardware: Hardware
         deadline_seconds=request.timeout_seconds or settings.job_deadline_seconds,
         deadline_source="timeout_seconds" if request.timeout_seconds else "FLUXBOOTH_JOB_DEADLINE_SECONDS",
         price_per_hour=settings.price_per_hour,
+        download_bytes=download_bytes,
+        transfer_rates=settings.transfer_rates,
     )
     refusal = report.pop("error")
     if refusal is not None:
