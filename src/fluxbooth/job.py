@@ -455,11 +455,13 @@ async def _trainer_config(
 
 
 def _trainer_stop_time(job: PlannedJob) -> float:
-    """When the trainer stops at a step boundary (seconds since the epoch): early enough that the checkpoint,
-    the export, the report and the uploads the plan predicts, and the trainer's own teardown, fit before the
-    trainer is killed (`_trainer_deadline`)."""
+    """When the trainer stops at a step boundary (seconds since the epoch): early enough that the step in flight,
+    the checkpoint, the export, the report and the uploads the plan predicts, and the trainer's own teardown, fit
+    before the trainer is killed (`_trainer_deadline`)."""
     kill_in = job.deadline - (time.monotonic() - job.started) - _upload_reserve(job)
-    reserve = (job.plan.predicted_stop_reserve_seconds or 0.0) + TRAINER_TEARDOWN_SECONDS
+    # The stop is checked between steps: the step in flight when the stop time comes finishes first.
+    in_flight = job.plan.predicted_seconds_per_step or 0.0
+    reserve = (job.plan.predicted_stop_reserve_seconds or 0.0) + in_flight + TRAINER_TEARDOWN_SECONDS
     return time.time() + kill_in - reserve
 
 
