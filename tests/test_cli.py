@@ -133,7 +133,7 @@ def test_a_deadline_too_short_for_the_steps_is_refused(cli_env: dict[str, str]) 
 
 def test_a_local_model_on_a_cpu_only_machine_gets_the_guides_strategy(cli_env: dict[str, str], tiny_model_dir: Path) -> None:
     code, output = run_cli(
-        ["plan", "--base-model", str(tiny_model_dir), "--resolution", "64", *CPU_ONLY_MACHINE, "--json"], cli_env
+        ["plan", "--base-model", str(tiny_model_dir), "--resolution", "64", *CPU_ONLY_MACHINE, *LONGEST_DEADLINE, "--json"], cli_env
     )
     report = json.loads(output)
     assert code == EXIT_OK
@@ -320,7 +320,9 @@ def test_a_request_without_training_type_gets_a_lora_plan_on_every_runpod_tier(
     assert (plan["training_type"], plan["base_precision"], plan["offload_param"]) == ("lora", base, "none")
     assert (report["job"]["steps"], report["job"]["resolution"]) == (1000, [1024, 1024])
     assert report["warnings"] == []
-    assert list(plan["phases"]) == ["loading", "caching", "class_images", "training", "validation", "export", "report"]
+    assert list(plan["phases"]) == [
+        "download", "loading", "caching", "class_images", "training", "validation", "export", "report", "upload"
+    ]
     assert set(plan["phases"]["training"]) == {"gpu_bytes", "host_bytes", "seconds"}
 
 
@@ -347,7 +349,7 @@ def test_at_the_workers_default_deadline_the_guides_basic_request_is_refused_wit
     assert code == EXIT_FAILED
     assert report["error"]["code"] == "does_not_fit"
     assert report["error"]["message"].endswith(
-        "beyond the job deadline of 55 min; use about 1060 steps, or timeout_seconds 7620 (and an endpoint "
+        "beyond the job deadline of 9 min; use about 129 steps, or timeout_seconds 7620 (and an endpoint "
         "execution timeout above it), or a faster GPU"
     )
 
@@ -405,7 +407,7 @@ def test_an_8_gib_card_with_32_gib_host_plans_the_default_lora_at_512_streaming_
     # ZeRO-3's offloaded bf16 base needs ≈31.0 GiB + 10 % of host RAM, a block-swapped bf16 base ≈29.8 GiB + 10 %
     # (sized for the dataset cap): the fp8 base's blocks stream from host RAM instead.
     small_host = [*EIGHT_GIB_A4000[:-1], "32GiB"]
-    code, report = plan_json([*FLUX_DEV, *small_host, "--training-type", "lora", "--resolution", "512"], cli_env)
+    code, report = plan_json([*FLUX_DEV, *small_host, "--training-type", "lora", "--resolution", "512", *LONGEST_DEADLINE], cli_env)
     assert code == EXIT_OK
     chosen = report["chosen"]
     assert (chosen["base_precision"], chosen["zero_stage"], chosen["offload_param"], chosen["block_swap"]) == (
@@ -424,7 +426,7 @@ def test_an_8_gib_card_at_1024_and_the_default_deadline_is_refused_naming_steps_
     assert report["error"]["message"] == (
         "steps: 1000 steps at ≈6.2 s/step with LoRA rank 16 with ZeRO-2, no offload, frozen blocks swapped in from "
         "host RAM, with every phase (caching ≈4 min, training ≈104 min), take ≈1.8 h, beyond the job deadline of "
-        "55 min; use about 482 steps, or timeout_seconds 8220 (and an endpoint execution timeout above it), or a "
+        "9 min; use about 39 steps, or timeout_seconds 8220 (and an endpoint execution timeout above it), or a "
         "faster GPU"
     )
 
@@ -524,8 +526,10 @@ def test_the_default_request_on_an_rtx_4090_gets_the_answer_the_worker_gives(cli
     from fluxbooth.plan import choose_plan, model_size
     from fluxbooth.request import parse_request
 
-    code, report = plan_json(TIER_4090, cli_env)
-    settings = WorkerSettings.from_environ(cli_env)
+    # An endpoint set up for hour-long jobs: at the default 540 s the request is refused (the test above).
+    env = {**cli_env, "FLUXBOOTH_JOB_DEADLINE_SECONDS": "3300"}
+    code, report = plan_json(TIER_4090, env)
+    settings = WorkerSettings.from_environ(env)
     card = hypothetical_hardware(gpus=1, gpu_memory_bytes=24 * GIB, host_memory_bytes=62 * GIB, disk_bytes=200 * GIB,
                                  cpu_count=16, gpu_name="NVIDIA GeForce RTX 4090")
     # What job.py's planning step calls, with the worker's deadline and dataset cap.

@@ -197,3 +197,27 @@ def test_run_then_status_trains_and_posts_the_output_to_the_webhook(
     assert (status, reply["status"]) == (200, "COMPLETED"), reply
     assert "transformer/diffusion_pytorch_model.safetensors" in [artifact["name"] for artifact in reply["output"]["artifacts"]]
     assert received == [{"output": reply["output"]}]
+
+
+# --- the deadline: refused before anything is fetched ----------------------------------------------------
+
+
+def test_a_job_the_plan_says_will_overrun_is_refused_with_the_numbers_over_the_api(
+    worker_env: dict[str, str], api_env: dict[str, str], tmp_path: Path
+) -> None:
+    server = start_api_server({**worker_env, **api_env, "FLUXBOOTH_JOB_DEADLINE_SECONDS": "60"}, tmp_path)
+    api = next(server)
+    try:
+        # No dataset can be fetched: the URL's host does not resolve, so a job that got that far would say so.
+        job = {**job_input(steps=200), "dataset_url": "https://fluxbooth-nowhere.invalid/photos.zip"}
+        job.pop("dataset")
+        status, reply = api.post("/runsync", {"input": job})
+    finally:
+        server.close()
+    assert (status, reply["status"]) == (200, "FAILED"), reply
+    error = json.loads(reply["error"])
+    assert error["code"] == "does_not_fit"
+    assert error["message"].startswith("steps: 200 steps at ≈") and "beyond the job deadline of 1 min" in error["message"]
+    assert error["details"]["deadline_seconds"] == 60 and error["details"]["estimated_seconds"] > 60
+    assert f"about {error['details']['steps_that_fit']} steps" in error["message"]
+    assert f"timeout_seconds {error['details']['timeout_that_fits']}" in error["message"]

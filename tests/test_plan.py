@@ -363,8 +363,8 @@ def test_a_run_far_beyond_the_deadline_is_refused_with_the_affordable_steps() ->
 def test_a_run_close_to_the_deadline_is_warned() -> None:
     model = model_size(FLUX_DEV_NAME)
     hardware = gpu_machine(80, 320)
-    seconds = choose_plan(FakeRequest(steps=100), hardware, model).predicted_seconds_per_step
-    plan = choose_plan(FakeRequest(steps=100), hardware, model, deadline_seconds=seconds * 100 / 1.0)
+    total = choose_plan(FakeRequest(steps=100), hardware, model).predicted_total_seconds
+    plan = choose_plan(FakeRequest(steps=100), hardware, model, deadline_seconds=total / 0.9)
     assert any("close to the job deadline" in warning for warning in plan.warnings)
 
 

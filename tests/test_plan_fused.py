@@ -28,7 +28,7 @@ from fluxbooth.request import MAX_TIMEOUT_SECONDS, parse_request
 from fluxbooth.train.names import FUSED_ADAFACTOR_CLASS, FUSED_ADAFACTOR_LEARNING_RATE
 
 FLUX_DEV = "black-forest-labs/FLUX.1-dev"
-# The worker's default job deadline (FLUXBOOTH_JOB_DEADLINE_SECONDS: 55 min).
+# An endpoint set up for hour-long jobs (execution timeout 3600 s, FLUXBOOTH_JOB_DEADLINE_SECONDS 3300).
 WORKER_DEADLINE_SECONDS = 55 * 60
 
 
@@ -63,7 +63,8 @@ def run_plan_cli(arguments: list[str], tmp_path: Path) -> tuple[int, dict[str, A
         "FLUXBOOTH_VOLUME_DIR": str(tmp_path / "no-volume"), "HF_HUB_OFFLINE": "1",
     }
     out = io.StringIO()
-    code = main(["plan", *arguments, "--json"], environ, out)
+    deadline = [] if "--deadline" in arguments else ["--deadline", str(WORKER_DEADLINE_SECONDS)]
+    code = main(["plan", *arguments, *deadline, "--json"], environ, out)
     return code, json.loads(out.getvalue())
 
 

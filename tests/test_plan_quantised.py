@@ -125,7 +125,7 @@ def test_an_8_gib_card_at_1024_beyond_the_deadline_is_refused_naming_only_change
     assert caught.value.message == (
         "steps: 1000 steps at ≈6.2 s/step with LoRA rank 16 with ZeRO-2, no offload, frozen blocks swapped in from "
         "host RAM, with every phase (training ≈104 min), take ≈1.7 h, beyond the job deadline of "
-        "55 min; use about 522 steps, or timeout_seconds 7860 (and an endpoint execution timeout above it), "
+        "55 min; use about 521 steps, or timeout_seconds 7860 (and an endpoint execution timeout above it), "
         "or a faster GPU"
     )
 
@@ -205,8 +205,13 @@ def test_an_unknown_gpu_is_planned_with_a_warning(flux_dev: ModelSize) -> None:
 def test_the_plan_carries_memory_and_time_for_every_phase(flux_dev: ModelSize) -> None:
     plan = choose_plan(lora(with_prior_preservation=True, num_class_images=10, validation_prompts=2), card(24, RTX_4090), flux_dev)
     phases = plan.to_dict()["phases"]
-    assert list(phases) == ["loading", "caching", "class_images", "training", "validation", "export", "report"]
-    assert all(phase["seconds"] > 0 and phase["host_bytes"] > 0 for phase in phases.values())
+    assert list(phases) == [
+        "download", "loading", "caching", "class_images", "training", "validation", "export", "report", "upload"
+    ]
+    trainer_phases = {name: phase for name, phase in phases.items() if name not in ("download", "upload")}
+    assert all(phase["seconds"] > 0 and phase["host_bytes"] > 0 for phase in trainer_phases.values())
+    # A cached base model has nothing to download; the adapter is uploaded.
+    assert (phases["download"]["seconds"], phases["upload"]["seconds"] > 0) == (0, True)
     assert max(phase["gpu_bytes"] for phase in phases.values()) == plan.predicted_gpu_bytes
     assert plan.predicted_total_seconds == pytest.approx(sum(phase["seconds"] for phase in phases.values()), abs=1)
 

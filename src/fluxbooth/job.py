@@ -46,7 +46,7 @@ from fluxbooth.model_source import ResolvedModel, download_base_model, ensure_ro
 from fluxbooth.modelsize import ModelSize
 from fluxbooth.plan import Plan, choose_plan, model_size
 from fluxbooth.redaction import Redactor
-from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
+from fluxbooth.settings import TINY_MODEL_NAME, TransferRates, WorkerSettings
 from fluxbooth.train.layout import checkpoint_root
 from fluxbooth.trainer_config import TrainerConfig
 
@@ -58,6 +58,9 @@ if TYPE_CHECKING:
 ProgressSink = Callable[[dict[str, Any]], None]
 Result = TypeVar("Result")
 PROGRESS_MIN_INTERVAL_SECONDS = 2.0
+# After a run stopped by its deadline, the trainer's own tail outside the plan's phases: the checkpoint's and the
+# export's fixed costs, accelerate's and DeepSpeed's teardown, the launcher's exit.
+TRAINER_TEARDOWN_SECONDS = 30.0
 TINY_BUILD_TIMEOUT_SECONDS = 600
 
 logger = logging.getLogger(__name__)
@@ -274,7 +277,7 @@ def _checkpoint_root(trainer: TrainerConfig) -> Path:
 def _checkpoint_uploader(
     trainer: TrainerConfig, settings: WorkerSettings, model_name: str, job_dir: Path
 ) -> CheckpointUploader | None:
-    if not trainer.checkpointing_steps:
+    if not trainer.checkpointing_steps and trainer.stop_at_unix_seconds is None:
         return None
     from fluxbooth.checkpoints import CheckpointUploader
     from fluxbooth.storage import open_checkpoint_store
@@ -298,6 +301,32 @@ def _with_resume_hint(failure: FluxboothError, uploader: CheckpointUploader | No
     )
 
 
+def _stopped_for_deadline(
+    job: PlannedJob, metrics: dict[str, Any], stored: list[dict[str, Any]], uploader: CheckpointUploader | None
+) -> FluxboothError:
+    """`timeout` for a run the trainer stopped at its stop time: the weights trained so far are stored, and so is
+    the checkpoint a resubmitted job continues from. The worker is fine: no refresh."""
+    reached, total = int(metrics.get("steps_done", 0)), job.request.steps
+    checkpoints = uploader.uploaded if uploader is not None else []
+    kept = f"the weights trained so far ({len(stored)} artifacts) are stored"
+    if checkpoints:
+        how = (f"and so is the checkpoint {checkpoints[-1]}; resubmit the same request with \"resume_from\": \"latest\" to "
+               f"train the remaining {total - reached} steps")
+    else:
+        how = "but its checkpoint could not be stored (see warnings), so a resubmitted job starts over"
+    return FluxboothError(
+        ErrorCode.TIMEOUT,
+        f"the job deadline of {job.deadline:.0f} s came at step {reached}/{total}: {kept}, {how}, or raise "
+        "timeout_seconds (and the endpoint's execution timeout)",
+        refresh_worker=False,
+        details={
+            "step": reached, "steps": total, "artifacts": stored, "checkpoints": checkpoints,
+            "latest_checkpoint": checkpoints[-1] if checkpoints else None,
+            "resume_from": "latest" if checkpoints else None, "warnings": job.warnings,
+        },
+    )
+
+
 @dataclass
 class PlannedJob:
     """What the plan stage decided, before any dataset byte is fetched; the later stages read it."""
@@ -312,6 +341,7 @@ class PlannedJob:
     resume_checkpoint: StoredCheckpoint | None
     warnings: list[str]
     seconds: dict[str, float] = field(default_factory=dict)
+    transfer_rates: TransferRates = field(default_factory=TransferRates)
 
 
 async def _plan_job(
@@ -344,7 +374,8 @@ async def _plan_job(
     # Before the dataset is fetched its size is unknown: planned for the fewest images a dataset may hold, so
     # only a job that no dataset could make fit is refused here. _replan_for_dataset sizes it for the real one.
     plan = await _in_thread(functools.partial(
-        choose_plan, request, hardware, size, deadline_seconds=deadline, instance_images=settings.dataset_limits.min_images
+        choose_plan, request, hardware, size, deadline_seconds=deadline, instance_images=settings.dataset_limits.min_images,
+        download_bytes=_pending_download_bytes(model), transfer_rates=settings.transfer_rates,
     ))
     ensure_room_to_download(model, plan.predicted_disk_bytes, settings.work_root)
     warnings.extend(plan.warnings)
@@ -355,9 +386,14 @@ async def _plan_job(
         for stale in await _in_thread(remove_stale_swap_dirs, Path(plan.nvme_path), is_live):
             logger.warning("job %s: removed a stale DeepSpeed swap folder %s", job_id, stale)
     planned = PlannedJob(request, model, size, hardware, _with_job_swap_dir(plan, job_dir), deadline, started,
-                         resume_checkpoint, warnings)
+                         resume_checkpoint, warnings, transfer_rates=settings.transfer_rates)
     planned.seconds["plan"] = _elapsed(started)
     return planned
+
+
+def _pending_download_bytes(model: ResolvedModel) -> int:
+    """Bytes of the base model still to download before training (its resolved file list); 0 when cached."""
+    return model.pending.bytes_total if model.pending is not None else 0
 
 
 def quote_job(request: TrainingRequest, settings: WorkerSettings, job_dir: Path) -> dict[str, Any]:
@@ -373,6 +409,7 @@ def quote_job(request: TrainingRequest, settings: WorkerSettings, job_dir: Path)
     return dry_run_answer(
         request, settings, hardware=probe_hardware(job_dir, settings.environ), model=model_size(str(model.folder)),
         dataset=dataset,
+        download_bytes=_pending_download_bytes(model),
     )
 
 
@@ -390,8 +427,10 @@ def _replan_for_dataset(job: PlannedJob, dataset: PreparedDataset, job_dir: Path
     left = job.deadline - (time.monotonic() - job.started)
     plan = choose_plan(
         job.request, job.hardware, job.size, deadline_seconds=left, instance_images=dataset.instance_images,
-        bucket_mix=dataset.bucket_mix,
+        bucket_mix=dataset.bucket_mix, download_bytes=_pending_download_bytes(job.model), transfer_rates=job.transfer_rates,
     )
+    # The first plan's warnings stand for the guesses it made; this one's say what will run.
+    job.warnings = [warning for warning in job.warnings if warning not in job.plan.warnings]
     job.warnings.extend(warning for warning in plan.warnings if warning not in job.warnings)
     job.plan = _with_job_swap_dir(plan, job_dir)
 
@@ -414,14 +453,32 @@ async def _trainer_config(
 
         reporter.stage("resume", checkpoint=job.resume_checkpoint.uri)
         resume_folder = str(await _in_thread(download_checkpoint, job.resume_checkpoint, _checkpoint_root(trainer)))
-    # The trainer only ever sees a local folder: the request's URI or `latest` is resolved above.
-    return dataclasses.replace(trainer, resume_from=resume_folder)
+    # The trainer only ever sees a local folder: the request's URI or `latest` is resolved above. It checkpoints
+    # as the plan says (the request's checkpointing_steps, or the planner's for a run near its deadline).
+    return dataclasses.replace(
+        trainer, resume_from=resume_folder, checkpointing_steps=job.plan.checkpointing_steps,
+        stop_at_unix_seconds=_trainer_stop_time(job),
+    )
+
+
+def _trainer_stop_time(job: PlannedJob) -> float:
+    """When the trainer stops at a step boundary (seconds since the epoch): early enough that the step in flight,
+    the checkpoint, the export, the report and the uploads the plan predicts, and the trainer's own teardown, fit
+    before the trainer is killed (`_trainer_deadline`)."""
+    kill_in = job.deadline - (time.monotonic() - job.started) - _upload_reserve(job)
+    # The stop is checked between steps: the step in flight when the stop time comes finishes first.
+    in_flight = job.plan.predicted_seconds_per_step or 0.0
+    reserve = (job.plan.predicted_stop_reserve_seconds or 0.0) + in_flight + TRAINER_TEARDOWN_SECONDS
+    return time.time() + kill_in - reserve
+
+
+def _upload_reserve(job: PlannedJob) -> float:
+    return min(300.0, 0.1 * job.deadline)
 
 
 def _trainer_deadline(job: PlannedJob) -> float:
     """What is left of the deadline for the trainer, keeping time to verify and upload afterwards."""
-    upload_reserve = min(300.0, 0.1 * job.deadline)
-    trainer_deadline = job.deadline - (time.monotonic() - job.started) - upload_reserve
+    trainer_deadline = job.deadline - (time.monotonic() - job.started) - _upload_reserve(job)
     if trainer_deadline <= 0:
         raise FluxboothError(
             ErrorCode.TIMEOUT,
@@ -545,6 +602,8 @@ async def _run(
         job.warnings.append(disk_warning)
 
     trainer_metrics = dict(outcome.done.metrics)
+    if trainer_metrics.get("stopped_for_deadline"):
+        raise _stopped_for_deadline(job, trainer_metrics, stored, uploader)
     trainer_warnings = [event.message for event in outcome.events if isinstance(event, WarningEvent)]
     return {
         "model_name": job.request.model_name,

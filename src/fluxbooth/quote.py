@@ -5,13 +5,14 @@ endpoint sets a price per hour, the predicted cost. One owner for the CLI and th
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import Hardware, format_bytes
 from fluxbooth.modelsize import ModelSize
 from fluxbooth.plan import JobShape, as_job, check_job, choose_plan, evaluate_candidates, pick
-from fluxbooth.settings import WorkerSettings
+from fluxbooth.settings import TransferRates, WorkerSettings
 
 if TYPE_CHECKING:
     from fluxbooth.dataset.remote_count import DatasetCount
@@ -70,13 +71,18 @@ def plan_report(
     deadline_source: str,
     price_per_hour: float | None = None,
     gpu_name_given: str | None = None,
+    download_bytes: int = 0,
+    transfer_rates: TransferRates | None = None,
 ) -> dict[str, Any]:
     """Every strategy for `request` (a validated TrainingRequest) on `hardware`, and the chosen plan: the
     phases' peaks and times, the estimated run, the cost when `price_per_hour` is set. A job nothing fits, or
     one the deadline check refuses, has `plan` None and the `does_not_fit` error in `error`. The report names the
     image count it planned for and where it came from (`instance_images_source`: the dataset's zip, its URL,
     the worker's cap, or the `--instance-images` flag)."""
-    job = as_job(request, instance_images)
+    # The base model's pending download and the upload are phases of the run like the others.
+    job = replace(
+        as_job(request, instance_images), download_bytes=download_bytes, transfer_rates=transfer_rates or TransferRates()
+    )
     check_job(job, model)
     candidates = evaluate_candidates(job, hardware, model)
     report: dict[str, Any] = {
@@ -114,12 +120,14 @@ def plan_report(
 
 
 def dry_run_answer(
-    request: Any, settings: WorkerSettings, *, hardware: Hardware, model: ModelSize, dataset: DatasetCount
+    request: Any, settings: WorkerSettings, *, hardware: Hardware, model: ModelSize, dataset: DatasetCount,
+    download_bytes: int = 0,
 ) -> dict[str, Any]:
     """What a `dry_run` job answers: the report above for this worker, with the endpoint's price, planned for
     the images of the dataset sent (`dataset`, remote_count.count_dataset: counted from the zip's directory, or
-    the worker's cap when it could not be, `instance_images_note` saying why). A job that nothing fits, or that the
-    deadline check refuses, is refused as the real job would be (`does_not_fit`), the report in its details."""
+    the worker's cap when it could not be, `instance_images_note` saying why) and the base model's pending
+    download. A job that nothing fits, or that the deadline check refuses, is refused as the real job would be
+    (`does_not_fit`), the report in its details."""
     report = plan_report(
         request,
         hardware=hardware,
@@ -129,6 +137,8 @@ def dry_run_answer(
         deadline_seconds=request.timeout_seconds or settings.job_deadline_seconds,
         deadline_source="timeout_seconds" if request.timeout_seconds else "FLUXBOOTH_JOB_DEADLINE_SECONDS",
         price_per_hour=settings.price_per_hour,
+        download_bytes=download_bytes,
+        transfer_rates=settings.transfer_rates,
     )
     report["instance_images_note"] = dataset.note
     refusal = report.pop("error")

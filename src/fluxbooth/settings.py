@@ -13,6 +13,17 @@ from urllib.parse import urlsplit
 
 TINY_MODEL_NAME = "fluxbooth/tiny-flux"
 DEFAULT_BASE_MODEL = "black-forest-labs/FLUX.1-dev"
+# RunPod ends a job at its endpoint's execution timeout, 600 s unless the endpoint sets another, with no result.
+# The worker's own deadline stays a minute under it, so its `timeout` result (with the work kept) gets out first.
+# One rule for the image and the Hub (.runpod/hub.json): raise both together for longer jobs.
+RUNPOD_DEFAULT_EXECUTION_TIMEOUT_SECONDS = 600
+DEADLINE_BELOW_EXECUTION_TIMEOUT_SECONDS = 60
+DEFAULT_JOB_DEADLINE_SECONDS = RUNPOD_DEFAULT_EXECUTION_TIMEOUT_SECONDS - DEADLINE_BELOW_EXECUTION_TIMEOUT_SECONDS
+# The base model's download (Hugging Face to the worker) and the artifacts' upload (the worker to the bucket), for
+# the plan's `download` and `upload` phases: stated guesses, not measured (no RunPod worker here); set
+# FLUXBOOTH_DOWNLOAD_BYTES_PER_SECOND / FLUXBOOTH_UPLOAD_BYTES_PER_SECOND to what a worker really gets.
+DEFAULT_DOWNLOAD_BYTES_PER_SECOND = 100e6
+DEFAULT_UPLOAD_BYTES_PER_SECOND = 50e6
 
 # Environment variables whose values must never reach a log, a result or a command line.
 SECRET_ENV_NAMES = (
@@ -82,6 +93,39 @@ def _price(environ: Mapping[str, str], name: str) -> float | None:
     if not 0 < value < float("inf"):
         raise ValueError(f"environment variable {name}={raw!r} must be a price above 0, like 0.69")
     return value
+
+
+def _bytes_per_second(environ: Mapping[str, str], name: str, default: float) -> float:
+    """A transfer rate in bytes per second, like "100e6", above 0."""
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as error:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number") from error
+    if not 0 < value < float("inf"):
+        raise ValueError(f"environment variable {name}={raw!r} must be bytes per second above 0, like 100e6")
+    return value
+
+
+@dataclass(frozen=True)
+class TransferRates:
+    """How fast the worker downloads the base model and uploads the artifacts (the plan's network phases)."""
+
+    download_bytes_per_second: float = DEFAULT_DOWNLOAD_BYTES_PER_SECOND
+    upload_bytes_per_second: float = DEFAULT_UPLOAD_BYTES_PER_SECOND
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> TransferRates:
+        return cls(
+            download_bytes_per_second=_bytes_per_second(
+                environ, "FLUXBOOTH_DOWNLOAD_BYTES_PER_SECOND", DEFAULT_DOWNLOAD_BYTES_PER_SECOND
+            ),
+            upload_bytes_per_second=_bytes_per_second(
+                environ, "FLUXBOOTH_UPLOAD_BYTES_PER_SECOND", DEFAULT_UPLOAD_BYTES_PER_SECOND
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -273,6 +317,8 @@ class WorkerSettings:
     allow_local_output: bool = False
     # What one hour of this worker costs (FLUXBOOTH_PRICE_PER_HOUR, any currency): a dry run's quote.
     price_per_hour: float | None = None
+    # FLUXBOOTH_DOWNLOAD_BYTES_PER_SECOND, FLUXBOOTH_UPLOAD_BYTES_PER_SECOND: the plan's download and upload phases.
+    transfer_rates: TransferRates = field(default_factory=TransferRates)
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -312,7 +358,7 @@ class WorkerSettings:
             cache_dir=Path(env.get("FLUXBOOTH_CACHE_DIR") or cache_home / "fluxbooth"),
             default_base_model=env.get("FLUXBOOTH_BASE_MODEL") or DEFAULT_BASE_MODEL,
             bucket=bucket,
-            job_deadline_seconds=_int(env, "FLUXBOOTH_JOB_DEADLINE_SECONDS", 3300),
+            job_deadline_seconds=_int(env, "FLUXBOOTH_JOB_DEADLINE_SECONDS", DEFAULT_JOB_DEADLINE_SECONDS),
             volume_dir=persistent_volume(env),
             trainer_module=env.get("FLUXBOOTH_TRAINER_MODULE") or "fluxbooth.train",
             checkpoints_keep=_count(env, "FLUXBOOTH_CHECKPOINTS_KEEP", 2),
@@ -320,5 +366,6 @@ class WorkerSettings:
             on_runpod=any(env.get(name) for name in RUNPOD_PRESENCE_VARIABLES),
             allow_local_output=_flag(env.get(ALLOW_LOCAL_OUTPUT_VARIABLE)),
             price_per_hour=_price(env, PRICE_VARIABLE),
+            transfer_rates=TransferRates.from_environ(env),
             environ=env,
         )

@@ -114,6 +114,10 @@ class TrainerConfig:
     control_dir: str | None = None
     # Each validation prompt's control image (FLUX.1 Kontext), by prompt order; fewer than the prompts: none for the rest.
     validation_images: tuple[str, ...] = ()
+    # The job's deadline less what a stopped run needs to checkpoint, export and upload (seconds since the epoch):
+    # past it the trainer stops at the next step boundary, checkpoints, exports what it trained and reports the
+    # step reached (the `done` event's metrics.stopped_for_deadline). None: train every step.
+    stop_at_unix_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))

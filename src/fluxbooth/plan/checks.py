@@ -14,10 +14,11 @@ from fluxbooth.request import MAX_TIMEOUT_SECONDS
 from fluxbooth.plan.types import QUANTISED_PRECISIONS, Candidate, JobShape
 
 DEADLINE_WARN_FRACTION = 0.8
-# The time model is rough; refuse only when even a generous error cannot save the run.
-DEADLINE_REFUSE_FACTOR = 1.5
 # A deadline suggested in a refusal leaves this much room over the estimate.
 DEADLINE_TIMEOUT_HEADROOM = 1.25
+# A run predicted to take more than this share of its deadline checkpoints on its own, about this many times per run.
+AUTO_CHECKPOINT_DEADLINE_FRACTION = 0.5
+AUTO_CHECKPOINTS_PER_RUN = 4
 
 
 def check_job(job: JobShape, model: ModelSize) -> None:
@@ -57,7 +58,7 @@ def _remedies(candidate: Candidate, job: JobShape, deadline: float) -> list[str]
     variable = ("training", "class_images", "validation")
     budget = deadline - sum(seconds for name, seconds in phases.items() if name not in variable)
     remedies: list[tuple[float, str]] = []
-    steps = int((budget - phases.get("class_images", 0.0) - phases.get("validation", 0.0)) / max(candidate.seconds_per_step, 1e-9))
+    steps = steps_that_fit(candidate, deadline)
     if phases.get("training") and steps >= 1:
         remedies.append((phases["training"], f"about {steps} steps"))
     if phases.get("class_images") and job.num_class_images:
@@ -72,16 +73,30 @@ def _remedies(candidate: Candidate, job: JobShape, deadline: float) -> list[str]
              f"validation_steps ({job.validation_rounds} rounds of renders now)")
         )
     ordered = [text for _, text in sorted(remedies, reverse=True)]
-    needed = math.ceil(candidate.total_seconds * DEADLINE_TIMEOUT_HEADROOM / 60) * 60
-    if needed <= MAX_TIMEOUT_SECONDS:
+    needed = timeout_that_fits(candidate)
+    # Never the timeout the job already has: a job replanned after its dataset has less left than it was sent.
+    if needed is not None and needed > max(deadline, job.timeout_seconds or 0):
         ordered.append(f"timeout_seconds {needed} (and an endpoint execution timeout above it)")
     if job.training_type == "full":
         ordered.append("training_type 'lora'")
     return ordered + ["a faster GPU"]
 
 
+def steps_that_fit(candidate: Candidate, deadline: float) -> int:
+    """The most optimizer steps that, with every other phase as planned, finish before `deadline`."""
+    others = sum(seconds for name, seconds in candidate.phase_seconds.items() if name != "training")
+    return max(0, int((deadline - others) / max(candidate.seconds_per_step, 1e-9)))
+
+
+def timeout_that_fits(candidate: Candidate) -> int | None:
+    """A timeout_seconds (whole minutes) the run fits with room to spare; None beyond the request's maximum."""
+    needed = math.ceil(candidate.total_seconds * DEADLINE_TIMEOUT_HEADROOM / 60) * 60
+    return needed if needed <= MAX_TIMEOUT_SECONDS else None
+
+
 def deadline_check(candidate: Candidate, job: JobShape, deadline_seconds: float | None) -> list[str]:
-    """Refuse a run that clearly cannot finish before the deadline (every phase counted), warn when close."""
+    """Refuse a run predicted to end after the deadline (every phase counted, the download and upload included),
+    before anything is downloaded; warn when it comes close."""
     if not deadline_seconds:
         return []
     total = candidate.total_seconds
@@ -90,15 +105,17 @@ def deadline_check(candidate: Candidate, job: JobShape, deadline_seconds: float 
         for name, seconds in candidate.phase_seconds.items()
         if seconds >= 60
     )
-    if total > deadline_seconds * DEADLINE_REFUSE_FACTOR:
+    if total > deadline_seconds:
         raise FluxboothError(
             ErrorCode.DOES_NOT_FIT,
             f"steps: {job.steps} steps at ≈{candidate.seconds_per_step:.1f} s/step with {_describe(candidate)}, "
-            f"with every phase ({shown}), take ≈{total / 3600:.1f} h, beyond the job deadline of "
+            f"with every phase ({shown or 'each under a minute'}), take ≈{describe_seconds(total)}, beyond the job deadline of "
             f"{describe_seconds(deadline_seconds)}; use " + ", or ".join(_remedies(candidate, job, deadline_seconds)),
             details={
                 "estimated_seconds": round(total),
                 "deadline_seconds": round(deadline_seconds),
+                "steps_that_fit": steps_that_fit(candidate, deadline_seconds),
+                "timeout_that_fits": timeout_that_fits(candidate),
                 "phase_seconds": {name: round(seconds) for name, seconds in candidate.phase_seconds.items()},
             },
         )
@@ -108,3 +125,19 @@ def deadline_check(candidate: Candidate, job: JobShape, deadline_seconds: float 
             f"{shown}) is close to the job deadline ({deadline_seconds / 60:.0f} min); the run may time out"
         ]
     return []
+
+
+def auto_checkpointing(candidate: Candidate, job: JobShape, deadline_seconds: float | None) -> tuple[int | None, list[str]]:
+    """(checkpointing_steps, warnings): the request's own, or, for a run predicted to use more than half of its
+    deadline, a checkpoint about every quarter of the run, said in a warning, so a run cut short keeps its work."""
+    if job.checkpointing_steps or not deadline_seconds or job.steps < 2:
+        return job.checkpointing_steps, []
+    total = candidate.total_seconds
+    if total <= deadline_seconds * AUTO_CHECKPOINT_DEADLINE_FRACTION:
+        return None, []
+    every = max(1, math.ceil(job.steps / AUTO_CHECKPOINTS_PER_RUN))
+    return every, [
+        f"checkpointing_steps: the run is predicted to take ≈{describe_seconds(total)} of its {describe_seconds(deadline_seconds)} "
+        f"deadline (more than half), so it checkpoints every {every} steps on its own; a run cut short can be "
+        'resubmitted with "resume_from": "latest"'
+    ]

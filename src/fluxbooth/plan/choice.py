@@ -11,6 +11,7 @@ from typing import Any
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import Hardware
 from fluxbooth.modelsize import ModelSize
+from fluxbooth.settings import TransferRates
 from fluxbooth.plan.candidates import (
     requested_stage,
     as_job,
@@ -20,9 +21,9 @@ from fluxbooth.plan.candidates import (
     optimizer_for,
     pick,
 )
-from fluxbooth.plan.checks import check_job, deadline_check
+from fluxbooth.plan.checks import auto_checkpointing, check_job, deadline_check
 from fluxbooth.plan.refusal import refusal_message
-from fluxbooth.plan.timing import gpu_spec_for
+from fluxbooth.plan.timing import deadline_stop_reserve_seconds, gpu_spec_for
 from fluxbooth.plan.types import Candidate, JobShape, Plan, Strategy
 
 
@@ -60,14 +61,22 @@ def choose_plan(
     deadline_seconds: float | None = None,
     instance_images: int | None = None,
     bucket_mix: Mapping[tuple[int, int], int] | None = None,
+    download_bytes: int | None = None,
+    transfer_rates: TransferRates | None = None,
 ) -> Plan:
     """The fastest strategy that fits with a margin, or `does_not_fit` with the numbers and the
     nearest strategies that would fit. `request` is a TrainingRequest (read by attribute) or a
     JobShape. `deadline_seconds` defaults to the request's `timeout_seconds`; `instance_images` to
     the dataset cap (the count is unknown before the dataset is fetched). Once the dataset is prepared,
     plan again with its `instance_images` and `bucket_mix` (PreparedDataset's): samples per training shape,
-    so memory is sized for the largest bucket it holds and time for its mix."""
+    so memory is sized for the largest bucket it holds and time for its mix. `download_bytes`: the base model's
+    bytes still to download (0: cached), timed at `transfer_rates` (the worker's) with the upload; unset, a
+    JobShape's own (a request's: nothing to download, the default rates)."""
     job = as_job(request, instance_images, bucket_mix)
+    if download_bytes is not None:
+        job = replace(job, download_bytes=download_bytes)
+    if transfer_rates is not None:
+        job = replace(job, transfer_rates=transfer_rates)
     check_job(job, model)
     precision, warnings = effective_precision(job, hardware)
     warnings += _request_warnings(job, hardware)
@@ -88,6 +97,9 @@ def choose_plan(
         )
     deadline = deadline_seconds if deadline_seconds is not None else job.timeout_seconds
     warnings += deadline_check(chosen, job, deadline)
+    checkpointing_steps, checkpoint_warnings = auto_checkpointing(chosen, job, deadline)
+    warnings += checkpoint_warnings
+    job = replace(job, checkpointing_steps=checkpointing_steps)
     if chosen.estimate.cache_encoders_on_cpu:
         warnings.append(
             "the text encoders and VAE do not fit the GPU next to the CUDA context; embeddings and "
@@ -122,6 +134,10 @@ def plan_from(candidate: Candidate, job: JobShape, hardware: Hardware, precision
         phases=candidate.phases(),
         predicted_total_seconds=round(candidate.total_seconds, 1),
         fused_backward_pass=strategy.fused_backward_pass,
+        checkpointing_steps=job.checkpointing_steps,
+        predicted_stop_reserve_seconds=round(
+            deadline_stop_reserve_seconds(candidate.phase_seconds, job, candidate.estimate.breakdown["trainable_params"]), 1
+        ),
     )
 
 

@@ -295,6 +295,7 @@ def phase_seconds(
         # Written, then read back to verify.
         "export": 2 * exported * width / DISK_WRITE_BYTES_PER_SECOND,
         "report": report_seconds(job),
+        **transfer_phase_seconds(strategy, model, job, trainable),
     }
 
 
@@ -304,3 +305,41 @@ def report_seconds(job: JobShape) -> float:
     images = min(job.num_instance_images, MAX_SHEET_IMAGES) + min(job.validation_rounds, MAX_SHOWN_ROUNDS) * job.validation_prompts
     pixels = images * job.resolution[0] * job.resolution[1]
     return REPORT_FIXED_SECONDS + pixels * REPORT_SECONDS_PER_PIXEL + job.steps * REPORT_SECONDS_PER_STEP
+
+
+# A checkpoint holds the trained weights in the compute dtype plus the optimizer's fp32 master copy, m and v.
+CHECKPOINT_OPTIMIZER_BYTES_PER_PARAM = 12
+
+
+def exported_bytes(strategy: Strategy, model: ModelSize, job: JobShape, trainable: int) -> int:
+    """Bytes of the exported weights: the adapter of a LoRA, the whole transformer of a full fine-tune (twice with
+    an EMA, which is exported too)."""
+    width = compute_dtype_bytes(job.mixed_precision)
+    weights = trainable if strategy.training_type == "lora" else model.transformer_params
+    return int(weights * width * (2 if job.ema else 1))
+
+
+def checkpoint_bytes(job: JobShape, trainable: int) -> int:
+    """Bytes of one checkpoint (accelerate/DeepSpeed state: a LoRA's excludes the frozen base)."""
+    return int(trainable * (compute_dtype_bytes(job.mixed_precision) + CHECKPOINT_OPTIMIZER_BYTES_PER_PARAM))
+
+
+def transfer_phase_seconds(strategy: Strategy, model: ModelSize, job: JobShape, trainable: int) -> dict[str, float]:
+    """The network phases: the base model's pending download (its bytes from the resolved model's file list) and the
+    exported weights' upload, each at the worker's stated rate (settings.TransferRates)."""
+    rates = job.transfer_rates
+    return {
+        "download": job.download_bytes / rates.download_bytes_per_second,
+        "upload": exported_bytes(strategy, model, job, trainable) / rates.upload_bytes_per_second,
+    }
+
+
+def deadline_stop_reserve_seconds(plan_phases: dict[str, float], job: JobShape, trainable: int) -> float:
+    """Seconds a run cut short by its deadline needs after its last step: a checkpoint written and uploaded, the
+    weights exported and uploaded, and the report (the plan's own phases for those)."""
+    checkpoint = checkpoint_bytes(job, trainable)
+    return (
+        checkpoint / DISK_WRITE_BYTES_PER_SECOND
+        + checkpoint / job.transfer_rates.upload_bytes_per_second
+        + sum(plan_phases.get(name, 0.0) for name in ("export", "report", "upload"))
+    )

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from fluxbooth.buckets import Resolution
 from fluxbooth.request import DEFAULT_TRAINING_TYPE
-from fluxbooth.settings import DatasetLimits
+from fluxbooth.settings import DatasetLimits, TransferRates
 from fluxbooth.train.names import GUIDANCE_DISTILLED_SAMPLING
 from fluxbooth.trainer_config import LoraSettings
 
@@ -25,6 +25,9 @@ BASE_PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "nf4")
 QUANTISED_PRECISIONS: tuple[str, ...] = ("fp8", "nf4")
 # Phases of a job, in the order they run (docs/memory.md, "Phases").
 PHASES: tuple[str, ...] = ("loading", "caching", "class_images", "training", "validation", "export", "report")
+# Every phase that takes time, in order: the base model's download before the trainer's phases, the artifacts'
+# upload after them (network only: no GPU or host memory of their own beyond the worker's).
+TIMED_PHASES: tuple[str, ...] = ("download", *PHASES, "upload")
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class Plan:
     cache_encoders_on_cpu: bool = False
     # How the frozen LoRA base is stored ("bf16": unquantised in the compute dtype; always so for full).
     base_precision: str = "bf16"
-    # Peak memory and time of every phase, in PHASES order; empty for hand-built plans.
+    # Peak memory and time of every phase, in TIMED_PHASES order; empty for hand-built plans.
     phases: tuple[tuple[str, PhaseEstimate], ...] = ()
     predicted_total_seconds: float | None = None
     # A full fine-tune on bf16 weights with Adafactor fused into the backward pass, without DeepSpeed
@@ -67,6 +70,12 @@ class Plan:
     # The frozen LoRA base (or the fused full fine-tune's trained blocks) streams block by block from pinned
     # host RAM (Strategy.block_swap).
     block_swap: bool = False
+    # Optimizer steps between checkpoints: the request's, or the planner's for a run that uses more than half of
+    # its deadline (plan.checks.auto_checkpointing); None: no periodic checkpoints.
+    checkpointing_steps: int | None = None
+    # Seconds a run stopped by its deadline needs after its last step to checkpoint, export and upload: the
+    # trainer stops that long before the deadline (TrainerConfig.stop_at_unix_seconds).
+    predicted_stop_reserve_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -117,6 +126,9 @@ class JobShape:
     class_image_inference_steps: int = GUIDANCE_DISTILLED_SAMPLING.inference_steps
     # An EMA of the trained weights (the request's ema_decay): host RAM, and a second export.
     ema: bool = False
+    # Bytes of the base model still to download before training (0: cached on the worker), and the worker's rates.
+    download_bytes: int = 0
+    transfer_rates: TransferRates = TransferRates()
 
     @classmethod
     def from_request(
@@ -295,7 +307,7 @@ class Candidate:
                     seconds=round(self.phase_seconds.get(name, 0.0), 1),
                 ),
             )
-            for name in PHASES
+            for name in TIMED_PHASES
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -114,10 +114,38 @@ def train(state: TrainerState) -> None:
             # The last step is left to the final validation, which renders the same weights once exported.
             if config.validation_prompts and config.validation_steps and done % config.validation_steps == 0 and done < config.steps:
                 render_during_training(state, done)
+            if done < config.steps and stop_time_reached(session):
+                _stop_for_deadline(session, run, done)
+                return
         if config.measure_fixed_noise_loss:
             # A dozen forward passes after the last step: announced, so the worker does not see silence.
             session.reporter.stage("train", status="measuring_fixed_noise_loss")
             run.fixed_noise_loss["end"] = fixed_noise_loss(session, run, data.instance_set)
+
+
+def stop_time_reached(session: Session) -> bool:
+    """*Collective.* Whether any rank is past the run's stop time: every rank stops at the same step boundary."""
+    stop_at = session.config.stop_at_unix_seconds
+    if stop_at is None:
+        return False
+    late = time.time() >= stop_at
+    accelerator = session.accelerator
+    if accelerator.num_processes == 1:
+        return late
+    flag = torch.tensor([1.0 if late else 0.0], device=accelerator.device)
+    return bool(accelerator.reduce(flag, reduction="sum").item() > 0)
+
+
+def _stop_for_deadline(session: Session, run: TrainingRun, done: int) -> None:
+    """*Collective.* The stop time came after `done` steps: a checkpoint there (unless one was just made), so a
+    resubmitted job resumes from it; the export that follows writes the weights trained so far."""
+    from fluxbooth.train.checkpointing import save_checkpoint
+
+    config = session.config
+    session.reporter.stage("train", status="stopped_for_deadline", step=done, total=config.steps)
+    if not (config.checkpointing_steps and done % config.checkpointing_steps == 0):
+        save_checkpoint(session, run, done)
+    run.stopped_at_step = done
 
 
 def _optimizer_step(session: Session, run: TrainingRun, data: CachedData, step: int) -> float:

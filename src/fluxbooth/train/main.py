@@ -94,7 +94,9 @@ def run(config: TrainerConfig, reporter: Any) -> None:
     del transformer
     train(state)
     state.artifacts += save_and_export(state)
-    state.artifacts += render_final(state)
+    # A run stopped by its deadline keeps its time for the upload: no final renders.
+    if state.training().stopped_at_step is None:
+        state.artifacts += render_final(state)
     report_done(state, seconds_total=time.perf_counter() - started)
 
 
@@ -132,6 +134,9 @@ def report_done(state: Any, seconds_total: float) -> None:
         metrics["fixed_noise_loss"] = run.fixed_noise_loss
     if run.start_step:
         metrics["resumed_from_step"] = run.start_step
+    if run.stopped_at_step is not None:
+        metrics["stopped_for_deadline"] = True
+        metrics["steps_done"] = run.stopped_at_step
     if run.nvme_swap_peak_bytes:
         metrics["nvme_swap_peak_bytes"] = run.nvme_swap_peak_bytes
     if session.is_main:

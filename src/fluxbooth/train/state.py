@@ -182,6 +182,8 @@ class TrainingRun:
     # Weak references to the engine and optimizer: proof they are gone before export.
     engine_references: ReleaseTracker = field(default_factory=ReleaseTracker)
     alive_at_export: list[str] = field(default_factory=list)
+    # The step the run stopped at because its stop time (TrainerConfig.stop_at_unix_seconds) came; None: not stopped.
+    stopped_at_step: int | None = None
 
     def release(self) -> None:
         """Drop the engine, optimizer and schedule, so their memory can go before export."""
