@@ -2,7 +2,7 @@
 
 One row per card: each card's request goes through `python -m fluxbooth plan --request … --json` on a
 hypothetical machine with that card's memory and its datasheet row (`--gpu-name`), at the worker's own
-deadline (plan's default: FLUXBOOTH_JOB_DEADLINE_SECONDS, 3,300 s unless the environment sets it). A row says
+deadline (plan's default: FLUXBOOTH_JOB_DEADLINE_SECONDS, 540 s unless the environment sets it). A row says
 what the job would run (base, ZeRO stage, offload, GPU and host peaks, s/step, the whole job) or why it is
 refused and what to change.
 
