@@ -229,7 +229,7 @@ def child_environment(
         {
             "DS_ACCELERATOR": plan.accelerator,
             "DS_SKIP_CUDA_CHECK": "0",
-            # Expandable segments alone: with max_split_size_mb beside them the allocator fights itself
+            # Expandable segments alone: with a split-size cap beside them the allocator fights itself
             # (pytorch/pytorch#123548, #119452) and reserved memory grows.
             "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",

@@ -81,8 +81,8 @@ def _ratio(environ: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
-def _price(environ: Mapping[str, str], name: str) -> float | None:
-    """A price like "0.69" (per hour of one worker), more than 0; None when unset."""
+def _positive_number(environ: Mapping[str, str], name: str, expected: str) -> float | None:
+    """A finite number above 0, like "0.69" or "100e6"; None when unset. `expected` completes "must be …"."""
     raw = environ.get(name)
     if raw is None or raw.strip() == "":
         return None
@@ -91,22 +91,19 @@ def _price(environ: Mapping[str, str], name: str) -> float | None:
     except ValueError as error:
         raise ValueError(f"environment variable {name}={raw!r} is not a number") from error
     if not 0 < value < float("inf"):
-        raise ValueError(f"environment variable {name}={raw!r} must be a price above 0, like 0.69")
+        raise ValueError(f"environment variable {name}={raw!r} must be {expected}")
     return value
+
+
+def _price(environ: Mapping[str, str], name: str) -> float | None:
+    """A price like "0.69" (per hour of one worker), more than 0; None when unset."""
+    return _positive_number(environ, name, "a price above 0, like 0.69")
 
 
 def _bytes_per_second(environ: Mapping[str, str], name: str, default: float) -> float:
     """A transfer rate in bytes per second, like "100e6", above 0."""
-    raw = environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError as error:
-        raise ValueError(f"environment variable {name}={raw!r} is not a number") from error
-    if not 0 < value < float("inf"):
-        raise ValueError(f"environment variable {name}={raw!r} must be bytes per second above 0, like 100e6")
-    return value
+    rate = _positive_number(environ, name, "bytes per second above 0, like 100e6")
+    return default if rate is None else rate
 
 
 @dataclass(frozen=True)
