@@ -106,9 +106,9 @@ def split_table(folder: Path) -> list[str]:
 
 
 def report_run(scratch: Path, name: str, steps: int, rounds: list[int], images: int, side: int) -> tuple[float, dict[str, int]]:
-    from fluxbooth.events import CheckpointEvent, StepEvent
+    from fluxbooth.contract.events import CheckpointEvent, StepEvent
     from fluxbooth.report import ReportInputs, SheetImage, make_report
-    from fluxbooth.train.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
+    from fluxbooth.contract.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
 
     output = scratch / name / "output"
     folder = output / VALIDATION_FOLDER

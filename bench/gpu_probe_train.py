@@ -106,7 +106,7 @@ def prepare(training: str, swapped: bool, size: ProbeSize, device: torch.device)
     """(transformer, the module to call, optimizer, swapper or None) for one run, set up as the trainer does."""
     from fluxbooth.train.blockswap import BlockSwapper, attach_swapper, flux_blocks
     from fluxbooth.train.model import add_lora_adapter, trainable_parameters
-    from fluxbooth.trainer_config import LoraSettings
+    from fluxbooth.contract.trainer_config import LoraSettings
 
     transformer = build_transformer(size, device, keep_on=torch.device("cpu") if swapped else device)
     if training != "full-fused":
@@ -120,11 +120,11 @@ def prepare(training: str, swapped: bool, size: ProbeSize, device: torch.device)
     parameters = trainable_parameters(transformer)
     if training == "full-fused":
         from fluxbooth.train.fused_adafactor import FusedBackwardAdafactor
-        from fluxbooth.train.names import OPTIMIZER_HYPERPARAMETERS
+        from fluxbooth.contract.names import OPTIMIZER_HYPERPARAMETERS
 
         optimizer = FusedBackwardAdafactor(parameters, lr=1e-5, seed=0, max_grad_norm=1.0, **OPTIMIZER_HYPERPARAMETERS["adafactor"])
         return transformer, transformer, optimizer, swapper
-    from fluxbooth.train.names import OPTIMIZER_HYPERPARAMETERS
+    from fluxbooth.contract.names import OPTIMIZER_HYPERPARAMETERS
 
     optimizer = torch.optim.AdamW(parameters, lr=LEARNING_RATE, **OPTIMIZER_HYPERPARAMETERS["adamw"])
     if training == "lora":
@@ -137,7 +137,7 @@ def zero2_engine(transformer: Any, optimizer: Any, device: torch.device) -> Any:
     """DeepSpeed ZeRO-2 over one process with torch's AdamW handed in (no DeepSpeed op is compiled)."""
     import deepspeed
 
-    from fluxbooth import deepspeed_numbers as numbers
+    from fluxbooth.contract import deepspeed_numbers as numbers
 
     if not torch.distributed.is_initialized():
         from deepspeed.accelerator import get_accelerator

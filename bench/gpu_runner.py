@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from fluxbooth.events import EVENT_MARKER
+from fluxbooth.contract.events import EVENT_MARKER
 
 # launch.py logs each trainer event as "trainer event | {json}"; the raw marker is accepted too.
 EVENT_PREFIXES = ("trainer event | ", EVENT_MARKER)

@@ -35,7 +35,7 @@ from typing import Any
 import psutil
 
 from fluxbooth.configs import child_environment, trainer_config_for, write_launch_files
-from fluxbooth.events import EVENT_MARKER
+from fluxbooth.contract.events import EVENT_MARKER
 from fluxbooth.hardware import format_bytes, probe_hardware
 from fluxbooth.launch import trainer_command
 from fluxbooth.modelsize import model_size

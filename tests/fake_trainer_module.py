@@ -32,8 +32,8 @@ import time
 import traceback
 from pathlib import Path
 
-from fluxbooth.events import event_from_payload, format_event
-from fluxbooth.trainer_config import TrainerConfig
+from fluxbooth.contract.events import event_from_payload, format_event
+from fluxbooth.contract.trainer_config import TrainerConfig
 
 FAULT_TOKEN = re.compile(r"\bfault:([a-z_]+)\b")
 PIDS_LINE_PREFIX = "fake-trainer pids:"

@@ -13,7 +13,7 @@ import torch
 from fluxbooth.train.blockswap import BlockSwapper, check_block_swap, flux_blocks
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.fused_adafactor import FusedBackwardAdafactor
-from fluxbooth.train.names import OPTIMIZER_HYPERPARAMETERS
+from fluxbooth.contract.names import OPTIMIZER_HYPERPARAMETERS
 from tests.quantize_probe import forward_inputs
 
 CPU = torch.device("cpu")

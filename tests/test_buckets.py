@@ -1,10 +1,10 @@
-"""Aspect-ratio buckets (fluxbooth.buckets): which shape each image trains at, at each size."""
+"""Aspect-ratio buckets (fluxbooth.contract.buckets): which shape each image trains at, at each size."""
 
 from __future__ import annotations
 
 import pytest
 
-from fluxbooth.buckets import Resolution, bucket_for, bucket_mix, mix_to_json
+from fluxbooth.contract.buckets import Resolution, bucket_for, bucket_mix, mix_to_json
 
 # Landscape aspect ratios from 1:1 to 4:1 (the dataset's default cap), log-spaced.
 ASPECTS = [4 ** (step / 400) for step in range(401)]

@@ -1,4 +1,4 @@
-"""The trigger word in captions and prompts (fluxbooth.captions), and where the trainer puts it."""
+"""The trigger word in captions and prompts (fluxbooth.contract.captions), and where the trainer puts it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fluxbooth.captions import with_trigger
+from fluxbooth.contract.captions import with_trigger
 from fluxbooth.train.data import discover_images
 from tests.factories import make_image
 from tests.trainer_jobs import make_plan, make_trainer_config

@@ -26,7 +26,7 @@ from fluxbooth.checkpoints import (
     upload_checkpoint,
 )
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.events import CheckpointEvent, StepEvent
+from fluxbooth.contract.events import CheckpointEvent, StepEvent
 from fluxbooth.settings import WorkerSettings
 from fluxbooth.storage import LocalStore, ReadableStore, S3Store, open_checkpoint_store
 from tests.conftest import REPO_ROOT

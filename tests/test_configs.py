@@ -18,7 +18,7 @@ from fluxbooth.configs import (
     write_launch_files,
 )
 from fluxbooth.plan import Plan
-from fluxbooth.trainer_config import TrainerConfig
+from fluxbooth.contract.trainer_config import TrainerConfig
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 

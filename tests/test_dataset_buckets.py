@@ -8,7 +8,7 @@ from typing import Any
 
 from PIL import Image
 
-from fluxbooth.buckets import bucket_for
+from fluxbooth.contract.buckets import bucket_for
 from fluxbooth.dataset import PreparedDataset, prepare_dataset
 from fluxbooth.request import parse_request
 from fluxbooth.settings import DatasetLimits

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from fluxbooth.families import FLUX1, FLUX1_KONTEXT, FLUX2, FLUX2_KLEIN, Family
 from fluxbooth.train.export.metadata import FileLayout, TrainingRecord, safetensors_metadata, tag_frequency
-from fluxbooth.trainer_config import TrainerConfig
+from fluxbooth.contract.trainer_config import TrainerConfig
 from tests.trainer_jobs import (
     LORA_FORMATS,
     TrainerRun,

@@ -18,7 +18,7 @@ from fluxbooth.train.fused_adafactor import (
     check_fused_backward_pass,
     stochastic_round_to_bf16,
 )
-from fluxbooth.train.names import OPTIMIZER_HYPERPARAMETERS
+from fluxbooth.contract.names import OPTIMIZER_HYPERPARAMETERS
 from tests.trainer_jobs import make_plan, make_trainer_config
 
 KOHYA_SETTINGS = OPTIMIZER_HYPERPARAMETERS["adafactor"]

@@ -15,7 +15,7 @@ import pytest
 
 from fluxbooth.configs import LaunchFiles
 from fluxbooth.errors import ErrorCode
-from fluxbooth.events import StageEvent, StepEvent, TrainerEvent, format_event
+from fluxbooth.contract.events import StageEvent, StepEvent, TrainerEvent, format_event
 from fluxbooth.job import ensure_tiny_model
 from fluxbooth.launch import TrainerOutcome, classify_outcome, run_trainer, trainer_command
 from fluxbooth.redaction import Redactor

@@ -43,7 +43,7 @@ from fluxbooth.plan import (
 )
 from fluxbooth.plan.gpus import GPU_TABLE, gpu_spec
 from fluxbooth.request import parse_request
-from fluxbooth.trainer_config import LoraSettings
+from fluxbooth.contract.trainer_config import LoraSettings
 from tests.conftest import REPO_ROOT
 
 

@@ -25,7 +25,7 @@ from fluxbooth.plan.memory import FUSED_STEP_BYTES_PER_PARAM, adafactor_state_by
 from fluxbooth.plan.timing import host_link_bytes_per_second, step_terms
 from fluxbooth.plan.types import JobShape
 from fluxbooth.request import MAX_TIMEOUT_SECONDS, parse_request
-from fluxbooth.train.names import FUSED_ADAFACTOR_CLASS, FUSED_ADAFACTOR_LEARNING_RATE
+from fluxbooth.contract.names import FUSED_ADAFACTOR_CLASS, FUSED_ADAFACTOR_LEARNING_RATE
 
 FLUX_DEV = "black-forest-labs/FLUX.1-dev"
 # An endpoint set up for hour-long jobs (execution timeout 3600 s, FLUXBOOTH_JOB_DEADLINE_SECONDS 3300).
@@ -298,7 +298,7 @@ def test_the_planners_adafactor_state_is_what_the_trainers_optimizer_holds_on_th
     from diffusers import FluxTransformer2DModel
 
     from fluxbooth.train.fused_adafactor import FusedBackwardAdafactor
-    from fluxbooth.train.names import OPTIMIZER_HYPERPARAMETERS
+    from fluxbooth.contract.names import OPTIMIZER_HYPERPARAMETERS
 
     transformer = FluxTransformer2DModel.from_pretrained(tiny_base / "transformer", torch_dtype=torch.bfloat16)
     optimizer = FusedBackwardAdafactor(transformer.parameters(), lr=1e-5, seed=0, **OPTIMIZER_HYPERPARAMETERS["adafactor"])

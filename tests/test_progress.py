@@ -6,7 +6,7 @@ import io
 from collections.abc import Iterator
 from typing import Any
 
-from fluxbooth.events import StageEvent, StepEvent
+from fluxbooth.contract.events import StageEvent, StepEvent
 from fluxbooth.job import ProgressReporter
 from fluxbooth.progress import ProgressBar, bar, describe, format_duration
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fluxbooth.events import CheckpointEvent, StageEvent, StepEvent, TrainerEvent
+from fluxbooth.contract.events import CheckpointEvent, StageEvent, StepEvent, TrainerEvent
 from fluxbooth.report import ReportInputs, SheetImage, make_report, report_artifacts
 from fluxbooth.report.history import MAX_SHOWN_ROUNDS, history_from, smoothed
 from fluxbooth.report.sheets import MAX_SHEET_IMAGES, dataset_size, samples_size
 from fluxbooth.report.tensorboard import TENSORBOARD_IMAGE_SIDE
-from fluxbooth.train.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
+from fluxbooth.contract.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
 from tests.photos import png_size, textured_photo
 
 PROMPTS = ("a photo of sks dog", "a sks dog in the snow")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from tests.factories import make_dataset_zip, to_base64
 
-from fluxbooth.buckets import Resolution
+from fluxbooth.contract.buckets import Resolution
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.request import TrainingRequest, parse_request
 from fluxbooth.settings import TINY_MODEL_NAME

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from fluxbooth.configs import trainer_config_for
 from fluxbooth.request import parse_request
-from fluxbooth.train.names import sampling_defaults
-from fluxbooth.trainer_config import TrainerConfig
+from fluxbooth.contract.names import sampling_defaults
+from fluxbooth.contract.trainer_config import TrainerConfig
 from tests.factories import make_dataset_zip, to_base64
 from tests.test_configs import GUIDE_DEFAULT_PLAN
 

@@ -11,7 +11,7 @@ import pytest
 
 from fluxbooth.families import default_lora_targets_of
 from fluxbooth.synthetic import build_pipeline, preset
-from fluxbooth.trainer_config import LoraSettings
+from fluxbooth.contract.trainer_config import LoraSettings
 from tests.trainer_jobs import TrainerRun, assert_succeeded, make_plan, new_job, read_json
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from fluxbooth.train.names import EXIT_NAN_LOSS
+from fluxbooth.contract.names import EXIT_NAN_LOSS
 from tests.trainer_jobs import (
     TrainerRun,
     assert_succeeded,

@@ -183,7 +183,7 @@ def test_hand_written_diffsynth_zero3_config_with_auto_values_trains(tiny_base: 
 
     import yaml
 
-    from fluxbooth.events import DoneEvent, StepEvent, parse_event
+    from fluxbooth.contract.events import DoneEvent, StepEvent, parse_event
 
     job = new_job(tmp_path / "job", tiny_base, plan=make_plan(zero_stage=3, offload_param="cpu"), steps=2, gradient_accumulation_steps=2)
     files = job.write()

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from fluxbooth.job import run_job
 from fluxbooth.settings import WorkerSettings
-from fluxbooth.train.names import FUSED_ADAFACTOR_CLASS
+from fluxbooth.contract.names import FUSED_ADAFACTOR_CLASS
 from tests.conftest import worker_environment
 from tests.factories import make_dataset_zip, to_base64
 from tests.test_trainer_prior import OVERFIT_LOSS_RATIO

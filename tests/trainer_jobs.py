@@ -17,10 +17,10 @@ import yaml
 from PIL import Image
 
 from fluxbooth.configs import child_environment, write_launch_files
-from fluxbooth.events import event_payload, parse_event
+from fluxbooth.contract.events import event_payload, parse_event
 from fluxbooth.launch import trainer_command
 from fluxbooth.plan import Plan
-from fluxbooth.trainer_config import LoraSettings, TrainerConfig
+from fluxbooth.contract.trainer_config import LoraSettings, TrainerConfig
 
 LAUNCH_TIMEOUT_SECONDS = 600
 RESOLUTION = (64, 64)

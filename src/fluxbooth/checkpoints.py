@@ -23,9 +23,9 @@ from urllib.parse import unquote, urlsplit
 
 from fluxbooth.artifacts import sha256_file
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.events import CheckpointEvent, TrainerEvent
+from fluxbooth.contract.events import CheckpointEvent, TrainerEvent
 from fluxbooth.settings import WorkerSettings
-from fluxbooth.train.layout import checkpoint_folder_name, step_of_folder
+from fluxbooth.contract.layout import checkpoint_folder_name, step_of_folder
 from fluxbooth.storage import (
     LocalStore,
     ReadableStore,

@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
-from fluxbooth import deepspeed_numbers as ds
+from fluxbooth.contract import deepspeed_numbers as ds
 from fluxbooth.plan.types import Plan
-from fluxbooth.train.names import (
+from fluxbooth.contract.names import (
     DEEPSPEED_OPTIMIZER_PARAMS,
     DEEPSPEED_OPTIMIZER_TYPES,
     FUSED_ADAFACTOR_LEARNING_RATE,
@@ -31,7 +31,7 @@ from fluxbooth.train.names import (
     SUPPORTED_OPTIMIZERS,
     normalise_optimizer_name,
 )
-from fluxbooth.trainer_config import LoraSettings, TrainerConfig
+from fluxbooth.contract.trainer_config import LoraSettings, TrainerConfig
 
 # Parent-environment variables the trainer may inherit. Everything else (bucket keys above
 # all) stays in the worker: the trainer needs no object-storage credentials.

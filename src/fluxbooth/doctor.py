@@ -337,7 +337,7 @@ def write_and_reread_configs(plan: Any, job_dir: Path, work_dir: Path) -> CheckR
     import yaml
 
     from fluxbooth.configs import write_launch_files
-    from fluxbooth.trainer_config import TrainerConfig
+    from fluxbooth.contract.trainer_config import TrainerConfig
 
     trainer = TrainerConfig(
         base_model="/models/flux",

@@ -22,8 +22,8 @@ from typing import Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.jsonfiles import JSONBoundError, read_json_file
-from fluxbooth.train.names import DEFAULT_LORA_TARGET_MODULES, SamplingDefaults
-from fluxbooth.train.names import sampling_defaults as flux1_sampling_defaults
+from fluxbooth.contract.names import DEFAULT_LORA_TARGET_MODULES, SamplingDefaults
+from fluxbooth.contract.names import sampling_defaults as flux1_sampling_defaults
 
 # The file kinds of a diffusers pipeline's component folders (tokenizers add merges.txt, sentencepiece
 # models and chat templates). Anything else in a repository (single-file checkpoints, sample images) is

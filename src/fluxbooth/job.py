@@ -37,7 +37,7 @@ from fluxbooth.attempts import (
 from fluxbooth.clock import JobClock
 from fluxbooth.configs import child_environment, trainer_config_for, write_launch_files
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.events import StageEvent, StepEvent, TrainerEvent, WarningEvent
+from fluxbooth.contract.events import StageEvent, StepEvent, TrainerEvent, WarningEvent
 from fluxbooth.families import default_lora_targets_of, family_named
 from fluxbooth.hardware import Hardware, format_bytes, free_disk_bytes, nvme_root, probe_hardware
 from fluxbooth.launch import classify_outcome, run_trainer, trainer_command
@@ -47,8 +47,8 @@ from fluxbooth.modelsize import ModelSize
 from fluxbooth.plan import Plan, choose_plan, model_size
 from fluxbooth.redaction import Redactor
 from fluxbooth.settings import TINY_MODEL_NAME, TransferRates, WorkerSettings
-from fluxbooth.train.layout import checkpoint_root
-from fluxbooth.trainer_config import TrainerConfig
+from fluxbooth.contract.layout import checkpoint_root
+from fluxbooth.contract.trainer_config import TrainerConfig
 
 if TYPE_CHECKING:
     from fluxbooth.checkpoints import CheckpointUploader, StoredCheckpoint

@@ -31,7 +31,7 @@ import psutil
 
 from fluxbooth.configs import LaunchFiles, threads_per_process
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.events import DoneEvent, ErrorEvent, StageEvent, StepEvent, TrainerEvent, event_payload, parse_event
+from fluxbooth.contract.events import DoneEvent, ErrorEvent, StageEvent, StepEvent, TrainerEvent, event_payload, parse_event
 from fluxbooth.hardware import format_bytes
 from fluxbooth.plan import Plan
 from fluxbooth.redaction import Redactor

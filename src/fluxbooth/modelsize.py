@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fluxbooth.contract.precision import block_of, is_quantised_layer
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.families import FLUX1, Family, family_named, family_of, unreadable_config
 from fluxbooth.jsonfiles import read_json_file
@@ -492,12 +493,6 @@ def model_size(base_model_path_or_name: str) -> ModelSize:
 # Quantised bases: which layers are stored quantised (one rule for the planner and the trainer)
 # ---------------------------------------------------------------------------------------------
 
-# Only the Linear layers inside the transformer blocks are quantised. The embedders (time, text, guidance,
-# context, x), norm_out and the final proj_out stay in the compute dtype: they are small (62 M of FLUX.1's
-# 11.9 B parameters) and the first and last layers are the most sensitive to rounding.
-QUANTISED_BLOCK_PREFIXES: tuple[str, ...] = ("transformer_blocks.", "single_transformer_blocks.")
-
-
 # Which tokens each Linear of FLUX.1 and FLUX.2 acts on (their module names): the modulation and the time,
 # guidance and pooled-text embedders act on one vector per sample; a double-stream block's weights act on
 # their own stream's tokens only (the `add_*`, `to_add_out` and `ff_context` weights on the prompt's, the rest
@@ -516,17 +511,6 @@ def linear_stream(module_name: str) -> str:
     if module_name.startswith("single_transformer_blocks."):
         return "joint"
     return "image"
-
-
-def is_quantised_layer(module_name: str) -> bool:
-    """Whether a quantised base stores this Linear quantised (its bias stays in the compute dtype)."""
-    return module_name.startswith(QUANTISED_BLOCK_PREFIXES)
-
-
-def block_of(module_name: str) -> str:
-    """`transformer_blocks.3.attn.to_q` -> `transformer_blocks.3`; other modules are their own block."""
-    parts = module_name.split(".")
-    return ".".join(parts[:2]) if module_name.startswith(QUANTISED_BLOCK_PREFIXES) else parts[0]
 
 
 def linear_module_names(model: ModelSize) -> tuple[str, ...]:

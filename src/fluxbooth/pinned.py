@@ -1,7 +1,7 @@
 """Pinned (page-locked) host memory as it is really allocated: the one owner of the rounding rule and of the
 block stores' layout, shared by the planner (`fluxbooth.plan.memory`), the block swapper
 (`fluxbooth.train.blockswap`) and the tests that compare them. Torch-free and import-free on purpose, like
-`fluxbooth.deepspeed_numbers`: the planner and the trainer both import it without importing each other.
+`fluxbooth.contract.deepspeed_numbers`: the planner and the trainer both import it without importing each other.
 
 Two ways host memory gets pinned in a training run:
 - `tensor.pin_memory()` and `pin_memory=True` go through PyTorch's caching host allocator, which rounds every

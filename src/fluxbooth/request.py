@@ -30,12 +30,12 @@ from pydantic import (
     model_validator,
 )
 
-from fluxbooth.buckets import BUCKET_MULTIPLE, Resolution
-from fluxbooth.captions import MAX_TRIGGER_CHARS, contains_word
+from fluxbooth.contract.buckets import BUCKET_MULTIPLE, Resolution
+from fluxbooth.contract.captions import MAX_TRIGGER_CHARS, contains_word
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.messages import listed, short_name
 from fluxbooth.settings import TINY_MODEL_NAME
-from fluxbooth.train.names import (
+from fluxbooth.contract.names import (
     DEEPSPEED_ONLY_OPTIMIZERS,
     SUPPORTED_OPTIMIZERS,
     SUPPORTED_TIMESTEP_SAMPLING,

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from fluxbooth.buckets import BUCKET_MULTIPLE
+from fluxbooth.contract.buckets import BUCKET_MULTIPLE
 from fluxbooth.request import (
     MAX_RESOLUTION_SIDE,
     MAX_RESOLUTION_SIZES,

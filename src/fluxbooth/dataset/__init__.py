@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fluxbooth.buckets import Shape, mix_to_json
+from fluxbooth.contract.buckets import Shape, mix_to_json
 from fluxbooth.clock import JobClock
 from fluxbooth.dataset.archive import ExtractedArchive, ExtractedImage, extract_archive
 from fluxbooth.dataset.fetch import decode_base64_dataset, download_dataset, fetch_archive, forbidden_address_reason
@@ -52,7 +52,7 @@ from fluxbooth.dataset.images import (
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.request import TrainingRequest
 from fluxbooth.settings import DatasetLimits
-from fluxbooth.train.pairing import normalised_stem, pair_key
+from fluxbooth.contract.pairing import normalised_stem, pair_key
 
 __all__ = [
     "ExtractedArchive",
@@ -136,7 +136,7 @@ def _output_stem(member: str, taken: set[str]) -> str:
 
 def _output_stems(images: list[ExtractedImage]) -> list[str]:
     """Each image's stored stem, in order; a control image gets its training image's, so the trainer pairs the
-    stored files by the same rule (fluxbooth.train.pairing) the upload was checked by."""
+    stored files by the same rule (fluxbooth.contract.pairing) the upload was checked by."""
     taken: dict[Role, set[str]] = {"instance": set(), "class": set(), "control": set()}
     stems = [_output_stem(item.member, taken[item.role]) if item.role != "control" else "" for item in images]
     by_key = {pair_key(item.member): stem for item, stem in zip(images, stems, strict=True) if item.role == "instance"}
@@ -147,7 +147,7 @@ def _output_stems(images: list[ExtractedImage]) -> list[str]:
 
 
 def _stems_of(extracted: ExtractedArchive, role: Role) -> dict[str, str]:
-    """Each image of a role by its pairing key (fluxbooth.train.pairing); two sharing one cannot be paired."""
+    """Each image of a role by its pairing key (fluxbooth.contract.pairing); two sharing one cannot be paired."""
     stems: dict[str, str] = {}
     for item in extracted.images:
         if item.role != role:

@@ -30,7 +30,7 @@ from fluxbooth.dataset.guards import (
 from fluxbooth.dataset.images import ALLOWED_IMAGE_FORMATS, MAX_CAPTION_CHARS
 from fluxbooth.hardware import format_bytes
 from fluxbooth.settings import DatasetLimits
-from fluxbooth.train.pairing import pair_key
+from fluxbooth.contract.pairing import pair_key
 
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".heic", ".heif", ".hif", ".avif"}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
 
-from fluxbooth.buckets import Resolution
+from fluxbooth.contract.buckets import Resolution
 from fluxbooth.dataset.guards import dataset_error, quoted
 from fluxbooth.hardware import format_bytes
 from fluxbooth.settings import DatasetLimits

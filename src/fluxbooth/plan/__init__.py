@@ -32,7 +32,6 @@ from fluxbooth.plan.memory import (
 )
 from fluxbooth.plan.timing import seconds_per_step
 from fluxbooth.plan.types import (
-    BASE_PRECISIONS,
     DEFAULT_LORA_TARGETS,
     PHASES,
     Candidate,
@@ -44,7 +43,7 @@ from fluxbooth.plan.types import (
 )
 
 __all__ = [
-    "BASE_PRECISIONS", "DEFAULT_LORA_TARGETS", "PHASES", "Candidate", "JobShape", "MemoryEstimate", "PhaseEstimate",
+    "DEFAULT_LORA_TARGETS", "PHASES", "Candidate", "JobShape", "MemoryEstimate", "PhaseEstimate",
     "Plan", "Strategy", "activation_bytes", "as_job", "check_job", "choose_plan", "compute_dtype_bytes",
     "deadline_check", "effective_precision", "estimate_memory", "evaluate_candidates", "frozen_base_bytes", "full_finetune_host_bytes",
     "honours_request", "image_tokens", "model_size", "model_state_bytes", "optimizer_for", "pick",

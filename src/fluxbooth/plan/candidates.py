@@ -8,14 +8,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from fluxbooth.contract.precision import BASE_PRECISIONS, QUANTISED_PRECISIONS
 from fluxbooth.hardware import Hardware, format_bytes
 from fluxbooth.modelsize import ModelSize
 from fluxbooth.plan.memory import DISK_MARGIN, GPU_MARGIN, HOST_MARGIN, compute_dtype_bytes, estimate_memory
 from fluxbooth.plan.timing import mixed_seconds_per_step, phase_seconds
 from fluxbooth.plan.types import (
     ALTERNATIVE_LORA_RANK,
-    BASE_PRECISIONS,
-    QUANTISED_PRECISIONS,
     Candidate,
     JobShape,
     MemoryEstimate,
@@ -24,7 +23,7 @@ from fluxbooth.plan.types import (
 )
 from fluxbooth.request import fused_pass_conflicts
 from fluxbooth.settings import DatasetLimits
-from fluxbooth.train.names import FUSED_ADAFACTOR_CLASS, normalise_optimizer_name
+from fluxbooth.contract.names import FUSED_ADAFACTOR_CLASS, normalise_optimizer_name
 
 PHASE_VERBS = {
     "loading": "loading the transformer", "caching": "caching embeddings", "class_images": "generating class images",

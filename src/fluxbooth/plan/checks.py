@@ -11,7 +11,8 @@ from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.messages import describe_seconds
 from fluxbooth.modelsize import ModelSize, lora_target_suffixes, unmatched_lora_targets
 from fluxbooth.request import MAX_TIMEOUT_SECONDS
-from fluxbooth.plan.types import QUANTISED_PRECISIONS, Candidate, JobShape
+from fluxbooth.contract.precision import QUANTISED_PRECISIONS
+from fluxbooth.plan.types import Candidate, JobShape
 
 DEADLINE_WARN_FRACTION = 0.8
 # A deadline suggested in a refusal leaves this much room over the estimate.

@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from fluxbooth import deepspeed_numbers as ds
+from fluxbooth.contract import deepspeed_numbers as ds
 from fluxbooth.hardware import GIB, Hardware
-from fluxbooth.modelsize import ModelSize, block_of, is_quantised_layer
+from fluxbooth.contract.precision import block_of, is_quantised_layer
+from fluxbooth.modelsize import ModelSize
 from fluxbooth.pinned import BLOCK_SWAP_DEVICE_SLOTS
 from fluxbooth.plan.host_buffers import (
     allocated_bytes,
@@ -25,7 +26,7 @@ from fluxbooth.plan.host_buffers import (
     zero12_offload_allocations,
 )
 from fluxbooth.plan.types import PHASES, JobShape, MemoryEstimate, Strategy
-from fluxbooth.train.names import normalise_optimizer_name
+from fluxbooth.contract.names import normalise_optimizer_name
 
 # ---- Safety margins: a plan fits when predicted * (1 + margin) <= available. -------------------
 GPU_MARGIN = 0.10  # allocator fragmentation, cuDNN/cuBLAS workspaces we do not model

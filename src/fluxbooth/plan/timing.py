@@ -11,7 +11,8 @@ import math
 from dataclasses import replace
 
 from fluxbooth.hardware import Hardware
-from fluxbooth.modelsize import ModelSize, is_quantised_layer, linear_stream
+from fluxbooth.contract.precision import is_quantised_layer
+from fluxbooth.modelsize import ModelSize, linear_stream
 from fluxbooth.plan.ema import ema_update_seconds
 from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec, pcie_link_bytes_per_second
 from fluxbooth.plan.memory import compute_dtype_bytes, frozen_block_bytes, image_tokens, sequence_tokens

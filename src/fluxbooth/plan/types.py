@@ -9,20 +9,18 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from fluxbooth.buckets import Resolution
+from fluxbooth.contract.buckets import Resolution
+from fluxbooth.contract.precision import QUANTISED_PRECISIONS
 from fluxbooth.request import DEFAULT_TRAINING_TYPE
 from fluxbooth.settings import DatasetLimits, TransferRates
-from fluxbooth.train.names import GUIDANCE_DISTILLED_SAMPLING
-from fluxbooth.trainer_config import LoraSettings
+from fluxbooth.contract.names import GUIDANCE_DISTILLED_SAMPLING
+from fluxbooth.contract.trainer_config import LoraSettings
 
 Offload = Literal["none", "cpu", "nvme"]
 
 # Default LoRA targets when a request names none: the trainer's (one owner: TrainerConfig's LoraSettings).
 DEFAULT_LORA_TARGETS: tuple[str, ...] = LoraSettings.target_modules
 ALTERNATIVE_LORA_RANK = 16
-# How the frozen base of a LoRA is stored: "bf16" means unquantised, in the compute dtype.
-BASE_PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "nf4")
-QUANTISED_PRECISIONS: tuple[str, ...] = ("fp8", "nf4")
 # Phases of a job, in the order they run (docs/memory.md, "Phases").
 PHASES: tuple[str, ...] = ("loading", "caching", "class_images", "training", "validation", "export", "report")
 # Every phase that takes time, in order: the base model's download before the trainer's phases, the artifacts'

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fluxbooth.artifacts import LocalArtifact, sha256_file
-from fluxbooth.captions import with_trigger
-from fluxbooth.events import TrainerEvent
+from fluxbooth.contract.captions import with_trigger
+from fluxbooth.contract.events import TrainerEvent
 from fluxbooth.report.history import TrainingHistory, history_from
 from fluxbooth.report.loss import draw_loss
 from fluxbooth.report.sheets import SheetImage, TrainingShape, draw_dataset, draw_samples

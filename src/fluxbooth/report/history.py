@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from fluxbooth.events import CheckpointEvent, StepEvent, TrainerEvent
-from fluxbooth.train.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
+from fluxbooth.contract.events import CheckpointEvent, StepEvent, TrainerEvent
+from fluxbooth.contract.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
 
 # Validation rounds a report shows (the samples grid's rows, TensorBoard's images): a long run's are thinned.
 MAX_SHOWN_ROUNDS = 10

@@ -2,6 +2,6 @@
 
     accelerate launch --config_file JOB/accelerate.yaml -m fluxbooth.train --config JOB/train.json
 
-Importing this package is cheap and torch-free (so the worker may read `fluxbooth.train.names`);
+Importing this package is cheap and torch-free (so the worker may read `fluxbooth.contract.names`);
 the modules that train import torch themselves.
 """

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fluxbooth.buckets import Shape
+from fluxbooth.contract.buckets import Shape
 from fluxbooth.train.cache import VaeNormalisation
 from fluxbooth.train.state import CachedData, EncodedImages, EncodedPrompts, seed_for
 

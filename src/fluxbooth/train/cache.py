@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from fluxbooth.train.class_images import class_images
-from fluxbooth.buckets import Resolution, Shape
+from fluxbooth.contract.buckets import Resolution, Shape
 from fluxbooth.train.data import TrainingImage, discover_images, oriented_size, pixel_batch, with_controls
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.family_ops import ops_for

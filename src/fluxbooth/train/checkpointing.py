@@ -1,5 +1,5 @@
 """Checkpoints: accelerate/DeepSpeed state plus the trainer's own, written whole or not at all, and
-resumed from. The folder layout is `fluxbooth.train.layout`'s (shared with the worker's uploader)."""
+resumed from. The folder layout is `fluxbooth.contract.layout`'s (shared with the worker's uploader)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.layout import (
+from fluxbooth.contract.layout import (
     CHECKPOINT_STATE_NAME,
     EMA_STATE_NAME,
     checkpoint_folder_name,

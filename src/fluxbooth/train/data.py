@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-from fluxbooth.captions import with_trigger
+from fluxbooth.contract.captions import with_trigger
 from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.pairing import pair_key
+from fluxbooth.contract.pairing import pair_key
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp"})
 ORIENTATION_TAG = 0x0112
@@ -71,7 +71,7 @@ def discover_images(
 
 def with_controls(images: list[TrainingImage], control_dir: Path) -> list[TrainingImage]:
     """Each image paired with the control image of its stem in `control_dir`, by the pairing rule the worker
-    checked the upload by (fluxbooth.train.pairing); an image without one, or two control images one image
+    checked the upload by (fluxbooth.contract.pairing); an image without one, or two control images one image
     could pair with, is an invalid dataset naming them."""
     by_key: dict[str, Path] = {}
     for path in list_image_files(control_dir):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fluxbooth.train.names import (
+from fluxbooth.contract.names import (
     ERROR_CODES,
     EXIT_CUDA_OOM,
     EXIT_FAILED,

@@ -20,7 +20,7 @@ import torch
 from diffusers.training_utils import compute_density_for_timestep_sampling, compute_loss_weighting_for_sd3
 
 from fluxbooth.train.family_ops import FamilyOps
-from fluxbooth.trainer_config import TrainerConfig
+from fluxbooth.contract.trainer_config import TrainerConfig
 
 
 # FLUX's resolution-dependent shift (its scheduler's config; these are FLUX.1's, which kohya hard-codes):

@@ -25,9 +25,9 @@ import torch
 from transformers.optimization import Adafactor
 
 from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.names import OPTIMIZER_HYPERPARAMETERS, normalise_optimizer_name
+from fluxbooth.contract.names import OPTIMIZER_HYPERPARAMETERS, normalise_optimizer_name
 from fluxbooth.train.state import seed_for
-from fluxbooth.trainer_config import TrainerConfig
+from fluxbooth.contract.trainer_config import TrainerConfig
 
 # The float32 bits below bf16's mantissa.
 _LOW_BITS = 16

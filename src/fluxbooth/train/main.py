@@ -4,7 +4,7 @@ The stages, in order (`run`): session (accelerator, configs checked) → cache (
 text embeddings, latents; encoders and VAE freed afterwards) → load (the transformer) → train (the
 DeepSpeed engine built only now; checkpoints and validation renders between steps) → save/export →
 validate → done. They hand each other one `TrainerState`. Progress goes to stdout as typed
-`fluxbooth.events` lines from the main process.
+`fluxbooth.contract.events` lines from the main process.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from fluxbooth.events import ErrorEvent, StageEvent, format_event
+from fluxbooth.contract.events import ErrorEvent, StageEvent, format_event
 from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.names import EXIT_INVALID_CONFIG
-from fluxbooth.trainer_config import TrainerConfig
+from fluxbooth.contract.names import EXIT_INVALID_CONFIG
+from fluxbooth.contract.trainer_config import TrainerConfig
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m fluxbooth.train", description="FLUX DreamBooth trainer (run under accelerate launch)")
-    parser.add_argument("--config", type=Path, required=True, help="train.json written by the worker (fluxbooth.trainer_config)")
+    parser.add_argument("--config", type=Path, required=True, help="train.json written by the worker (fluxbooth.contract.trainer_config)")
     return parser.parse_args(argv)
 
 

@@ -12,7 +12,7 @@ import torch
 
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.state import Session
-from fluxbooth.trainer_config import LoraSettings
+from fluxbooth.contract.trainer_config import LoraSettings
 
 TRANSFORMER_SUBFOLDER = "transformer"
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.names import (
+from fluxbooth.contract.names import (
     DEEPSPEED_ONLY_OPTIMIZERS,
     DEEPSPEED_OPTIMIZER_TYPES,
     OPTIMIZER_HYPERPARAMETERS,
@@ -22,7 +22,7 @@ from fluxbooth.train.names import (
     SUPPORTED_OPTIMIZERS,
     normalise_optimizer_name,
 )
-from fluxbooth.trainer_config import TrainerConfig
+from fluxbooth.contract.trainer_config import TrainerConfig
 
 
 def validated_optimizer_name(config: TrainerConfig, deepspeed_config: dict[str, Any] | None) -> str:

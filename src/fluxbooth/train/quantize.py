@@ -38,8 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as functional
 
-from fluxbooth.modelsize import is_quantised_layer
-from fluxbooth.plan.types import BASE_PRECISIONS, QUANTISED_PRECISIONS
+from fluxbooth.contract.precision import BASE_PRECISIONS, QUANTISED_PRECISIONS, is_quantised_layer
 from fluxbooth.train.failures import TrainerFailure
 
 BF16 = BASE_PRECISIONS[0]

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from fluxbooth.events import (
+from fluxbooth.contract.events import (
     CheckpointEvent,
     DoneEvent,
     ErrorEvent,
@@ -26,7 +26,7 @@ from fluxbooth.events import (
 
 
 class EventReporter:
-    """Prints `fluxbooth.events` lines on stdout (flushed) when `enabled` (the main process)."""
+    """Prints `fluxbooth.contract.events` lines on stdout (flushed) when `enabled` (the main process)."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled

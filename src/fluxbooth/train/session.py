@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from fluxbooth.buckets import BUCKET_MULTIPLE
+from fluxbooth.contract.buckets import BUCKET_MULTIPLE
 from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.names import (
+from fluxbooth.contract.names import (
     FULL_EXPORT_FORMATS,
     LORA_EXPORT_FORMATS,
     SUPPORTED_TIMESTEP_SAMPLING,
@@ -21,7 +21,7 @@ from fluxbooth.train.names import (
 )
 from fluxbooth.train.runtime import EventReporter, StageClock
 from fluxbooth.train.state import Precision, Session
-from fluxbooth.trainer_config import TrainerConfig
+from fluxbooth.contract.trainer_config import TrainerConfig
 
 # Ranks wait at barriers while the main process generates class images, gathers ZeRO-3 weights for
 # export or renders validation images; on a real model any of these can outlast the 30-minute default.

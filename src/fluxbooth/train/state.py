@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from fluxbooth.train.runtime import EventReporter, ReleaseTracker, StageClock
-from fluxbooth.trainer_config import TrainerConfig
+from fluxbooth.contract.trainer_config import TrainerConfig
 
 
 @dataclass(frozen=True)

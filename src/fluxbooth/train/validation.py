@@ -16,7 +16,7 @@ from fluxbooth.train.cache import decoding_device, load_vae
 from fluxbooth.train.export.lora import LORA_WEIGHTS_NAME
 from fluxbooth.train.export.stage import TRANSFORMER_FOLDER, lora_for_rendering
 from fluxbooth.train.family_ops import FamilyOps, ops_for
-from fluxbooth.train.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
+from fluxbooth.contract.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
 from fluxbooth.train.loop import release_prefetched_partitions
 from fluxbooth.train.quantize import QuantisedLinear, quantised_transformer_for, residency
 from fluxbooth.train.runtime import free_accelerator_memory

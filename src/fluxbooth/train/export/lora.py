@@ -26,7 +26,7 @@ from fluxbooth.train.export.key_layouts import (
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.family_ops import FLUX1_LORA_FILE, LoraFileFormat
 from fluxbooth.train.state import gathered
-from fluxbooth.trainer_config import LoraSettings
+from fluxbooth.contract.trainer_config import LoraSettings
 
 LORA_WEIGHTS_NAME = "pytorch_lora_weights.safetensors"
 

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from enum import Enum
 from pathlib import PurePosixPath
 
-from fluxbooth.trainer_config import TrainerConfig
+from fluxbooth.contract.trainer_config import TrainerConfig
 
 MODELSPEC_VERSION = "1.0.1"
 # ModelSpec's "implementation" names the codebase whose key names a file uses: diffusers' for the diffusers

@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fluxbooth.buckets import Resolution
-from fluxbooth.captions import with_trigger
-from fluxbooth.train.names import DEFAULT_LORA_TARGET_MODULES, SamplingDefaults
+from fluxbooth.contract.buckets import Resolution
+from fluxbooth.contract.captions import with_trigger
+from fluxbooth.contract.names import DEFAULT_LORA_TARGET_MODULES, SamplingDefaults
 
 
 @dataclass(frozen=True)
@@ -97,14 +97,14 @@ class TrainerConfig:
     # The share of instance samples whose caption is replaced by the empty prompt (seeded per sample position).
     caption_dropout: float = 0.0
     # Aspect buckets: each image trains at each of these sizes in the shape nearest its aspect ratio
-    # (fluxbooth.buckets); empty: every image scaled to cover `resolution` and centre-cropped.
+    # (fluxbooth.contract.buckets); empty: every image scaled to cover `resolution` and centre-cropped.
     bucket_sizes: tuple[int, ...] = ()
     # What the exported files say about themselves (train/export/metadata): the request's model_name, the base
     # model as the request (or the endpoint's default) named it, and the trigger word its captions carry.
     model_name: str = ""
     base_model_name: str = ""
     # Also put in front of every caption, the instance prompt and the validation prompts that lack it, and in
-    # place of `[trigger]` (fluxbooth.captions).
+    # place of `[trigger]` (fluxbooth.contract.captions).
     trigger_word: str | None = None
     # A full fine-tune on bf16 weights, stepped by Adafactor per parameter inside the backward pass, without
     # DeepSpeed (train/fused_adafactor.py; kohya's --fused_backward_pass --full_bf16; Plan.fused_backward_pass).

@@ -45,7 +45,7 @@ class WarningEvent:
 
 @dataclass(frozen=True)
 class ErrorEvent:
-    """The trainer stops: `code` is one of fluxbooth.train.names.ERROR_CODES."""
+    """The trainer stops: `code` is one of fluxbooth.contract.names.ERROR_CODES."""
 
     KIND: ClassVar[str] = "error"
     code: str
