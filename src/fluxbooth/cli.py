@@ -262,7 +262,7 @@ def _base_model_from(request: Any, settings: WorkerSettings) -> str:
     name = request.base_model or settings.default_base_model
     if name == TINY_MODEL_NAME:
         # The tiny model is built from code on first use; it must exist to be sized.
-        from fluxbooth.job import ensure_tiny_model
+        from fluxbooth.model_source import ensure_tiny_model
 
         return str(ensure_tiny_model(settings.cache_dir))
     return name
