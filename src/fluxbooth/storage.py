@@ -169,6 +169,7 @@ class S3Store:
         connect_timeout_seconds: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
         read_timeout_seconds: float = DEFAULT_READ_TIMEOUT_SECONDS,
     ) -> None:
+        # boto3 only once a bucket is used: see the module docstring.
         import boto3
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
@@ -335,7 +336,7 @@ class S3Store:
     def _transfer(self, local_path: Path, key: str, extra_args: dict[str, object]) -> None:
         # The transfer manager, unlike client.upload_file, raises the original botocore error
         # (with its error code and retry count) instead of a flattened S3UploadFailedError.
-        from boto3.s3.transfer import create_transfer_manager
+        from boto3.s3.transfer import create_transfer_manager  # on use only, as in __init__
 
         with create_transfer_manager(self._client, self._transfer_config) as manager:
             future = manager.upload(str(local_path), self._bucket_settings.bucket, key, extra_args=extra_args)
