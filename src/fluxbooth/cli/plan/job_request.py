@@ -11,6 +11,7 @@ from typing import Any
 from fluxbooth.dataset.remote_count import SOURCE_CAP, DatasetCount, count_dataset
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.jsonfiles import MAX_REQUEST_BYTES, JSONBoundError, read_json_file
+from fluxbooth.model_source import ensure_tiny_model
 from fluxbooth.request import parse_request
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
 
@@ -118,9 +119,6 @@ def base_model_from(request: Any, settings: WorkerSettings) -> str:
     name = request.base_model or settings.default_base_model
     if name == TINY_MODEL_NAME:
         # The tiny model is built from code on first use; it must exist to be sized.
-        # Deferred: the worker's job module (asyncio, storage) is needed only for the tiny model.
-        from fluxbooth.job import ensure_tiny_model
-
         return str(ensure_tiny_model(settings.cache_dir))
     return name
 
