@@ -43,7 +43,7 @@ from fluxbooth.hardware import Hardware, format_bytes, free_disk_bytes, nvme_roo
 from fluxbooth.launch import classify_outcome, run_trainer, trainer_command
 from fluxbooth.messages import bounded_warnings
 from fluxbooth.model_source import ResolvedModel, download_base_model, ensure_room_to_download, resolve_hub_model
-from fluxbooth.modelsize import ModelSize
+from fluxbooth.sizing import ModelSize
 from fluxbooth.plan import Plan, choose_plan, model_size
 from fluxbooth.redaction import Redactor
 from fluxbooth.settings import TINY_MODEL_NAME, TransferRates, WorkerSettings

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import Hardware, format_bytes
-from fluxbooth.modelsize import ModelSize
+from fluxbooth.sizing import ModelSize
 from fluxbooth.plan import JobShape, as_job, check_job, choose_plan, evaluate_candidates, pick
 from fluxbooth.settings import TransferRates, WorkerSettings
 
