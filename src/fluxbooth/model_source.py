@@ -49,7 +49,7 @@ TINY_BUILD_TIMEOUT_SECONDS = 600
 PIPELINE_FILE_PATTERNS = ("model_index.json",) + tuple(
     f"{folder}/*.{kind}" for folder in ALL_PIPELINE_FOLDERS for kind in PIPELINE_FILE_KINDS
 )
-# What the planner reads to size the model and tell its family (modelsize.model_size): fetched before the
+# What the planner reads to size the model and tell its family (sizing.model_size): fetched before the
 # weights. FLUX.2 has no text_encoder_2; its pattern then matches nothing.
 SIZING_FILE_PATTERNS = ("model_index.json", "transformer/config.json", "text_encoder/config.json",
                         "text_encoder_2/config.json", "vae/config.json")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from fluxbooth.attempts import job_swap_dir
 from fluxbooth.hardware import Hardware
 from fluxbooth.model_source import ResolvedModel, pending_download_bytes
-from fluxbooth.modelsize import ModelSize
+from fluxbooth.sizing import ModelSize
 from fluxbooth.plan import Plan, choose_plan
 from fluxbooth.settings import TransferRates
 

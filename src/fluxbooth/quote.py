@@ -13,7 +13,7 @@ from fluxbooth.dataset.remote_count import DatasetCount, count_dataset
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import Hardware, format_bytes, probe_hardware
 from fluxbooth.model_source import pending_download_bytes, resolve_base_model
-from fluxbooth.modelsize import ModelSize
+from fluxbooth.sizing import ModelSize
 from fluxbooth.plan import JobShape, as_job, check_job, choose_plan, evaluate_candidates, model_size, pick
 from fluxbooth.request import TrainingRequest
 from fluxbooth.settings import TransferRates, WorkerSettings
