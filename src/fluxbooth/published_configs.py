@@ -88,7 +88,8 @@ T5_XXL_ENCODER: dict[str, Any] = {
     "torch_dtype": "bfloat16",
 }
 
-FLUX1_VAE: dict[str, Any] = {
+# The encoder/decoder layout both families' AutoencoderKL share; they differ in latents and normalisation.
+_AUTOENCODER_BLOCKS: dict[str, Any] = {
     "in_channels": 3,
     "out_channels": 3,
     "down_block_types": ["DownEncoderBlock2D"] * 4,
@@ -96,6 +97,10 @@ FLUX1_VAE: dict[str, Any] = {
     "block_out_channels": [128, 256, 512, 512],
     "layers_per_block": 2,
     "act_fn": "silu",
+}
+
+FLUX1_VAE: dict[str, Any] = {
+    **_AUTOENCODER_BLOCKS,
     "latent_channels": 16,
     "norm_num_groups": 32,
     "sample_size": 1024,
@@ -159,13 +164,7 @@ FLUX2_KLEIN_9B_TRANSFORMER: dict[str, Any] = {
 }
 
 FLUX2_VAE: dict[str, Any] = {
-    "in_channels": 3,
-    "out_channels": 3,
-    "down_block_types": ["DownEncoderBlock2D"] * 4,
-    "up_block_types": ["UpDecoderBlock2D"] * 4,
-    "block_out_channels": [128, 256, 512, 512],
-    "layers_per_block": 2,
-    "act_fn": "silu",
+    **_AUTOENCODER_BLOCKS,
     "latent_channels": 32,
     "norm_num_groups": 32,
     "sample_size": 1024,
