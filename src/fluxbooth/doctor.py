@@ -336,8 +336,10 @@ def write_and_reread_configs(plan: Any, job_dir: Path, work_dir: Path) -> CheckR
     """Write the launch files a job would get and read them back as accelerate and DeepSpeed would."""
     import yaml
 
-    from fluxbooth.configs import write_launch_files
+    from fluxbooth.contract.buckets import Resolution
+    from fluxbooth.contract.names import GUIDANCE_DISTILLED_SAMPLING
     from fluxbooth.contract.trainer_config import TrainerConfig
+    from fluxbooth.launch_files import write_launch_files
 
     trainer = TrainerConfig(
         base_model="/models/flux",
@@ -350,7 +352,7 @@ def write_and_reread_configs(plan: Any, job_dir: Path, work_dir: Path) -> CheckR
         with_prior_preservation=False,
         prior_loss_weight=1.0,
         num_class_images=0,
-        resolution=(512, 512),
+        resolution=Resolution(fixed=(512, 512)),
         training_type=plan.training_type,
         steps=10,
         learning_rate=1e-5,
@@ -362,6 +364,10 @@ def write_and_reread_configs(plan: Any, job_dir: Path, work_dir: Path) -> CheckR
         zero_stage=plan.zero_stage,
         offload_optimizer=plan.offload_optimizer,
         offload_param=plan.offload_param,
+        max_sequence_length=GUIDANCE_DISTILLED_SAMPLING.max_sequence_length,
+        validation_inference_steps=GUIDANCE_DISTILLED_SAMPLING.inference_steps,
+        validation_guidance_scale=GUIDANCE_DISTILLED_SAMPLING.guidance_scale,
+        class_image_inference_steps=GUIDANCE_DISTILLED_SAMPLING.inference_steps,
     )
     try:
         files = write_launch_files(job_dir, plan, trainer)
@@ -395,7 +401,7 @@ def write_and_reread_configs(plan: Any, job_dir: Path, work_dir: Path) -> CheckR
 
 
 def check_environment(plan: Any, child_env: Mapping[str, str]) -> CheckResult:
-    from fluxbooth.configs import DEBUG_ONLY_ENV
+    from fluxbooth.launch_files import DEBUG_ONLY_ENV
 
     problems = []
     if child_env.get("DS_ACCELERATOR") != plan.accelerator:
@@ -462,7 +468,7 @@ def run_doctor(
     probe: Callable[..., dict[str, Any]] = run_runtime_probe,
 ) -> list[CheckResult]:
     """Every check, in the order a person reads them. `probe` is the child-process runner."""
-    from fluxbooth.configs import child_environment
+    from fluxbooth.launch_files import child_environment
 
     settings = WorkerSettings.from_environ(environ)
     work_dir = settings.work_root

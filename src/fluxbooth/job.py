@@ -35,7 +35,7 @@ from fluxbooth.attempts import (
     remove_stale_swap_dirs,
 )
 from fluxbooth.clock import JobClock
-from fluxbooth.configs import child_environment, trainer_config_for, write_launch_files
+from fluxbooth.launch_files import child_environment, trainer_config_for, write_launch_files
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.contract.events import StageEvent, StepEvent, TrainerEvent, WarningEvent
 from fluxbooth.families import default_lora_targets_of, family_named

@@ -45,8 +45,6 @@ def open_session(config: TrainerConfig, reporter: EventReporter) -> Session:
         _check_process_group(accelerator)
         reporter.enabled = accelerator.is_main_process
         transformer_config = load_transformer_config(config.base_model)
-        # schnell is sampled differently from dev: the fields train.json leaves open follow the model.
-        config = config.with_sampling_defaults(model_sampling_defaults(config.base_model, transformer_config)).with_trigger_word()
         deepspeed_config = _completed_deepspeed_config(accelerator, config, transformer_config)
         zero_stage = int((deepspeed_config or {}).get("zero_optimization", {}).get("stage", 0))
         _check_batch_sizes(config, deepspeed_config)
@@ -71,15 +69,6 @@ def open_session(config: TrainerConfig, reporter: EventReporter) -> Session:
         transformer_config=transformer_config,
         cuda_memory_fraction=cuda_memory_fraction,
     )
-
-
-def model_sampling_defaults(base_model: str, transformer_config: dict[str, Any]) -> Any:
-    """How the base model is prompted and sampled when train.json leaves it open: its family's defaults
-    (schnell and [klein]'s distilled checkpoints are sampled in a few steps), from its own files."""
-    from fluxbooth.train.family_ops import ops_for
-
-    ops = ops_for(base_model)
-    return ops.family.sampling_defaults(transformer_config, ops.model_index)
 
 
 def limit_cuda_memory(environ: Any) -> float | None:
@@ -118,11 +107,11 @@ def validate_config(config: TrainerConfig) -> None:
         raise TrainerFailure(
             "invalid_config", f"export_formats {list(config.export_formats)} for {config.training_type} training must be from {list(allowed)}"
         )
-    width, height = config.resolution
+    width, height = config.resolution.render_shape
     if width % BUCKET_MULTIPLE or height % BUCKET_MULTIPLE:
         raise TrainerFailure("invalid_config", f"resolution {width}x{height}: both sides must be multiples of {BUCKET_MULTIPLE}")
-    if any(size <= 0 or size % BUCKET_MULTIPLE for size in config.bucket_sizes):
-        raise TrainerFailure("invalid_config", f"bucket_sizes {list(config.bucket_sizes)}: each must be a multiple of {BUCKET_MULTIPLE}")
+    if any(size <= 0 or size % BUCKET_MULTIPLE for size in config.resolution.sizes):
+        raise TrainerFailure("invalid_config", f"resolution {config.resolution.describe()}: each size must be a multiple of {BUCKET_MULTIPLE}")
     if config.with_prior_preservation and not config.class_prompt:
         raise TrainerFailure("invalid_config", "with_prior_preservation needs a class_prompt")
     if config.steps < 1:

@@ -51,7 +51,7 @@ def render_prompts(state: TrainerState, pipeline: Any, target: RenderTarget, *, 
     `writes` saves the images and records them (others only lend their ZeRO-3 slices to the forward)."""
     session, embeddings = state.session, _embeddings(state)
     config, device = session.config, session.accelerator.device
-    width, height = config.resolution
+    width, height = config.resolution.render_shape
     output_dir = Path(config.output_dir)
     target.folder.mkdir(parents=True, exist_ok=True)
     ops = ops_for(config.base_model)
@@ -100,7 +100,7 @@ def _embeddings(state: TrainerState) -> EncodedPrompts:
 def _negative_embeddings(state: TrainerState, ops: FamilyOps, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
     """The empty prompt's embeddings when the family renders with true classifier-free guidance (FLUX.2 [klein]
     base checkpoints): encoded in the cache stage, so no text encoder is loaded here."""
-    if not ops.needs_negative_prompt(float(state.session.config.validation_guidance_scale or 0.0)):
+    if not ops.needs_negative_prompt(state.session.config.validation_guidance_scale):
         return None
     empty = state.cached().empty_prompt
     if empty is None:
@@ -115,7 +115,7 @@ def _control_image(config: Any, index: int) -> Any:
         return None
     from fluxbooth.train.data import load_image, resize_and_center_crop
 
-    return resize_and_center_crop(load_image(Path(images[index])), tuple(config.resolution))
+    return resize_and_center_crop(load_image(Path(images[index])), config.resolution.render_shape)
 
 
 def render_during_training(state: TrainerState, step: int) -> None:
@@ -136,7 +136,7 @@ def render_during_training(state: TrainerState, step: int) -> None:
             vae_dtype = torch.float32 if accelerator.native_amp else dtype
             vae = load_vae(config.base_model, without_transformers_zero3_init, dtype=vae_dtype)
             if session.is_main:
-                vae.to(decoding_device(session.encoder_device, vae, config.resolution))
+                vae.to(decoding_device(session.encoder_device, vae, config.resolution.render_shape))
             pipeline = ops_for(config.base_model).pipeline_on(
                 device,
                 scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(config.base_model, subfolder="scheduler"),
