@@ -17,18 +17,16 @@ import pytest
 from fluxbooth.hardware import (
     GIB,
     MIB,
-    allowed_cpus,
     format_bytes,
     free_disk_bytes,
-    host_memory,
     hypothetical_hardware,
     parse_bytes,
     parse_nvidia_smi_csv,
     probe_gpus,
     probe_hardware,
-    read_cgroup_memory,
     visible_gpus,
 )
+from fluxbooth.host_limits import allowed_cpus, host_memory, read_cgroup_memory
 
 MEMINFO = "MemTotal:       263921212 kB\nMemFree:        100000000 kB\nMemAvailable:   200000000 kB\n"
 H100_ROWS = "0, NVIDIA H100 80GB HBM3, 81559, 81004, 9.0\n1, NVIDIA H100 80GB HBM3, 81559, 70000, 9.0\n"

@@ -23,10 +23,20 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import yaml
+from botocore.exceptions import BotoCoreError, ClientError
+
+from fluxbooth.contract.buckets import Resolution
+from fluxbooth.contract.names import GUIDANCE_DISTILLED_SAMPLING
+from fluxbooth.contract.trainer_config import TrainerConfig
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import GIB, Hardware, format_bytes, probe_hardware
+from fluxbooth.launch_files import DEBUG_ONLY_ENV, child_environment, write_launch_files
+from fluxbooth.model_source import ModelPlaces, how_to_provide, local_model_folder, locate_hub_model
+from fluxbooth.plan import JobShape, Plan, choose_plan, model_size
 from fluxbooth.redaction import Redactor
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
+from fluxbooth.storage import S3Store, storage_problem
 
 OK = "ok"
 WARN = "warn"
@@ -65,7 +75,7 @@ def _runtime_probe(config_dir: str, need_cpu_adam: bool, need_aio: bool, build_o
     """Runs in the child. Returns plain data; never raises (failures become entries)."""
     report: dict[str, Any] = {}
     try:
-        import torch
+        import torch  # only here, in the probe's child process (see the module's docstring)
 
         report["torch"] = torch.__version__
         report["cuda_available"] = bool(torch.cuda.is_available())
@@ -76,7 +86,7 @@ def _runtime_probe(config_dir: str, need_cpu_adam: bool, need_aio: bool, build_o
         report["torch_error"] = f"{type(error).__name__}: {error}"[:300]
         return report
     try:
-        import deepspeed
+        import deepspeed  # child process only, like torch
         from deepspeed.accelerator import get_accelerator
         from deepspeed.git_version_info import accelerator_name, installed_ops
 
@@ -109,7 +119,7 @@ def _runtime_probe(config_dir: str, need_cpu_adam: bool, need_aio: bool, build_o
     except Exception as error:  # noqa: BLE001
         report["deepspeed_error"] = f"{type(error).__name__}: {error}"[:300]
     try:
-        import accelerate
+        import accelerate  # child process only, like torch
         from accelerate.utils import DeepSpeedPlugin, is_deepspeed_available
 
         report["accelerate"] = accelerate.__version__
@@ -118,7 +128,7 @@ def _runtime_probe(config_dir: str, need_cpu_adam: bool, need_aio: bool, build_o
         if ds_path.is_file():
             plugin = DeepSpeedPlugin(hf_ds_config=str(ds_path))
             report["accelerate_zero_stage"] = plugin.zero_stage
-            from deepspeed.runtime.config import DeepSpeedConfig
+            from deepspeed.runtime.config import DeepSpeedConfig  # child process only, like torch
 
             parsed = DeepSpeedConfig(str(ds_path))
             report["deepspeed_zero_stage"] = parsed.zero_optimization_stage
@@ -162,8 +172,6 @@ def run_runtime_probe(
 
 def _reference_plan(hardware: Hardware, settings: WorkerSettings) -> tuple[Any, str]:
     """The plan a default job would get here, else the guide's ZeRO-2 CPU-offload plan."""
-    from fluxbooth.plan import JobShape, Plan, choose_plan, model_size
-
     job = JobShape(resolution=(512, 512) if hardware.accelerator == "cpu" else (1024, 1024), steps=10)
     try:
         model = model_size(_resolved_base_model(settings) or settings.default_base_model)
@@ -195,8 +203,6 @@ def _reference_plan(hardware: Hardware, settings: WorkerSettings) -> tuple[Any, 
 
 def _resolved_base_model(settings: WorkerSettings) -> str | None:
     """A local folder for the configured base model, or None when it is not on this machine."""
-    from fluxbooth.model_source import local_model_folder
-
     name = settings.default_base_model
     if name == TINY_MODEL_NAME:
         return None
@@ -205,8 +211,6 @@ def _resolved_base_model(settings: WorkerSettings) -> str | None:
 
 
 def check_base_model(settings: WorkerSettings) -> CheckResult:
-    from fluxbooth.model_source import ModelPlaces, how_to_provide, locate_hub_model
-
     name = settings.default_base_model
     if name == TINY_MODEL_NAME:
         return CheckResult("base model", OK, f"{name}: built on demand from code, nothing to download")
@@ -334,12 +338,6 @@ def check_accelerate(report: Mapping[str, Any], plan: Any) -> CheckResult:
 
 def write_and_reread_configs(plan: Any, job_dir: Path, work_dir: Path) -> CheckResult:
     """Write the launch files a job would get and read them back as accelerate and DeepSpeed would."""
-    import yaml
-
-    from fluxbooth.contract.buckets import Resolution
-    from fluxbooth.contract.names import GUIDANCE_DISTILLED_SAMPLING
-    from fluxbooth.contract.trainer_config import TrainerConfig
-    from fluxbooth.launch_files import write_launch_files
 
     trainer = TrainerConfig(
         base_model="/models/flux",
@@ -401,8 +399,6 @@ def write_and_reread_configs(plan: Any, job_dir: Path, work_dir: Path) -> CheckR
 
 
 def check_environment(plan: Any, child_env: Mapping[str, str]) -> CheckResult:
-    from fluxbooth.launch_files import DEBUG_ONLY_ENV
-
     problems = []
     if child_env.get("DS_ACCELERATOR") != plan.accelerator:
         problems.append(f"DS_ACCELERATOR={child_env.get('DS_ACCELERATOR')!r}")
@@ -421,15 +417,11 @@ def check_bucket(settings: WorkerSettings) -> CheckResult:
     """HEAD the bucket with the worker's credentials; the message never carries a credential."""
     bucket = settings.bucket
     if bucket is None:
-        from fluxbooth.storage import storage_problem
-
+    
         problem = storage_problem(settings)
         if problem is not None:
             return CheckResult("object storage", FAIL, problem)
         return CheckResult("object storage", SKIP, f"no bucket (BUCKET_ENDPOINT_URL): artifacts go to {settings.output_dir}")
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from fluxbooth.storage import S3Store
 
     host = urlsplit(bucket.endpoint_url).hostname if bucket.endpoint_url else "AWS S3"
     where = f"s3://{bucket.bucket} at {host}"
@@ -468,8 +460,6 @@ def run_doctor(
     probe: Callable[..., dict[str, Any]] = run_runtime_probe,
 ) -> list[CheckResult]:
     """Every check, in the order a person reads them. `probe` is the child-process runner."""
-    from fluxbooth.launch_files import child_environment
-
     settings = WorkerSettings.from_environ(environ)
     work_dir = settings.work_root
     hardware = probe_hardware(work_dir, environ)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -60,6 +61,7 @@ def read_request(path: Path) -> dict[str, Any]:
 
 
 def submission_from(arguments: argparse.Namespace, environ: Mapping[str, str]) -> Submission:
+    # deferred: every subcommand builds this parser, and only `submit` needs the HTTP client behind these
     from fluxbooth.client.api import endpoint_url
     from fluxbooth.client.submission import Submission
 
@@ -80,9 +82,7 @@ def submission_from(arguments: argparse.Namespace, environ: Mapping[str, str]) -
 
 
 def run_submit_command(arguments: argparse.Namespace, environ: Mapping[str, str], out: TextIO) -> int:
-    import sys
-
-    from fluxbooth.client.submission import submit
+    from fluxbooth.client.submission import submit  # deferred, as in submission_from
 
     try:
         submission = submission_from(arguments, environ)

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import requests
+
 from fluxbooth.client.errors import ClientError, ExitCode
 from fluxbooth.dataset.archive import CAPTION_EXTENSION, IMAGE_EXTENSIONS
 from fluxbooth.hardware import format_bytes
@@ -130,6 +132,7 @@ def fits_inline(job_input: Mapping[str, Any], zip_bytes: bytes, extra: Mapping[s
 
 
 def _s3_client(bucket: BucketSettings) -> Any:
+    # deferred: boto3 is slow to import, and only a dataset too large to send inline is uploaded
     import boto3
     from botocore.config import Config
 
@@ -151,8 +154,6 @@ def bucket_for_upload(environ: Mapping[str, str]) -> BucketSettings | None:
 
 def upload_zip(zip_bytes: bytes, bucket: BucketSettings) -> str:
     """PUT the zip to the bucket through a presigned URL; return a presigned GET link the worker can fetch."""
-    import requests
-
     key = "/".join(part for part in (bucket.prefix, UPLOADS_FOLDER, uuid.uuid4().hex, "dataset.zip") if part)
     client = _s3_client(bucket)
     put_url = client.generate_presigned_url(

@@ -15,11 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from pydantic import ValidationError
+
 from fluxbooth.client.api import JobApi
 from fluxbooth.client.artifacts import download_all
 from fluxbooth.client.dataset import dataset_fields, read_photos, run_body
 from fluxbooth.client.errors import ClientError, ExitCode
 from fluxbooth.progress import ProgressBar
+from fluxbooth.request import TrainingRequest, describe_validation_error
 
 # RunPod's execution timeout counts from when a worker takes the job; the worker's own deadline
 # (timeout_seconds) must end it first, so that a job out of time still reports and keeps its work.
@@ -66,10 +69,6 @@ class Outcome:
 
 def check_request(job_input: Mapping[str, Any]) -> None:
     """Refuse a request the worker would refuse, before anything is uploaded or paid for."""
-    from pydantic import ValidationError
-
-    from fluxbooth.request import TrainingRequest, describe_validation_error
-
     present = [name for name in DATASET_FIELDS if name in job_input]
     if present:
         raise ClientError(

@@ -174,7 +174,7 @@ def _scaled(grey: Image.Image, side: int, *, longer: bool) -> Image.Image:
 
 
 def laplacian_variance(grey: Image.Image) -> float:
-    import cv2
+    import cv2  # deferred: OpenCV is heavy to import, and only the dataset checks need it
 
     return float(cv2.Laplacian(np.asarray(_scaled(grey, SHARPNESS_SIDE, longer=False)), cv2.CV_64F).var())
 
@@ -183,7 +183,7 @@ class FaceCounter:
     """OpenCV's bundled frontal-face Haar cascade; one per thread (a cascade is not safe to share)."""
 
     def __init__(self) -> None:
-        import cv2
+        import cv2  # deferred, as in laplacian_variance
 
         self._file = str(Path(cv2.data.haarcascades) / FACE_CASCADE)
         self._local = threading.local()
@@ -192,7 +192,7 @@ class FaceCounter:
     def _cascade(self) -> Any:
         cascade = getattr(self._local, "cascade", None)
         if cascade is None:
-            import cv2
+            import cv2  # deferred, as in laplacian_variance
 
             cascade = cv2.CascadeClassifier(self._file)
             if cascade.empty():

@@ -208,7 +208,7 @@ def register_heif_decoder() -> None:
 
     pi-heif is pillow-heif's decoder-only build: libheif and libde265 (LGPL) without the x265 encoder that
     pillow-heif's wheels bundle (GPL), which the worker never needs and its image would otherwise ship."""
-    from pi_heif import register_heif_opener
+    from pi_heif import register_heif_opener  # deferred: loads libheif when the first photo is decoded, not at import
 
     register_heif_opener(thumbnails=False, depth_images=False, aux_images=False)
 

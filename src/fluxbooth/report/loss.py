@@ -17,6 +17,7 @@ VALIDATION_COLOR = "#2ca02c"
 
 
 def draw_loss(history: TrainingHistory, path: Path, title: str) -> None:
+    # deferred: matplotlib is heavy to import, and the worker draws only after training
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator

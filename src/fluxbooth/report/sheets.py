@@ -33,7 +33,7 @@ TrainingShape = Callable[[int, int], tuple[int, int]]
 
 
 def _font(size: int) -> ImageFont.FreeTypeFont:
-    from matplotlib import font_manager
+    from matplotlib import font_manager  # deferred: heavy to import, needed only to draw a sheet
 
     return ImageFont.truetype(font_manager.findfont("DejaVu Sans"), size)
 

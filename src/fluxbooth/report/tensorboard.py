@@ -38,6 +38,7 @@ def _small_jpeg(path: Path) -> tuple[int, int, bytes]:
 def write_events(history: TrainingHistory, folder: Path) -> Path:
     """The event file, alone in `folder` (a new folder), renamed without the host name and process id that
     TensorBoard's writer puts in its name."""
+    # deferred: TensorBoard (and its protobufs) are heavy to import, needed only to write the report
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
