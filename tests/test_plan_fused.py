@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from fluxbooth.cli import main
-from fluxbooth.configs import deepspeed_config, trainer_config_for, write_launch_files
+from fluxbooth.launch_files import deepspeed_config, trainer_config_for, write_launch_files
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import GIB, Hardware, hypothetical_hardware
 from fluxbooth.plan import choose_plan, estimate_memory, evaluate_candidates, model_size

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fluxbooth.configs import trainer_config_for
+from fluxbooth.launch_files import trainer_config_for
 from fluxbooth.request import parse_request
 from tests.test_configs import GUIDE_DEFAULT_PLAN
 from tests.test_request import minimal, refusal

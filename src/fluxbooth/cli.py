@@ -24,12 +24,16 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import Hardware, format_bytes, hypothetical_hardware, parse_size, probe_hardware
 from fluxbooth.jsonfiles import MAX_REQUEST_BYTES, JSONBoundError, read_json_file
 from fluxbooth.settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from fluxbooth.request import TrainingRequest
+    from fluxbooth.spec import JobSpec
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -213,7 +217,7 @@ def _request_fields(arguments: argparse.Namespace) -> tuple[dict[str, Any], dict
     return fields, from_flags
 
 
-def _validated_request(arguments: argparse.Namespace) -> Any:
+def _validated_request(arguments: argparse.Namespace) -> TrainingRequest:
     """The request as the worker validates it: every bound and rule of TrainingRequest, each refusal naming
     the flag that set the field."""
     from fluxbooth.request import parse_request
@@ -228,7 +232,7 @@ def _validated_request(arguments: argparse.Namespace) -> Any:
         raise FluxboothError(error.code, re.sub(r"input\.(\w+)", flag_for, error.message)) from None
 
 
-def _instance_images(arguments: argparse.Namespace, request: Any, settings: WorkerSettings) -> Any:
+def _instance_images(arguments: argparse.Namespace, request: TrainingRequest, settings: WorkerSettings) -> Any:
     """The dataset's image count (a remote_count.DatasetCount): `--instance-images` when given, bounded by the
     worker's dataset limits; else the --request's dataset counted as a dry run counts it; else the worker's cap."""
     from fluxbooth.dataset.remote_count import SOURCE_CAP, DatasetCount, count_dataset
@@ -256,7 +260,7 @@ def _instance_images(arguments: argparse.Namespace, request: Any, settings: Work
     return DatasetCount(count, INSTANCE_IMAGES_FLAG)
 
 
-def _base_model_from(request: Any, settings: WorkerSettings) -> str:
+def _base_model_from(request: TrainingRequest, settings: WorkerSettings) -> str:
     from fluxbooth.settings import TINY_MODEL_NAME
 
     name = request.base_model or settings.default_base_model
@@ -424,12 +428,11 @@ def _chosen_summary(report: dict[str, Any], out: TextIO) -> None:
         out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n")
 
 
-def _deadline(request: Any, settings: WorkerSettings) -> tuple[int, str]:
-    """The deadline the worker would give this job (job.py: timeout_seconds, else the worker's setting),
-    and where it came from."""
-    if request.timeout_seconds is not None:
-        return request.timeout_seconds, "--deadline / timeout_seconds"
-    return settings.job_deadline_seconds, "the worker's FLUXBOOTH_JOB_DEADLINE_SECONDS"
+def _deadline_source(spec: JobSpec) -> str:
+    """Where the deadline the worker would give this job (the spec's) came from."""
+    if spec.deadline_from_request:
+        return "--deadline / timeout_seconds"
+    return "the worker's FLUXBOOTH_JOB_DEADLINE_SECONDS"
 
 
 def _apply_runpod_preset(arguments: argparse.Namespace) -> Any:
@@ -450,6 +453,7 @@ def run_plan_command(arguments: argparse.Namespace, environ: Mapping[str, str], 
     from fluxbooth.plan import model_size
     from fluxbooth.plan.runpod_gpus import preset_table, quote_price
     from fluxbooth.quote import plan_report
+    from fluxbooth.spec import resolve_job_spec
 
     if arguments.runpod_gpu is not None and arguments.runpod_gpu.strip().lower() == "list":
         out.write(preset_table())
@@ -461,15 +465,15 @@ def run_plan_command(arguments: argparse.Namespace, environ: Mapping[str, str], 
     dataset = _instance_images(arguments, request, settings)
     hardware = _hardware_from(arguments, settings, environ)
     model = model_size(_base_model_from(request, settings))
-    deadline, deadline_source = _deadline(request, settings)
+    spec = resolve_job_spec(request, model, settings)
     report = plan_report(
-        request,
+        spec,
         hardware=hardware,
         model=model,
         instance_images=dataset.instance_images,
         instance_images_source=dataset.source,
-        deadline_seconds=deadline,
-        deadline_source=deadline_source,
+        deadline_seconds=spec.deadline_seconds,
+        deadline_source=_deadline_source(spec),
         price_per_hour=price_per_hour,
         gpu_name_given=arguments.gpu_name,
     )

@@ -38,7 +38,7 @@ from fluxbooth.clock import JobClock
 from fluxbooth.launch_files import child_environment, trainer_config_for, write_launch_files
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.contract.events import StageEvent, StepEvent, TrainerEvent, WarningEvent
-from fluxbooth.families import default_lora_targets_of, family_named
+from fluxbooth.families import family_named
 from fluxbooth.hardware import Hardware, format_bytes, free_disk_bytes, nvme_root, probe_hardware
 from fluxbooth.launch import classify_outcome, run_trainer, trainer_command
 from fluxbooth.messages import bounded_warnings
@@ -47,6 +47,7 @@ from fluxbooth.modelsize import ModelSize
 from fluxbooth.plan import Plan, choose_plan, model_size
 from fluxbooth.redaction import Redactor
 from fluxbooth.settings import TINY_MODEL_NAME, TransferRates, WorkerSettings
+from fluxbooth.spec import JobSpec, resolve_job_spec
 from fluxbooth.contract.layout import checkpoint_root
 from fluxbooth.contract.trainer_config import TrainerConfig
 
@@ -332,6 +333,8 @@ class PlannedJob:
     """What the plan stage decided, before any dataset byte is fetched; the later stages read it."""
 
     request: TrainingRequest
+    # The request resolved for the sized base model: what the planner and the trainer's config read.
+    spec: JobSpec
     model: ResolvedModel
     size: ModelSize
     hardware: Hardware
@@ -354,7 +357,6 @@ async def _plan_job(
     warnings = list(request.warnings())
     for warning in warnings:
         logger.warning("job %s: %s", job_id, warning)
-    deadline = float(request.timeout_seconds or settings.job_deadline_seconds)
     require_usable_storage(settings)
 
     reporter.stage("plan")
@@ -371,10 +373,12 @@ async def _plan_job(
     hardware = await _in_thread(probe_hardware, job_dir, settings.environ)
     # Sizing and planning take a while for a big model (its configs are bounded first): off the event loop.
     size = await _in_thread(model_size, str(model.folder))
+    spec = resolve_job_spec(request, size, settings)
+    deadline = float(spec.deadline_seconds)
     # Before the dataset is fetched its size is unknown: planned for the fewest images a dataset may hold, so
     # only a job that no dataset could make fit is refused here. _replan_for_dataset sizes it for the real one.
     plan = await _in_thread(functools.partial(
-        choose_plan, request, hardware, size, deadline_seconds=deadline, instance_images=settings.dataset_limits.min_images,
+        choose_plan, spec, hardware, size, deadline_seconds=deadline, instance_images=settings.dataset_limits.min_images,
         download_bytes=_pending_download_bytes(model), transfer_rates=settings.transfer_rates,
     ))
     ensure_room_to_download(model, plan.predicted_disk_bytes, settings.work_root)
@@ -385,7 +389,7 @@ async def _plan_job(
 
         for stale in await _in_thread(remove_stale_swap_dirs, Path(plan.nvme_path), is_live):
             logger.warning("job %s: removed a stale DeepSpeed swap folder %s", job_id, stale)
-    planned = PlannedJob(request, model, size, hardware, _with_job_swap_dir(plan, job_dir), deadline, started,
+    planned = PlannedJob(request, spec, model, size, hardware, _with_job_swap_dir(plan, job_dir), deadline, started,
                          resume_checkpoint, warnings, transfer_rates=settings.transfer_rates)
     planned.seconds["plan"] = _elapsed(started)
     return planned
@@ -406,8 +410,9 @@ def quote_job(request: TrainingRequest, settings: WorkerSettings, job_dir: Path)
     model = resolve_base_model(request.base_model, settings, request.base_model_revision)
     dataset = count_dataset(request, settings.dataset_limits)
     job_dir.mkdir(parents=True, exist_ok=True)
+    size = model_size(str(model.folder))
     return dry_run_answer(
-        request, settings, hardware=probe_hardware(job_dir, settings.environ), model=model_size(str(model.folder)),
+        resolve_job_spec(request, size, settings), settings, hardware=probe_hardware(job_dir, settings.environ), model=size,
         dataset=dataset,
         download_bytes=_pending_download_bytes(model),
     )
@@ -426,7 +431,7 @@ def _replan_for_dataset(job: PlannedJob, dataset: PreparedDataset, job_dir: Path
     with its numbers while no GPU time has been spent."""
     left = job.deadline - (time.monotonic() - job.started)
     plan = choose_plan(
-        job.request, job.hardware, job.size, deadline_seconds=left, instance_images=dataset.instance_images,
+        job.spec, job.hardware, job.size, deadline_seconds=left, instance_images=dataset.instance_images,
         bucket_mix=dataset.bucket_mix, download_bytes=_pending_download_bytes(job.model), transfer_rates=job.transfer_rates,
     )
     # The first plan's warnings stand for the guesses it made; this one's say what will run.
@@ -441,10 +446,8 @@ async def _trainer_config(
 ) -> TrainerConfig:
     """The trainer's config, with the checkpoint to resume from downloaded to a local folder."""
     trainer = trainer_config_for(
-        job.request, job.plan, base_model=base_model, instance_dir=dataset.instance_dir,
+        job.spec, job.plan, base_model=base_model, instance_dir=dataset.instance_dir,
         class_dir=dataset.class_dir, job_dir=job_dir, class_image_cache_dir=settings.cache_dir / "class-images",
-        base_model_name=job.request.base_model or settings.default_base_model,
-        default_lora_targets=default_lora_targets_of(Path(base_model)),
         control_dir=dataset.control_dir, validation_images=validation_images,
     )
     resume_folder = None
@@ -498,11 +501,11 @@ async def _train(
     extensions = settings.environ.get("TORCH_EXTENSIONS_DIR") or settings.cache_dir / "torch_extensions"
     env = child_environment(
         job.plan, settings.environ, cpu_count=job.hardware.cpu_count, torch_extensions_dir=Path(extensions),
-        debug=job.request.debug,
+        debug=job.spec.debug,
     )
     trainer_deadline = _trainer_deadline(job)
     # Until the trainer's first event: `accelerate launch` starting the trainer (imports, process group).
-    reporter.stage("launch", steps=job.request.steps)
+    reporter.stage("launch", steps=job.spec.steps)
     uploader = _checkpoint_uploader(trainer, settings, job.request.model_name, job_dir)
 
     def on_trainer_event(event: TrainerEvent) -> None:
