@@ -45,7 +45,9 @@ def lora_request(**fields: Any) -> dict[str, Any]:
 
 
 def written_train_json(spec: JobSpec, tmp_path: Path, base_model: str = "/models/flux") -> dict[str, Any]:
-    trainer = trainer_config_for(spec, LORA_PLAN, base_model=base_model, instance_dir=tmp_path / "i", class_dir=None, job_dir=tmp_path)
+    trainer = trainer_config_for(
+        spec, LORA_PLAN, base_model=base_model, instance_dir=tmp_path / "i", class_dir=None, job_dir=tmp_path
+    )
     return json.loads(write_launch_files(tmp_path, LORA_PLAN, trainer).trainer_config.read_text())
 
 
@@ -112,7 +114,9 @@ def test_resolution_round_trips_through_train_json_unchanged(
     resolution: object, written: object, expected: Resolution, tmp_path: Path
 ) -> None:
     spec = job_spec(parse_request(lora_request(resolution=resolution)))
-    trainer = trainer_config_for(spec, LORA_PLAN, base_model="/models/flux", instance_dir=tmp_path / "i", class_dir=None, job_dir=tmp_path)
+    trainer = trainer_config_for(
+        spec, LORA_PLAN, base_model="/models/flux", instance_dir=tmp_path / "i", class_dir=None, job_dir=tmp_path
+    )
     path = write_launch_files(tmp_path, LORA_PLAN, trainer).trainer_config
 
     assert json.loads(path.read_text())["resolution"] == written

@@ -1,4 +1,5 @@
-"""The trainer's input (train.json): written by launch_files.py in the worker from the job spec (fluxbooth.spec), read by fluxbooth.train.
+"""The trainer's input (train.json): written by launch_files.py in the worker from the job spec
+(fluxbooth.spec), read by fluxbooth.train.
 
 Plain data, no torch, so the worker can build it and tests can golden-file it.
 """
