@@ -21,9 +21,9 @@ from typing import IO, Any
 import runpod
 
 from fluxbooth.errors import ErrorCode, FluxboothError, error_for_the_wire
-from fluxbooth.job import ProgressSink, run_job
+from fluxbooth.job import run_job
+from fluxbooth.progress import ProgressBar, ProgressSink
 from fluxbooth.redaction import RedactingFilter, Redactor
-from fluxbooth.progress import ProgressBar
 from fluxbooth.settings import SECRET_ENV_NAMES, WorkerSettings
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from diffusers import FluxTransformer2DModel
 
-from fluxbooth.modelsize import model_size_from_configs
+from fluxbooth.sizing import model_size_from_configs
 from fluxbooth.plan import JobShape, activation_bytes, image_tokens
 
 HEAD_DIM = 128

@@ -4,7 +4,7 @@ One row per family and RunPod tier (24, 48 and 80 GiB): the request without trai
 1000 steps at 1024²) with `base_model` set to each family's published model, through
 `python -m fluxbooth plan --request … --json` on a hypothetical machine with that card (bench/runpod_gpu_tiers.py's
 `plan`, at the worker's default deadline, the host RAM assumed there). Each model is sized from its published
-configs (fluxbooth.modelsize.PRESET_OF_MODEL), text encoders included: a text encoder that does not fit the
+configs (fluxbooth.sizing.PRESET_OF_MODEL), text encoders included: a text encoder that does not fit the
 card beside the CUDA context is planned on the CPU while caching, in host RAM. Predictions from
 docs/memory.md, not measurements; the FLUX.2 activation coefficients are FLUX.1's (not measured on FLUX.2 blocks).
 """

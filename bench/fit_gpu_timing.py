@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from activations import replace_section  # noqa: E402 (bench/activations.py)
 
 from fluxbooth.hardware import GIB, hypothetical_hardware  # noqa: E402
-from fluxbooth.modelsize import FLUX_DEV_NAME, ModelSize, model_size  # noqa: E402
+from fluxbooth.sizing import FLUX_DEV_NAME, ModelSize, model_size  # noqa: E402
 from fluxbooth.plan import timing  # noqa: E402
 from fluxbooth.plan.memory import compute_dtype_bytes, trainable_params  # noqa: E402
 from fluxbooth.plan.types import JobShape, Strategy  # noqa: E402

@@ -33,7 +33,7 @@ from memory import (  # noqa: E402
 )
 
 from fluxbooth.hardware import format_bytes, probe_hardware  # noqa: E402
-from fluxbooth.modelsize import model_size  # noqa: E402
+from fluxbooth.sizing import model_size  # noqa: E402
 from fluxbooth.plan import plan_for_strategy  # noqa: E402
 from fluxbooth.plan.candidates import FUSED_STRATEGY  # noqa: E402
 

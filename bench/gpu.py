@@ -303,7 +303,7 @@ def run_environment(base: dict[str, str], work: Path, spec: RunSpec, real_gpu_by
 def run_one(spec: RunSpec, mode: Mode, models: dict[str, Path], work: Path, log_dir: Path, nvml: Nvml, timeout: float) -> RunRecord:
     import base64
 
-    from fluxbooth.modelsize import model_size
+    from fluxbooth.sizing import model_size
 
     folder = work / "runs" / spec.name
     folder.mkdir(parents=True, exist_ok=True)

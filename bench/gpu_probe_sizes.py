@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fluxbooth.modelsize import ModelSize
+from fluxbooth.sizing import ModelSize
 from fluxbooth.synthetic.presets import preset
 
 
@@ -44,7 +44,7 @@ def transformer_config(size: ProbeSize) -> dict[str, Any]:
 def model_size_of(size: ProbeSize) -> ModelSize:
     """The planner's view of the probe's model (the text encoders and VAE are FLUX.1-dev's; the probe
     trains without them, and the training phase's GPU charge does not count them)."""
-    from fluxbooth.modelsize import model_size_from_configs
+    from fluxbooth.sizing import model_size_from_configs
 
     full = preset("flux1-dev")
     assert full.text_encoder_2 is not None

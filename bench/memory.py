@@ -38,7 +38,7 @@ from fluxbooth.launch_files import child_environment, trainer_config_for, write_
 from fluxbooth.contract.events import EVENT_MARKER
 from fluxbooth.hardware import format_bytes, probe_hardware
 from fluxbooth.launch import trainer_command
-from fluxbooth.modelsize import model_size
+from fluxbooth.sizing import model_size
 from fluxbooth.plan import Strategy, plan_for_strategy
 from fluxbooth.request import parse_request
 from fluxbooth.settings import WorkerSettings

@@ -156,7 +156,7 @@ def training_inputs(config: Any) -> dict[str, Any]:
 
 def predicted(model_dir: Path, precision: str, work: Path) -> dict[str, int]:
     from fluxbooth.hardware import probe_hardware
-    from fluxbooth.modelsize import model_size
+    from fluxbooth.sizing import model_size
     from fluxbooth.plan.memory import estimate_memory, frozen_base_bytes, layer_being_quantised
     from fluxbooth.plan.types import JobShape, Strategy
 
@@ -268,7 +268,7 @@ def main() -> int:
             rows.append((precision, measured_runs, expected))
             for measured in measured_runs:
                 print(precision, {phase: (mib(measured[phase]), mib(expected[phase])) for phase in PHASES_SHOWN}, flush=True)
-        from fluxbooth.modelsize import model_size
+        from fluxbooth.sizing import model_size
 
         text = section(rows, model_size(str(models["scaled"])).transformer_params)
         print(text)

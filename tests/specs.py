@@ -3,7 +3,7 @@ another sized model is given, with the endpoint's default settings."""
 
 from __future__ import annotations
 
-from fluxbooth.modelsize import FLUX_DEV_NAME, ModelSize, model_size
+from fluxbooth.sizing import FLUX_DEV_NAME, ModelSize, model_size
 from fluxbooth.request import TrainingRequest
 from fluxbooth.settings import WorkerSettings
 from fluxbooth.spec import JobSpec, resolve_job_spec

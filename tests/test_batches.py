@@ -10,7 +10,7 @@ from collections import Counter
 import torch
 
 from fluxbooth.train.batches import epoch_batches, first_samples, instance_batch, micro_batch
-from fluxbooth.train.cache import VaeNormalisation
+from fluxbooth.train.family_ops import VaeNormalisation
 from fluxbooth.train.state import CachedData, EncodedBucket, EncodedImages, EncodedPrompts
 
 IDENTITY = VaeNormalisation(shift_factor=0.0, scaling_factor=1.0)

@@ -591,6 +591,6 @@ def test_a_job_keeps_only_the_newest_checkpoints_the_environment_asks_for(
 
 
 def test_a_job_id_that_names_the_checkpoint_folder_cannot_write_into_it() -> None:
-    from fluxbooth.job import safe_job_id
+    from fluxbooth.attempts import safe_job_id
 
     assert safe_job_id("checkpoints") == "job-checkpoints"

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fluxbooth.cli import EXIT_CLOSED_PIPE, EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from fluxbooth.cli import main
+from fluxbooth.cli.exits import EXIT_CLOSED_PIPE, EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from fluxbooth.hardware import GIB
 from fluxbooth.request import MAX_TIMEOUT_SECONDS
 from fluxbooth.settings import WorkerSettings
@@ -480,7 +481,7 @@ def test_a_job_flag_outside_the_requests_bounds_is_refused_as_the_worker_refuses
 
 
 def test_the_workers_refusal_names_the_field_where_plan_names_the_flag(cli_env: dict[str, str]) -> None:
-    from fluxbooth.cli import SIZING_STAND_INS
+    from fluxbooth.cli.plan.job_request import SIZING_STAND_INS
     from fluxbooth.errors import FluxboothError
     from fluxbooth.request import parse_request
 
@@ -521,7 +522,7 @@ def test_without_deadline_plan_uses_the_workers_deadline_setting(cli_env: dict[s
 
 
 def test_the_default_request_on_an_rtx_4090_gets_the_answer_the_worker_gives(cli_env: dict[str, str]) -> None:
-    from fluxbooth.cli import SIZING_STAND_INS
+    from fluxbooth.cli.plan.job_request import SIZING_STAND_INS
     from fluxbooth.hardware import hypothetical_hardware
     from fluxbooth.plan import choose_plan, model_size
     from fluxbooth.request import parse_request

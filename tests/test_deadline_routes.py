@@ -13,7 +13,7 @@ import pytest
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import GIB, hypothetical_hardware
-from fluxbooth.modelsize import model_size
+from fluxbooth.sizing import model_size
 from fluxbooth.plan import choose_plan
 from fluxbooth.request import TrainingRequest, parse_request
 from fluxbooth.settings import (

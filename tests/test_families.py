@@ -15,7 +15,7 @@ from fluxbooth.cli import main as cli_main
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.families import FAMILIES, FLUX1, FLUX1_KONTEXT, FLUX2, FLUX2_KLEIN, default_lora_targets_of, family_of
 from fluxbooth.model_source import missing_pipeline_files
-from fluxbooth.modelsize import PRESET_OF_MODEL, model_size
+from fluxbooth.sizing import PRESET_OF_MODEL, model_size
 from fluxbooth.request import MAX_TIMEOUT_SECONDS
 from fluxbooth.synthetic import build_pipeline, count_parameters, preset
 
@@ -23,8 +23,8 @@ SUPPORTED = (
     "fluxbooth trains these model families: FLUX.1 [dev], [schnell] and Krea [dev] (FluxPipeline); FLUX.1 Kontext [dev] "
     "(FluxKontextPipeline); FLUX.2 [dev] (Flux2Pipeline); FLUX.2 [klein] 4B and 9B (Flux2KleinPipeline)"
 )
-# Published parameter counts of each full-size preset's components: the configs in synthetic.presets and
-# synthetic.flux2_presets (sources cited there), counted on the meta device by the classes diffusers and
+# Published parameter counts of each full-size preset's components: the configs in published_configs (sources
+# cited there), counted on the meta device by the classes diffusers and
 # transformers build from them. Cross-checks: FLUX.2-klein-4B's text_encoder/ holds 8.05 GB of bf16 weights
 # (4.02 B), Qwen3-8B is published as 8.19 B, Mistral-Small-3.1-24B as 24.0 B.
 PUBLISHED_COUNTS = {

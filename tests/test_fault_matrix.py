@@ -37,7 +37,8 @@ from PIL import Image
 from fluxbooth.dataset.images import stored_bytes_bound
 from fluxbooth.errors import ErrorCode
 from fluxbooth.hardware import format_bytes
-from fluxbooth.job import ensure_tiny_model, run_job
+from fluxbooth.job import run_job
+from fluxbooth.model_source import ensure_tiny_model
 from fluxbooth.launch import RUN_MARKER_ENV
 from fluxbooth.settings import DatasetLimits, WorkerSettings
 from tests.conftest import mounted_tmpfs

@@ -12,7 +12,7 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from fluxbooth.synthetic.presets import FLUX1_DEV_SCHEDULER
+from fluxbooth.published_configs import FLUX1_DEV_SCHEDULER
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.flow import SigmaSampler, shifted
 from fluxbooth.train.session import validate_config

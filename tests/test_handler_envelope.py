@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from fluxbooth.attempts import attempt_is_live, claim_attempt_dir, remove_stale_attempt_dirs
-from fluxbooth.job import MAX_SAFE_ID_CHARS, safe_job_id
+from fluxbooth.attempts import MAX_SAFE_ID_CHARS, safe_job_id
 from handler import handler
 from tests.conftest import REPO_ROOT
 

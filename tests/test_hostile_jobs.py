@@ -27,13 +27,16 @@ import pytest
 from botocore.client import BaseClient
 
 from fluxbooth import job as job_module
+from fluxbooth.deadline import trainer_deadline
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import format_bytes
-from fluxbooth.job import ensure_tiny_model, run_job
+from fluxbooth.job import run_job
 from fluxbooth.launch import run_trainer
+from fluxbooth.model_source import ensure_tiny_model
+from fluxbooth.planned_job import PlannedJob
 from fluxbooth.redaction import Redactor
 from fluxbooth.settings import SECRET_ENV_NAMES, TINY_MODEL_NAME, WorkerSettings
-from fluxbooth.storage import UNUPLOADED_DIR_NAME
+from fluxbooth.upload import UNUPLOADED_DIR_NAME
 from tests.conftest import REPO_ROOT
 from tests.factories import make_dataset_zip, make_image, make_zip, to_base64
 from tests.fake_trainer_module import (
@@ -265,12 +268,12 @@ def test_disk_filled_by_the_checkpoint_to_resume_from_is_does_not_fit_before_tra
 def test_a_deadline_used_up_before_training_is_timeout() -> None:
     # The planner counts every phase, so a deadline it accepts is used up before the launch only when a stage
     # before it (a slow download, a resumed checkpoint) overran its estimate: the launch step then refuses.
-    planned = job_module.PlannedJob(
+    planned = PlannedJob(
         request=None, model=None, size=None, hardware=None, plan=None, deadline=60.0,  # type: ignore[arg-type]
         started=time.monotonic() - 60.0, resume_checkpoint=None, warnings=[],
     )
     with pytest.raises(FluxboothError) as refused:
-        job_module._trainer_deadline(planned)
+        trainer_deadline(planned)
     assert (refused.value.code, refused.value.message) == (
         ErrorCode.TIMEOUT,
         "the job deadline of 60 s was used up before training began; raise timeout_seconds "

@@ -19,7 +19,8 @@ from fluxbooth.messages import describe_seconds
 from fluxbooth.dataset.controls import fetch_validation_images
 from fluxbooth.dataset.fetch import download_dataset
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.job import ensure_tiny_model, run_job
+from fluxbooth.job import run_job
+from fluxbooth.model_source import ensure_tiny_model
 from fluxbooth.request import parse_request
 from fluxbooth.settings import TINY_MODEL_NAME, DatasetLimits, WorkerSettings
 from tests.factories import make_dataset_zip, make_image, to_base64

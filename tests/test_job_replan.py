@@ -5,6 +5,7 @@ and the trainer starts."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,10 @@ import pytest
 from fluxbooth import job as job_module
 from fluxbooth.dataset import PreparedDataset
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.job import ProgressReporter, ensure_tiny_model
+from fluxbooth.model_source import ensure_tiny_model
 from fluxbooth.plan import Plan
+from fluxbooth.planned_job import PlannedJob, replan_for_dataset
+from fluxbooth.progress import ProgressReporter
 from fluxbooth.request import parse_request
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
 from tests.factories import make_dataset_zip, to_base64
@@ -35,10 +38,10 @@ def tiny_lora_job(**overrides: Any) -> dict[str, Any]:
     }
 
 
-def plan_stage(job_input: dict[str, Any], settings: WorkerSettings, tmp_path: Path) -> job_module.PlannedJob:
-    reporter = ProgressReporter(lambda payload: None)
+def plan_stage(job_input: dict[str, Any], settings: WorkerSettings, tmp_path: Path) -> PlannedJob:
+    stages = job_module.JobStages(ProgressReporter(lambda payload: None))
     request = parse_request(job_input)
-    return asyncio.run(job_module._plan_job(request, "job-1", settings, reporter, tmp_path / "job"))
+    return asyncio.run(job_module._plan_job(request, "job-1", settings, stages, tmp_path / "job"))
 
 
 def prepared(instance_images: int, tmp_path: Path) -> PreparedDataset:
@@ -68,10 +71,10 @@ def test_the_plan_is_made_again_for_the_images_that_arrived(settings: WorkerSett
     planned = plan_stage(tiny_lora_job(), settings, tmp_path)
     early = caching_seconds(planned.plan)
 
-    job_module._replan_for_dataset(planned, prepared(300, tmp_path), tmp_path / "job")
+    replanned = replan_for_dataset(planned, prepared(300, tmp_path), tmp_path / "job")
 
     # Caching encodes every image: 100 times the early plan's three images.
-    assert caching_seconds(planned.plan) == pytest.approx(100 * early, rel=0.2)
+    assert caching_seconds(replanned.plan) == pytest.approx(100 * early, rel=0.2)
 
 
 def test_a_dataset_too_large_for_the_deadline_is_refused_before_launch(
@@ -79,10 +82,10 @@ def test_a_dataset_too_large_for_the_deadline_is_refused_before_launch(
 ) -> None:
     planned = plan_stage(tiny_lora_job(timeout_seconds=60), settings, tmp_path)
     # The time left when the dataset is ready: the few images the early plan assumed would have fitted.
-    planned.started = time.monotonic()
+    planned = dataclasses.replace(planned, started=time.monotonic())
 
     with pytest.raises(FluxboothError) as refused:
-        job_module._replan_for_dataset(planned, prepared(1000, tmp_path), tmp_path / "job")
+        replan_for_dataset(planned, prepared(1000, tmp_path), tmp_path / "job")
 
     assert refused.value.code is ErrorCode.DOES_NOT_FIT
     assert "(caching ≈3 min)" in refused.value.message and "beyond the job deadline" in refused.value.message

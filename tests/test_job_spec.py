@@ -16,7 +16,7 @@ from fluxbooth.contract.trainer_config import TrainerConfig
 from fluxbooth.families import KONTEXT_LORA_TARGETS
 from fluxbooth.hardware import GIB, hypothetical_hardware
 from fluxbooth.launch_files import trainer_config_for, write_launch_files
-from fluxbooth.modelsize import FLUX_DEV_NAME, FLUX_SCHNELL_NAME, model_size
+from fluxbooth.sizing import FLUX_DEV_NAME, FLUX_SCHNELL_NAME, model_size
 from fluxbooth.plan import as_job, choose_plan
 from fluxbooth.plan.timing import phase_seconds
 from fluxbooth.plan.types import Strategy

@@ -209,7 +209,7 @@ def test_the_control_latents_reach_the_transformer_after_the_targets_tokens(tmp_
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
 
-    from fluxbooth.train.family_ops import ops_for
+    from fluxbooth.train.base_model import ops_for
     from fluxbooth.train.flow import SigmaSampler, build_flow_inputs, unpack_prediction
     from tests.trainer_jobs import make_plan, make_trainer_config
 

@@ -16,7 +16,7 @@ import pytest
 from fluxbooth.launch_files import LaunchFiles
 from fluxbooth.errors import ErrorCode
 from fluxbooth.contract.events import StageEvent, StepEvent, TrainerEvent, format_event
-from fluxbooth.job import ensure_tiny_model
+from fluxbooth.model_source import ensure_tiny_model
 from fluxbooth.launch import TrainerOutcome, classify_outcome, run_trainer, trainer_command
 from fluxbooth.redaction import Redactor
 from fluxbooth.plan import Plan

@@ -16,7 +16,7 @@ from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.families import FAMILIES, family_named
 from fluxbooth.job import run_job
 from fluxbooth.jsonfiles import MAX_JSON_DEPTH, JSONBoundError, parse_json
-from fluxbooth.modelsize import model_size
+from fluxbooth.sizing import model_size
 from fluxbooth.settings import WorkerSettings
 from fluxbooth.synthetic import preset
 from tests.factories import make_dataset_zip, to_base64

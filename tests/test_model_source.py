@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.job import ensure_tiny_model, resolve_base_model, run_job
-from fluxbooth.model_source import PIPELINE_FILE_PATTERNS, ResolvedModel, download_base_model
+from fluxbooth.job import run_job
+from fluxbooth.model_source import (
+    PIPELINE_FILE_PATTERNS, ResolvedModel, download_base_model, ensure_tiny_model, resolve_base_model,
+)
 from fluxbooth.settings import WorkerSettings
 from tests.conftest import REPO_ROOT
 from tests.factories import make_dataset_zip, to_base64

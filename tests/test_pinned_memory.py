@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from fluxbooth.hardware import GIB, MIB, Hardware, hypothetical_hardware
-from fluxbooth.modelsize import model_size
+from fluxbooth.sizing import model_size
 from fluxbooth.pinned import (
     BLOCK_SWAP_DEVICE_SLOTS,
     block_store_layout,
@@ -28,7 +28,7 @@ from fluxbooth.pinned import (
 from fluxbooth.plan.host_buffers import HostAllocation, block_tensor_bytes, zero12_offload_allocations
 from fluxbooth.plan.memory import estimate_memory
 from fluxbooth.plan.types import JobShape, Strategy
-from fluxbooth.synthetic.presets import FLUX1_TRANSFORMER
+from fluxbooth.published_configs import FLUX1_TRANSFORMER
 from fluxbooth.train.blockswap import BlockSwapper, flux_blocks, swapped_tensor_bytes
 
 FLUX_DEV = "black-forest-labs/FLUX.1-dev"

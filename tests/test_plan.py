@@ -1,4 +1,4 @@
-"""plan.py and modelsize.py: sizing FLUX without weights, predicting memory, choosing or refusing.
+"""plan.py and sizing/: sizing FLUX without weights, predicting memory, choosing or refusing.
 
 Sizes are checked against the real diffusers/transformers/peft classes built on the meta device
 (no weights, no download); choices against issue 5's "done when" list.
@@ -18,17 +18,8 @@ import pytest
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import GIB, Hardware, format_bytes, hypothetical_hardware
-from fluxbooth.modelsize import (
-    FLUX_DEV_NAME,
-    ModelSize,
-    FLUX_SCHNELL_NAME,
-    _CLIP_L_CONFIG,
-    _FLUX_TRANSFORMER_CONFIG,
-    _FLUX_VAE_CONFIG,
-    _T5_XXL_CONFIG,
-    model_size,
-    model_size_from_configs,
-)
+from fluxbooth.sizing import FLUX_DEV_NAME, FLUX_SCHNELL_NAME, ModelSize, model_size, model_size_from_configs
+from fluxbooth.sizing.flux1 import _CLIP_L_CONFIG, _FLUX_TRANSFORMER_CONFIG, _FLUX_VAE_CONFIG, _T5_XXL_CONFIG
 from fluxbooth.plan import (
     JobShape,
     as_job,
@@ -617,7 +608,7 @@ def test_a_name_of_no_known_card_matches_nothing(name: str) -> None:
     ("single_transformer_blocks.5.proj_mlp", "joint"), ("single_transformer_blocks.5.attn.to_qkv_mlp_proj", "joint"),
 ])
 def test_each_linear_multiplies_the_tokens_of_its_stream(name: str, stream: str) -> None:
-    from fluxbooth.modelsize import linear_stream
+    from fluxbooth.sizing import linear_stream
 
     assert linear_stream(name) == stream
 
@@ -628,7 +619,7 @@ def test_flux1_dev_forward_flops_count_each_weight_on_its_own_tokens() -> None:
     model = model_size(FLUX_DEV_NAME)
     job = JobShape(resolution=(1024, 1024), max_sequence_length=512)
     by_stream = {"vector": 0, "text": 0, "image": 0, "joint": 0}
-    from fluxbooth.modelsize import linear_stream
+    from fluxbooth.sizing import linear_stream
 
     for layer in model.linear_layers:
         by_stream[linear_stream(layer.name)] += layer.in_features * layer.out_features
@@ -641,7 +632,7 @@ def test_flux1_dev_forward_flops_count_each_weight_on_its_own_tokens() -> None:
 
 
 def test_the_modulation_costs_the_same_at_any_resolution() -> None:
-    from fluxbooth.modelsize import linear_stream
+    from fluxbooth.sizing import linear_stream
     from fluxbooth.plan.timing import forward_flops
 
     model = model_size(FLUX_DEV_NAME)

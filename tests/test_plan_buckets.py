@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from fluxbooth.hardware import GIB, hypothetical_hardware
-from fluxbooth.modelsize import FLUX_DEV_NAME, model_size
+from fluxbooth.sizing import FLUX_DEV_NAME, model_size
 from fluxbooth.plan import JobShape, Strategy, as_job, choose_plan, seconds_per_step
 from fluxbooth.plan.timing import mixed_seconds_per_step
 from fluxbooth.request import parse_request

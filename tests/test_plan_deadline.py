@@ -10,7 +10,7 @@ import pytest
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import GIB, Hardware, hypothetical_hardware
-from fluxbooth.modelsize import FLUX_DEV_NAME, ModelSize, model_size
+from fluxbooth.sizing import FLUX_DEV_NAME, ModelSize, model_size
 from fluxbooth.plan import JobShape, Plan, choose_plan
 from fluxbooth.plan.checks import AUTO_CHECKPOINTS_PER_RUN
 from fluxbooth.plan.types import TIMED_PHASES

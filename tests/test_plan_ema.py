@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fluxbooth.hardware import GIB, hypothetical_hardware
-from fluxbooth.modelsize import model_size
+from fluxbooth.sizing import model_size
 from fluxbooth.plan.ema import EMA_UPDATE_TRAFFIC_BYTES_PER_PARAM
 from fluxbooth.plan.memory import estimate_memory
 from fluxbooth.plan.timing import HOST_MEMORY_BYTES_PER_SECOND, host_link_bytes_per_second, step_terms

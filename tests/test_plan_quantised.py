@@ -7,7 +7,7 @@ import pytest
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import GIB, Hardware, hypothetical_hardware
 from fluxbooth.contract.precision import is_quantised_layer
-from fluxbooth.modelsize import FLUX_DEV_NAME, ModelSize, model_size
+from fluxbooth.sizing import FLUX_DEV_NAME, ModelSize, model_size
 from fluxbooth.plan import JobShape, Strategy, choose_plan, frozen_base_bytes
 from fluxbooth.plan.candidates import evaluate_candidates, strategies_for
 from fluxbooth.pinned import block_store_layout, block_store_pinned_bytes

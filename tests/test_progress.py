@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from fluxbooth.contract.events import StageEvent, StepEvent
-from fluxbooth.job import ProgressReporter
+from fluxbooth.progress import ProgressReporter
 from fluxbooth.progress import ProgressBar, bar, describe, format_duration
 
-# What `job.ProgressReporter` sends for a short job, with the second each payload arrives.
+# What `progress.ProgressReporter` sends for a short job, with the second each payload arrives.
 JOB_PAYLOADS: list[tuple[float, dict[str, Any]]] = [
     (0.0, {"stage": "plan"}),
     (0.4, {"stage": "dataset"}),

@@ -44,7 +44,7 @@ def plan_for_a_16_gib_card() -> Any:
     """The planner's plan for a FLUX.1-dev LoRA over an nf4 base with generated class images and validation on
     an A4000 (left to choose, it streams a bf16 base's blocks instead: tests/test_blockswap_trainer.py)."""
     from fluxbooth.hardware import GIB, hypothetical_hardware
-    from fluxbooth.modelsize import FLUX_DEV_NAME, model_size
+    from fluxbooth.sizing import FLUX_DEV_NAME, model_size
     from fluxbooth.plan import JobShape, choose_plan
 
     job = JobShape(

@@ -174,7 +174,7 @@ def test_lora_dropout_with_a_full_fine_tune_is_refused(dataset_b64: str) -> None
 
 def test_an_ema_is_planned_as_an_fp32_copy_of_the_trained_weights_in_host_ram(dataset_b64: str) -> None:
     from fluxbooth.hardware import GIB, hypothetical_hardware
-    from fluxbooth.modelsize import FLUX_DEV_NAME, model_size
+    from fluxbooth.sizing import FLUX_DEV_NAME, model_size
     from fluxbooth.plan import Strategy, as_job, estimate_memory
 
     hardware = hypothetical_hardware(gpus=1, gpu_memory_bytes=80 * GIB, host_memory_bytes=256 * GIB, disk_bytes=500 * GIB)

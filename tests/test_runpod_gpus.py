@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fluxbooth.cli import EXIT_OK, EXIT_USAGE, main
+from fluxbooth.cli import main
+from fluxbooth.cli.exits import EXIT_OK, EXIT_USAGE
 from fluxbooth.hardware import GIB
 from fluxbooth.plan.gpus import gpu_spec
 from fluxbooth.plan.runpod_gpus import RUNPOD_CONTAINER_DISK_GB, RUNPOD_GPUS, known_names, runpod_gpu

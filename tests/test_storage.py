@@ -28,8 +28,8 @@ from fluxbooth.storage import (
     S3Store,
     StoredArtifact,
     open_store,
-    preserve_on_volume,
 )
+from fluxbooth.upload import preserve_on_volume
 from tests.s3server import (
     AuthenticatingS3Server,
     InjectedFault,

@@ -61,7 +61,7 @@ def test_flux1_schnell_differs_from_dev_only_by_the_guidance_embedding() -> None
 
 
 def test_full_presets_agree_with_the_planners_model_sizes() -> None:
-    from fluxbooth.modelsize import FLUX_DEV_NAME, model_size
+    from fluxbooth.sizing import FLUX_DEV_NAME, model_size
 
     counts = count_parameters(preset("flux1-dev"))
     size = model_size(FLUX_DEV_NAME)

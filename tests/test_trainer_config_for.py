@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fluxbooth.contract.trainer_config import TrainerConfig
 from fluxbooth.launch_files import trainer_config_for
-from fluxbooth.modelsize import FLUX_DEV_NAME, FLUX_SCHNELL_NAME, model_size
+from fluxbooth.sizing import FLUX_DEV_NAME, FLUX_SCHNELL_NAME, model_size
 from fluxbooth.request import parse_request
 from tests.factories import make_dataset_zip, to_base64
 from tests.specs import job_spec

@@ -23,7 +23,7 @@ from fluxbooth.plan import Plan
 from fluxbooth.contract.buckets import Resolution
 from fluxbooth.contract.names import GUIDANCE_DISTILLED_SAMPLING
 from fluxbooth.contract.trainer_config import LoraSettings, TrainerConfig
-from fluxbooth.modelsize import model_size
+from fluxbooth.sizing import model_size
 from fluxbooth.spec import model_sampling
 
 LAUNCH_TIMEOUT_SECONDS = 600

@@ -1,4 +1,5 @@
-"""Each job attempt's own folder under the work root, and the cleanup of what dead attempts left behind.
+"""Each job attempt's own folder under the work root, named by its safe job id, and the cleanup of what dead
+attempts left behind.
 
 A folder is held by a flock for as long as its run lives, so a folder is removed by someone else only once no
 live process holds it; DeepSpeed's NVMe swap folders are named after their attempt and cleaned the same way.
@@ -8,7 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -18,11 +22,32 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.storage import CHECKPOINTS_FOLDER
 
 ATTEMPT_PREFIX = "job-"
 CLAIMING_PREFIX = ".claiming-"
 # A folder still under its claiming name this long after creation belongs to a process that died mid-claim.
 CLAIMING_GRACE_SECONDS = 60.0
+# Names that live beside job folders under a model's prefix; a job must never write into them.
+RESERVED_JOB_IDS = frozenset({CHECKPOINTS_FOLDER})
+MAX_SAFE_ID_CHARS = 64
+
+
+def safe_job_id(job_id: object) -> str:
+    """A folder and key segment for any JSON value RunPod's `id` may hold (a string, number, list, null).
+
+    Letters, digits, `_` and `-` pass through; anything else, or a cut to MAX_SAFE_ID_CHARS, also gets a short
+    hash of the whole id, so two different ids never share a storage folder. No id gives a random one."""
+    if job_id is None or job_id == "":
+        return uuid.uuid4().hex
+    text = job_id if isinstance(job_id, str) else json.dumps(job_id, sort_keys=True, default=str)
+    cleaned = re.sub(r"[^A-Za-z0-9_-]", "-", text[: MAX_SAFE_ID_CHARS * 4])[:MAX_SAFE_ID_CHARS].strip("-")
+    if cleaned != text or not isinstance(job_id, str):
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        cleaned = f"{cleaned[: MAX_SAFE_ID_CHARS - 13]}-{digest}".strip("-")
+    if cleaned in RESERVED_JOB_IDS:
+        cleaned = f"job-{cleaned}"
+    return cleaned
 
 
 @dataclass
@@ -39,8 +64,11 @@ class JobAttempt:
     def name(self) -> str:
         return self.path.name
 
-    def remove(self) -> None:
-        """Delete the folder, then let go of it (in that order: nobody else may clean it while it goes)."""
+    def remove(self, swap_root: Path | None = None) -> None:
+        """Delete the run's DeepSpeed swap folder under `swap_root` (the NVMe offload path, when set) and the
+        folder, then let go of it (in that order: nobody else may clean it while it goes)."""
+        if swap_root is not None:
+            shutil.rmtree(job_swap_dir(swap_root, self.name), ignore_errors=True)
         shutil.rmtree(self.path, ignore_errors=True)
         with contextlib.suppress(OSError):
             os.close(self.lock_fd)

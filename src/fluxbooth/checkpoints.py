@@ -25,7 +25,8 @@ from fluxbooth.artifacts import sha256_file
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.contract.events import CheckpointEvent, TrainerEvent
 from fluxbooth.settings import WorkerSettings
-from fluxbooth.contract.layout import checkpoint_folder_name, step_of_folder
+from fluxbooth.contract.layout import checkpoint_folder_name, checkpoint_root, step_of_folder
+from fluxbooth.contract.trainer_config import TrainerConfig
 from fluxbooth.storage import (
     LocalStore,
     ReadableStore,
@@ -286,3 +287,33 @@ def download_checkpoint(checkpoint: StoredCheckpoint, checkpoint_root: Path) -> 
             )
     index_path.unlink()
     return target
+
+
+def trainer_checkpoint_root(trainer: TrainerConfig) -> Path:
+    """Where the trainer writes (and looks for) checkpoint-N folders: its own default when unset."""
+    return checkpoint_root(trainer.checkpoint_dir, trainer.output_dir)
+
+
+def checkpoint_uploader(
+    trainer: TrainerConfig, settings: WorkerSettings, model_name: str, job_dir: Path
+) -> CheckpointUploader | None:
+    """Uploads each checkpoint the trainer writes, when it writes any (checkpointing steps or a stop time)."""
+    if not trainer.checkpointing_steps and trainer.stop_at_unix_seconds is None:
+        return None
+    store = open_checkpoint_store(settings, model_name)
+    return CheckpointUploader(
+        store, trainer_checkpoint_root(trainer), staging_root=job_dir / "checkpoint-uploads", keep=settings.checkpoints_keep
+    )
+
+
+def with_resume_hint(failure: FluxboothError, uploader: CheckpointUploader | None) -> FluxboothError:
+    """A job cut short by its deadline can be resubmitted: say so when a checkpoint made it to storage."""
+    if uploader is None or not uploader.uploaded:
+        return failure
+    return FluxboothError(
+        failure.code,
+        f"{failure.message}. The checkpoint {uploader.uploaded[-1]} is stored: resubmit the job with "
+        '"resume_from": "latest" to continue from it',
+        refresh_worker=failure.refresh_worker,
+        details={**failure.details, "latest_checkpoint": uploader.uploaded[-1]},
+    )

@@ -78,3 +78,8 @@ def describe_seconds(seconds: float) -> str:
 def bounded_warnings(warnings: Sequence[str]) -> list[str]:
     """A result's warnings, each once, within MAX_WARNINGS and MAX_WARNINGS_CHARS; the last counts the rest."""
     return bounded_list(list(dict.fromkeys(warnings)), MAX_WARNINGS, MAX_WARNINGS_CHARS, MAX_WARNING_CHARS)
+
+
+def os_reason(error: OSError) -> str:
+    """What went wrong with a file, for a message: the system's words, else the error's text or its type."""
+    return error.strerror or str(error) or type(error).__name__

@@ -22,7 +22,7 @@ MAX_WIDTH = 262_144
 MAX_VOCABULARY = 1_048_576
 MAX_VAE_BLOCKS = 8
 
-# Every integer field the sizing formulas (modelsize, modelsize_flux2) read, with its smallest and largest value.
+# Every integer field the sizing formulas (fluxbooth.sizing) read, with its smallest and largest value.
 INTEGER_BOUNDS: dict[str, tuple[int, int]] = {
     **dict.fromkeys(("num_layers", "num_single_layers", "num_hidden_layers", "layers_per_block"), (0, MAX_LAYERS)),
     **dict.fromkeys(("num_attention_heads", "num_heads", "num_key_value_heads"), (1, MAX_HEADS)),

@@ -13,7 +13,8 @@ the configs are fetched for the planner, and the weights of the diffusers pipeli
 single-file checkpoints) are downloaded later into the standard cache, with progress.
 
 Everything goes through the real `huggingface_hub` client (`snapshot_download`, `scan_cache_dir`), with
-the cache, endpoint and token passed explicitly from the job's settings. No torch here.
+the cache, endpoint and token passed explicitly from the job's settings, and imported where it is used (as
+tqdm is): the handler's cold start, and a job whose model is cached, never load it. No torch here.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,13 +31,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fluxbooth.disk_space import device_of
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.families import ALL_PIPELINE_FOLDERS, FLUX1, PIPELINE_FILE_KINDS, Family, family_of
 from fluxbooth.hardware import format_bytes, free_disk_bytes
+from fluxbooth.progress import throttled
+from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
 
 DEFAULT_RUNPOD_MODEL_CACHE = "/runpod-volume/huggingface-cache/hub"
 DEFAULT_BAKED_MODELS_DIR = "/models"
 DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
+TINY_BUILD_TIMEOUT_SECONDS = 600
 
 # The folders of every FLUX family's diffusers pipeline and the file kinds in them (fluxbooth.families).
 # Anything else in the repo (the original single-file checkpoints at the root, sample images) is never
@@ -43,7 +49,7 @@ DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
 PIPELINE_FILE_PATTERNS = ("model_index.json",) + tuple(
     f"{folder}/*.{kind}" for folder in ALL_PIPELINE_FOLDERS for kind in PIPELINE_FILE_KINDS
 )
-# What the planner reads to size the model and tell its family (modelsize.model_size): fetched before the
+# What the planner reads to size the model and tell its family (sizing.model_size): fetched before the
 # weights. FLUX.2 has no text_encoder_2; its pattern then matches nothing.
 SIZING_FILE_PATTERNS = ("model_index.json", "transformer/config.json", "text_encoder/config.json",
                         "text_encoder_2/config.json", "vae/config.json")
@@ -235,6 +241,7 @@ def download_and_training_do_not_fit(pending: PendingDownload, training_bytes: i
 
 def hub_error(error: Exception, repo_id: str, revision: str | None, places: ModelPlaces, field: str) -> FluxboothError:
     """The hub's refusal in the worker's error contract, saying what to change."""
+    # huggingface_hub on use only: see the module docstring.
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     # The client wraps what the hub said (a dry run raises DryRunError from it): look down the chain.
@@ -303,8 +310,8 @@ def cache_error(error: Exception, cache_dir: Path, repo_id: str) -> FluxboothErr
 def _snapshot_in_cache(cache_root: Path, repo_id: str, revision: str | None) -> Path | None:
     """The complete snapshot of `repo_id` at `revision` in one cache, through the client's own lookup
     (refs, and the cached tree listing when there is one, which catches interrupted downloads)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    from huggingface_hub import snapshot_download  # on use only: see the module docstring
+    from huggingface_hub.errors import LocalEntryNotFoundError  # on use only: see the module docstring
 
     try:
         folder = Path(snapshot_download(
@@ -319,7 +326,7 @@ def _snapshot_in_cache(cache_root: Path, repo_id: str, revision: str | None) -> 
 def _newest_complete_snapshot(cache_root: Path, repo_id: str) -> Path | None:
     """A cache filled without refs (RunPod's cached models keep only snapshots/<commit>): its newest
     complete snapshot, for a request that pins no revision."""
-    from huggingface_hub import scan_cache_dir
+    from huggingface_hub import scan_cache_dir  # on use only: see the module docstring
 
     cache = scan_cache_dir(cache_root)
     revisions = [
@@ -335,7 +342,7 @@ def _newest_complete_snapshot(cache_root: Path, repo_id: str) -> Path | None:
 
 
 def _look_in_cache(label: str, cache_root: Path, repo_id: str, revision: str | None) -> tuple[Path | None, Look]:
-    from huggingface_hub.file_download import repo_folder_name
+    from huggingface_hub.file_download import repo_folder_name  # on use only: see the module docstring
 
     repo_folder = repo_folder_name(repo_id=repo_id, repo_type="model")
     if not cache_root.is_dir():
@@ -373,7 +380,7 @@ def locate_hub_model(repo_id: str, revision: str | None, places: ModelPlaces) ->
 def prepare_download(repo_id: str, revision: str | None, places: ModelPlaces, field: str) -> ResolvedModel:
     """Ask the hub what the pipeline's files weigh (refusing early on gated access, unknown ids and
     revisions, or a disk too small), then fetch only the configs the planner reads."""
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # on use only: see the module docstring
 
     cache_dir = places.hub_cache
     common: dict[str, Any] = {
@@ -405,17 +412,10 @@ def prepare_download(repo_id: str, revision: str | None, places: ModelPlaces, fi
     return ResolvedModel(folder=folder, source="download", pending=pending)
 
 
-def _device_of(path: Path) -> int:
-    existing = path.absolute()
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    return os.stat(existing).st_dev
-
-
 def ensure_room_to_download(model: ResolvedModel, training_bytes: int, work_root: Path) -> None:
     """At plan time: the pending download, plus the training run when it writes to the same disk."""
     pending = model.pending
-    if pending is None or _device_of(pending.cache_dir) != _device_of(work_root):
+    if pending is None or device_of(pending.cache_dir) != device_of(work_root):
         return
     refusal = download_and_training_do_not_fit(pending, training_bytes, free_disk_bytes(pending.cache_dir))
     if refusal is not None:
@@ -444,7 +444,7 @@ class _ByteTally:
 def _progress_bar_class(tally: _ByteTally | None) -> type:
     """A tqdm for the client that draws nothing (the worker reports progress as events, not on a
     terminal) and hands the bytes of its byte bars to `tally`."""
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # on use only: see the module docstring
 
     class ByteCountingBar(tqdm):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -462,7 +462,7 @@ def _progress_bar_class(tally: _ByteTally | None) -> type:
 
 def download_pending(pending: PendingDownload, places: ModelPlaces, sink: ProgressSink, should_stop: Callable[[], str | None]) -> Path:
     """Download the pipeline files into the standard cache (blocking). Files already there are kept."""
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # on use only: see the module docstring
 
     refusal = download_does_not_fit(pending, free_disk_bytes(pending.cache_dir))
     if refusal is not None:
@@ -474,22 +474,6 @@ def download_pending(pending: PendingDownload, places: ModelPlaces, sink: Progre
     )
     sink(pending.bytes_total, pending.bytes_total)
     return Path(folder)
-
-
-def throttled(report: Callable[[dict[str, Any]], None], min_interval: float) -> ProgressSink:
-    """A progress sink for the download thread: hands `{"bytes_done", "bytes_total"}` to `report` on the
-    running event loop, at most every `min_interval` seconds, and always the last one."""
-    loop = asyncio.get_running_loop()
-    last_sent = [float("-inf")]
-
-    def sink(done: int, total: int) -> None:
-        now = time.monotonic()
-        if done < total and now - last_sent[0] < min_interval:
-            return
-        last_sent[0] = now
-        loop.call_soon_threadsafe(report, {"bytes_done": done, "bytes_total": total})
-
-    return sink
 
 
 async def download_base_model(
@@ -561,3 +545,51 @@ def local_model_folder(name: str, revision: str | None, environ: Mapping[str, st
         folder = Path(name)
         return folder if (folder / "transformer" / "config.json").is_file() else None
     return locate_hub_model(name, revision, ModelPlaces.from_environ(environ))[0]
+
+
+def pending_download_bytes(model: ResolvedModel) -> int:
+    """Bytes of the base model still to download before training (its resolved file list); 0 when cached."""
+    return model.pending.bytes_total if model.pending is not None else 0
+
+
+def ensure_tiny_model(cache_dir: Path) -> Path:
+    """Build the tiny FLUX pipeline once per cache dir, in a subprocess (this process stays torch-free)."""
+    target = cache_dir / "models" / "tiny-flux"
+    if (target / "model_index.json").is_file():
+        return target
+    completed = subprocess.run(
+        [sys.executable, "-m", "fluxbooth.tiny", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=TINY_BUILD_TIMEOUT_SECONDS,
+        start_new_session=True,
+    )
+    if completed.returncode != 0 or not (target / "model_index.json").is_file():
+        raise FluxboothError(
+            ErrorCode.INTERNAL, f"building the tiny model failed: {completed.stderr.strip()[-2000:]}"
+        )
+    return target
+
+
+def resolve_base_model(requested: str | None, settings: WorkerSettings, revision: str | None = None) -> ResolvedModel:
+    """A local folder for the base model, known before the dataset is fetched: the built-in tiny model, an
+    absolute path, or a hub id found in a cache on this worker or (downloads on) pending a download."""
+    name = requested or settings.default_base_model
+    field = "input.base_model" if requested else "base_model (the endpoint's default, FLUXBOOTH_BASE_MODEL)"
+    if revision is not None and (name == TINY_MODEL_NAME or name.startswith("/")):
+        raise FluxboothError(
+            ErrorCode.INVALID_INPUT,
+            f"input.base_model_revision: pins a revision of a Hugging Face id, but the base model {name} is "
+            "not one; leave base_model_revision out",
+        )
+    if name == TINY_MODEL_NAME:
+        return ResolvedModel(folder=ensure_tiny_model(settings.cache_dir), source="built-in tiny model")
+    if name.startswith("/"):
+        path = Path(name)
+        if not (path / "transformer" / "config.json").is_file():
+            raise FluxboothError(
+                ErrorCode.INVALID_INPUT,
+                f"{field}: {name} is not a diffusers FLUX folder (no transformer/config.json)",
+            )
+        return ResolvedModel(folder=path, source="local folder")
+    return resolve_hub_model(name, revision, settings.environ, field)

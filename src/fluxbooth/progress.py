@@ -1,6 +1,7 @@
-"""Progress for people: the payloads `job.ProgressReporter` sends, rendered on a terminal or in a log.
+"""Progress: the payloads a job sends (`ProgressReporter`: stage changes at once, counts and steps throttled), and
+those payloads rendered for people on a terminal or in a log (`ProgressBar`).
 
-Used where no RunPod endpoint receives the payloads: `python -m fluxbooth train` and the handler's local
+The bar is used where no RunPod endpoint receives the payloads: `python -m fluxbooth train` and the handler's local
 modes. Each stage (and each status a stage reports) is one line. Its progress, a bar with step/total, loss
 and ETA while training, bytes while downloading, images while preparing the dataset, is one more line: on a terminal redrawn in place (`\\r`),
 anywhere else (a log file, a pipe) written again at most every `plain_interval` seconds, and at the end.
@@ -11,12 +12,20 @@ Torch-free, like everything the worker process imports.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from fluxbooth.contract.events import StageEvent, StepEvent, TrainerEvent
 from fluxbooth.hardware import format_bytes
+
+ProgressSink = Callable[[dict[str, Any]], None]
+PROGRESS_MIN_INTERVAL_SECONDS = 2.0
+
+logger = logging.getLogger(__name__)
 
 BAR_WIDTH = 24
 PLAIN_INTERVAL_SECONDS = 10.0
@@ -100,7 +109,7 @@ def _is_complete(payload: Mapping[str, Any]) -> bool:
 
 @dataclass
 class ProgressBar:
-    """A progress sink (`job.ProgressSink`) that writes to `stream`; `interactive` redraws in place."""
+    """A progress sink (`ProgressSink`) that writes to `stream`; `interactive` redraws in place."""
 
     stream: TextIO
     interactive: bool
@@ -153,3 +162,68 @@ class ProgressBar:
             self._last_plain_progress = now
             return True
         return False
+
+
+@dataclass
+class ProgressReporter:
+    """Forwards stage changes at once and step updates at most every couple of seconds."""
+
+    sink: ProgressSink | None
+    min_interval: float = PROGRESS_MIN_INTERVAL_SECONDS
+    _last_sent: float = field(default=0.0, init=False)
+    _stage: str = field(default="", init=False)
+
+    def stage(self, name: str, /, **extra: Any) -> None:
+        self._stage = name
+        self._send({"stage": name, **extra}, force=True)
+
+    def count(self, name: str, done: int, total: int) -> None:
+        """Items done of a stage (images prepared, ...): at most every couple of seconds, and the last."""
+        self._send({"stage": name, "done": done, "total": total}, force=done >= total)
+
+    def count_from_thread(self, name: str) -> Callable[[int, int], None]:
+        """`count` for work running in a thread: the update is handed to the event loop, where the sink runs."""
+        loop = asyncio.get_running_loop()
+        return lambda done, total: loop.call_soon_threadsafe(self.count, name, done, total)
+
+    def trainer_event(self, event: TrainerEvent) -> None:
+        if isinstance(event, StageEvent):
+            self.stage(event.stage, **event.details)
+        elif isinstance(event, StepEvent):
+            step, total = event.step, event.total
+            self._send(
+                {
+                    "stage": "train",
+                    "step": step,
+                    "total": total,
+                    "loss": event.loss,
+                    "eta_seconds": round(event.seconds_per_step * (total - step), 1),
+                },
+                force=step == total,
+            )
+
+    def _send(self, payload: dict[str, Any], *, force: bool) -> None:
+        now = time.monotonic()
+        if self.sink is None or (not force and now - self._last_sent < self.min_interval):
+            return
+        self._last_sent = now
+        try:
+            self.sink(payload)
+        except Exception:  # progress is best effort; a failing sink must never fail the job
+            logger.warning("progress update failed", exc_info=True)
+
+
+def throttled(report: Callable[[dict[str, Any]], None], min_interval: float) -> Callable[[int, int], None]:
+    """A progress sink for the download thread: hands `{"bytes_done", "bytes_total"}` to `report` on the
+    running event loop, at most every `min_interval` seconds, and always the last one."""
+    loop = asyncio.get_running_loop()
+    last_sent = [float("-inf")]
+
+    def sink(done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - last_sent[0] < min_interval:
+            return
+        last_sent[0] = now
+        loop.call_soon_threadsafe(report, {"bytes_done": done, "bytes_total": total})
+
+    return sink

@@ -6,17 +6,18 @@ endpoint sets a price per hour, the predicted cost. One owner for the CLI and th
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
+from fluxbooth.dataset.remote_count import DatasetCount, count_dataset
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.hardware import Hardware, format_bytes
-from fluxbooth.modelsize import ModelSize
-from fluxbooth.plan import JobShape, as_job, check_job, choose_plan, evaluate_candidates, pick
+from fluxbooth.hardware import Hardware, format_bytes, probe_hardware
+from fluxbooth.model_source import pending_download_bytes, resolve_base_model
+from fluxbooth.sizing import ModelSize
+from fluxbooth.plan import JobShape, as_job, check_job, choose_plan, evaluate_candidates, model_size, pick
+from fluxbooth.request import TrainingRequest
 from fluxbooth.settings import TransferRates, WorkerSettings
-from fluxbooth.spec import JobSpec
-
-if TYPE_CHECKING:
-    from fluxbooth.dataset.remote_count import DatasetCount
+from fluxbooth.spec import JobSpec, resolve_job_spec
 
 SECONDS_PER_HOUR = 3600
 COST_DECIMALS = 4  # a tiny job costs fractions of a cent
@@ -146,3 +147,16 @@ def dry_run_answer(
     if refusal is not None:
         raise FluxboothError(ErrorCode.DOES_NOT_FIT, refusal["message"], details={"plan_report": report})
     return {"model_name": spec.model_name, "dry_run": True, **report}
+
+
+def quote_job(request: TrainingRequest, settings: WorkerSettings, job_dir: Path) -> dict[str, Any]:
+    """A dry run's answer: planned from the base model's configs on this machine and the images the
+    dataset's zip lists (its directory only), before anything else is fetched or launched."""
+    model = resolve_base_model(request.base_model, settings, request.base_model_revision)
+    dataset = count_dataset(request, settings.dataset_limits)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    size = model_size(str(model.folder))
+    return dry_run_answer(
+        resolve_job_spec(request, size, settings), settings, hardware=probe_hardware(job_dir, settings.environ),
+        model=size, dataset=dataset, download_bytes=pending_download_bytes(model),
+    )

@@ -18,7 +18,7 @@ from fluxbooth.contract.captions import with_trigger
 from fluxbooth.contract.names import FUSED_ADAFACTOR_LEARNING_RATE, SamplingDefaults
 from fluxbooth.contract.trainer_config import LoraSettings
 from fluxbooth.families import family_named, read_model_index
-from fluxbooth.modelsize import ModelSize
+from fluxbooth.sizing import ModelSize
 from fluxbooth.request import DEFAULT_LEARNING_RATES, TrainingRequest
 from fluxbooth.settings import WorkerSettings
 

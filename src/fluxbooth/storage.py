@@ -19,11 +19,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
-from urllib.parse import urlsplit
 
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.hardware import format_bytes
-from fluxbooth.redaction import Redactor
+from fluxbooth.messages import os_reason
+from fluxbooth.s3_failures import (
+    describe_s3_failure, is_connection_error, is_missing_object, public_endpoint, without_secrets,
+)
 from fluxbooth.settings import ALLOW_LOCAL_OUTPUT_VARIABLE, BucketSettings, WorkerSettings
 
 if TYPE_CHECKING:
@@ -42,13 +43,6 @@ DEFAULT_READ_TIMEOUT_SECONDS = 120.0
 MAX_PRESIGN_SECONDS = 7 * 24 * 3600
 # S3's DeleteObjects takes at most this many keys per request.
 MAX_KEYS_PER_DELETE = 1000
-UNUPLOADED_DIR_NAME = "fluxbooth-unuploaded"
-
-_CREDENTIAL_ERROR_CODES = frozenset(
-    {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "AuthorizationHeaderMalformed"}
-)
-_PERMISSION_ERROR_CODES = frozenset({"AccessDenied", "AllAccessDisabled", "AccountProblem"})
-_MISSING_BUCKET_ERROR_CODES = frozenset({"NoSuchBucket"})
 
 
 @dataclass(frozen=True)
@@ -125,8 +119,8 @@ def local_output_warning(settings: WorkerSettings) -> str | None:
 
 def open_store(settings: WorkerSettings, model_name: str, job_id: str) -> ArtifactStore:
     """The bucket when one is configured, else `<output_dir>/<model_name>/<job_id>/`."""
-    _check_path_segment(model_name, "model_name")
-    _check_path_segment(job_id, "job id")
+    check_path_segment(model_name, "model_name")
+    check_path_segment(job_id, "job id")
     if settings.bucket is not None:
         key_prefix = "/".join(part for part in (settings.bucket.prefix.strip("/"), model_name, job_id) if part)
         return S3Store(settings.bucket, key_prefix)
@@ -139,7 +133,7 @@ CHECKPOINTS_FOLDER = "checkpoints"
 def open_checkpoint_store(settings: WorkerSettings, model_name: str) -> ReadableStore:
     """`<prefix>/<model_name>/checkpoints/` in the bucket, else `<output_dir>/<model_name>/checkpoints/`:
     per model, not per job, so a resubmitted job finds the checkpoints of the one that timed out."""
-    _check_path_segment(model_name, "model_name")
+    check_path_segment(model_name, "model_name")
     if settings.bucket is not None:
         key_prefix = "/".join(
             part for part in (settings.bucket.prefix.strip("/"), model_name, CHECKPOINTS_FOLDER) if part
@@ -153,37 +147,6 @@ def open_bucket_store(settings: WorkerSettings, key_prefix: str) -> S3Store:
     if settings.bucket is None:
         raise FluxboothError(ErrorCode.INTERNAL, "open_bucket_store needs a configured bucket (BUCKET_ENDPOINT_URL)")
     return S3Store(settings.bucket, key_prefix)
-
-
-def preserve_on_volume(paths: list[Path], volume_dir: Path, model_name: str, job_id: str) -> Path:
-    """Copy artifacts that could not be uploaded to `<volume>/fluxbooth-unuploaded/<model>/<job>/`.
-
-    Files keep their layout relative to their common folder, so sharded model folders stay loadable.
-    """
-    _check_path_segment(model_name, "model_name")
-    _check_path_segment(job_id, "job id")
-    destination = volume_dir / UNUPLOADED_DIR_NAME / model_name / job_id
-    files = _files_with_relative_names(paths)
-    needed_bytes = sum(source.stat().st_size for source, _ in files)
-    try:
-        destination.mkdir(parents=True, exist_ok=True)
-        free_bytes = shutil.disk_usage(destination).free
-        if free_bytes < needed_bytes:
-            raise OSError(
-                f"{format_bytes(needed_bytes)} needed but only {format_bytes(free_bytes)} free; free space on the volume"
-            )
-        for source, relative_name in files:
-            target = destination / relative_name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            _copy_atomically(source, target)
-    except OSError as error:
-        raise FluxboothError(
-            ErrorCode.UPLOAD_FAILED,
-            f"the upload failed, and keeping the trained weights on the persistent volume at {destination} "
-            f"failed too: {_os_reason(error)}",
-        ) from error
-    logger.warning("kept %d unuploaded artifact file(s) at %s", len(files), destination)
-    return destination
 
 
 class S3Store:
@@ -206,6 +169,7 @@ class S3Store:
         connect_timeout_seconds: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
         read_timeout_seconds: float = DEFAULT_READ_TIMEOUT_SECONDS,
     ) -> None:
+        # boto3 only once a bucket is used: see the module docstring.
         import boto3
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
@@ -250,7 +214,7 @@ class S3Store:
         except ValueError as error:
             raise FluxboothError(
                 ErrorCode.UPLOAD_FAILED,
-                f"BUCKET_ENDPOINT_URL {_public_endpoint(bucket.endpoint_url)!r} is not a usable URL "
+                f"BUCKET_ENDPOINT_URL {public_endpoint(bucket.endpoint_url)!r} is not a usable URL "
                 f"({type(error).__name__}); set it to the service's https:// address",
             ) from error
 
@@ -279,7 +243,7 @@ class S3Store:
         try:
             self._transfer(local_path, key, {"Metadata": {"sha256": sha256}})
         except Exception as error:
-            if size >= self._transfer_config.multipart_threshold and not _is_connection_error(error):
+            if size >= self._transfer_config.multipart_threshold and not is_connection_error(error):
                 self._abort_unfinished_multipart_uploads(key)
             raise self._upload_error(error, uri) from error
         try:
@@ -311,7 +275,7 @@ class S3Store:
         try:
             self._client.head_object(Bucket=self._bucket_settings.bucket, Key=key)
         except Exception as error:
-            if _is_missing_object(error):
+            if is_missing_object(error):
                 return False
             uri = f"s3://{self._bucket_settings.bucket}/{key}"
             raise self._upload_error(error, uri, doing="checking") from error
@@ -334,7 +298,7 @@ class S3Store:
 
     def delete_folder(self, name: str) -> int:
         """Delete every object under `<key_prefix>/<name>/`, listed first and then removed in batches."""
-        _check_path_segment(name, "folder name")
+        check_path_segment(name, "folder name")
         bucket = self._bucket_settings.bucket
         prefix = f"{self.key_for(name)}/"
         uri = f"s3://{bucket}/{prefix}"
@@ -360,7 +324,7 @@ class S3Store:
                         f"({first.get('Code', 'unknown')} on {first.get('Key', '?')}: {first.get('Message', '')}); "
                         "give the key in BUCKET_ACCESS_KEY_ID permission to delete objects, or remove them by hand"
                     )
-                    raise FluxboothError(ErrorCode.UPLOAD_FAILED, _without_secrets(message, self._bucket_settings))
+                    raise FluxboothError(ErrorCode.UPLOAD_FAILED, without_secrets(message, self._bucket_settings))
                 deleted += len(batch)
         except FluxboothError:
             raise
@@ -372,7 +336,7 @@ class S3Store:
     def _transfer(self, local_path: Path, key: str, extra_args: dict[str, object]) -> None:
         # The transfer manager, unlike client.upload_file, raises the original botocore error
         # (with its error code and retry count) instead of a flattened S3UploadFailedError.
-        from boto3.s3.transfer import create_transfer_manager
+        from boto3.s3.transfer import create_transfer_manager  # on use only, as in __init__
 
         with create_transfer_manager(self._client, self._transfer_config) as manager:
             future = manager.upload(str(local_path), self._bucket_settings.bucket, key, extra_args=extra_args)
@@ -407,9 +371,9 @@ class S3Store:
         )
 
     def _upload_error(self, error: Exception, uri: str, *, doing: str = "uploading") -> FluxboothError:
-        reason = _describe_s3_failure(error, self._bucket_settings, self._total_attempts)
+        reason = describe_s3_failure(error, self._bucket_settings, self._total_attempts)
         message = f"{doing} {uri} failed: {reason}"
-        return FluxboothError(ErrorCode.UPLOAD_FAILED, _without_secrets(message, self._bucket_settings))
+        return FluxboothError(ErrorCode.UPLOAD_FAILED, without_secrets(message, self._bucket_settings))
 
 
 class LocalStore:
@@ -435,11 +399,11 @@ class LocalStore:
             # `name` has no ".." segments, but a symlinked folder inside the directory could still lead out.
             if not target.parent.resolve().is_relative_to(self._directory):
                 raise OSError(f"{target.parent} leads outside {self._directory}")
-            copied_bytes, copied_sha256 = _copy_atomically(source=local_path, target=target, expected_sha256=sha256)
+            copied_bytes, copied_sha256 = copy_atomically(source=local_path, target=target, expected_sha256=sha256)
         except OSError as error:
             raise FluxboothError(
                 ErrorCode.UPLOAD_FAILED,
-                f"writing artifact {name} to {self._directory} failed: {_os_reason(error)}; "
+                f"writing artifact {name} to {self._directory} failed: {os_reason(error)}; "
                 "check that FLUXBOOTH_OUTPUT_DIR is writable and has free space",
             ) from error
         except _ContentMismatch as mismatch:
@@ -459,7 +423,7 @@ class LocalStore:
         return (self._directory / name).is_file()
 
     def delete_folder(self, name: str) -> int:
-        _check_path_segment(name, "folder name")
+        check_path_segment(name, "folder name")
         folder = self._directory / name
         try:
             # Exactly a folder of this directory: a symlink (even to a sibling) or a way out is refused.
@@ -473,7 +437,7 @@ class LocalStore:
             shutil.rmtree(folder)
         except OSError as error:
             raise FluxboothError(
-                ErrorCode.UPLOAD_FAILED, f"deleting {name} from {self._directory} failed: {_os_reason(error)}"
+                ErrorCode.UPLOAD_FAILED, f"deleting {name} from {self._directory} failed: {os_reason(error)}"
             ) from error
         logger.info("deleted %s (%d files)", folder, removed)
         return removed
@@ -485,10 +449,10 @@ class LocalStore:
             if not source.resolve().is_relative_to(self._directory):
                 raise OSError(f"{source} leads outside {self._directory}")
             target.parent.mkdir(parents=True, exist_ok=True)
-            _copy_atomically(source=source, target=target)
+            copy_atomically(source=source, target=target)
         except OSError as error:
             raise FluxboothError(
-                ErrorCode.UPLOAD_FAILED, f"reading {name} from {self._directory} failed: {_os_reason(error)}"
+                ErrorCode.UPLOAD_FAILED, f"reading {name} from {self._directory} failed: {os_reason(error)}"
             ) from error
 
 
@@ -496,7 +460,7 @@ class _ContentMismatch(Exception):
     pass
 
 
-def _copy_atomically(source: Path, target: Path, expected_sha256: str | None = None) -> tuple[int, str]:
+def copy_atomically(source: Path, target: Path, expected_sha256: str | None = None) -> tuple[int, str]:
     """Copy through a temporary name in the target's folder, then rename, so readers never see half a file.
 
     Hashing happens on the bytes as they are copied, so verification costs no second read.
@@ -522,21 +486,6 @@ def _copy_atomically(source: Path, target: Path, expected_sha256: str | None = N
     return copied, actual_sha256
 
 
-def _files_with_relative_names(paths: list[Path]) -> list[tuple[Path, Path]]:
-    """Every file under `paths` (folders are walked), named relative to the paths' common folder."""
-    if not paths:
-        return []
-    absolute = [Path(path).absolute() for path in paths]
-    common = Path(os.path.commonpath([path.parent for path in absolute]))
-    files: list[tuple[Path, Path]] = []
-    for path in absolute:
-        if path.is_dir():
-            files.extend((file, file.relative_to(common)) for file in sorted(path.rglob("*")) if file.is_file())
-        else:
-            files.append((path, path.relative_to(common)))
-    return files
-
-
 def _check_artifact_name(name: str) -> None:
     segments = name.split("/")
     if not name or "\\" in name or "\x00" in name or any(segment in {"", ".", ".."} for segment in segments):
@@ -547,7 +496,7 @@ def _check_artifact_name(name: str) -> None:
         )
 
 
-def _check_path_segment(value: str, what: str) -> None:
+def check_path_segment(value: str, what: str) -> None:
     if not value or value in {".", ".."} or "/" in value or "\\" in value or "\x00" in value:
         raise FluxboothError(
             ErrorCode.INTERNAL, f"{what} {value[:200]!r} cannot be used as a folder or key segment"
@@ -568,7 +517,7 @@ def _existing_file_size(local_path: Path, name: str) -> int:
         return local_path.stat().st_size
     except OSError as error:
         raise FluxboothError(
-            ErrorCode.INTERNAL, f"artifact {name} cannot be read from {local_path}: {_os_reason(error)}"
+            ErrorCode.INTERNAL, f"artifact {name} cannot be read from {local_path}: {os_reason(error)}"
         ) from error
 
 
@@ -591,81 +540,6 @@ def _verify_stored_object(uri: str, head: dict[str, object], expected_bytes: int
     )
 
 
-def _is_missing_object(error: BaseException) -> bool:
-    from botocore.exceptions import ClientError
-
-    return isinstance(error, ClientError) and str(error.response.get("Error", {}).get("Code")) in {"404", "NoSuchKey"}
-
-
-def _is_connection_error(error: BaseException) -> bool:
-    from botocore.exceptions import ConnectionError as BotocoreConnectionError
-
-    return isinstance(error, BotocoreConnectionError)
-
-
-def _describe_s3_failure(error: BaseException, bucket: BucketSettings, total_attempts: int) -> str:
-    """Why the storage service failed, and what to change; never the service's raw response."""
-    from botocore.exceptions import (
-        ClientError,
-        ConnectTimeoutError,
-        EndpointConnectionError,
-        NoCredentialsError,
-        PartialCredentialsError,
-        ReadTimeoutError,
-    )
-    from botocore.exceptions import ConnectionError as BotocoreConnectionError
-
-    endpoint = _public_endpoint(bucket.endpoint_url)
-    if isinstance(error, (NoCredentialsError, PartialCredentialsError)):
-        return "no credentials were found; set BUCKET_ACCESS_KEY_ID and BUCKET_SECRET_ACCESS_KEY"
-    if isinstance(error, ConnectTimeoutError):
-        return (
-            f"connecting to {endpoint} timed out after {total_attempts} attempts; check BUCKET_ENDPOINT_URL "
-            "and that the storage service is reachable from the worker"
-        )
-    if isinstance(error, ReadTimeoutError):
-        return (
-            f"{endpoint} stopped answering (read timeout) after {total_attempts} attempts; "
-            "the storage service is overloaded or down, retry the job later"
-        )
-    if isinstance(error, (EndpointConnectionError, BotocoreConnectionError)):
-        return (
-            f"cannot connect to the storage endpoint {endpoint} (connection refused or dropped) after "
-            f"{total_attempts} attempts; check BUCKET_ENDPOINT_URL and that the service is up"
-        )
-    if isinstance(error, ClientError):
-        details = error.response.get("Error", {})
-        code = str(details.get("Code", "unknown"))
-        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        attempts = error.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) + 1
-        if code in _CREDENTIAL_ERROR_CODES:
-            return (
-                f"the storage service rejected the credentials ({code}); check BUCKET_ACCESS_KEY_ID and "
-                "BUCKET_SECRET_ACCESS_KEY"
-            )
-        if code in _PERMISSION_ERROR_CODES or status == 403:
-            return (
-                f"access denied to bucket {bucket.bucket!r} ({code}); give the key in BUCKET_ACCESS_KEY_ID "
-                "permission to put, get, list and delete objects and multipart uploads in it"
-            )
-        if code in _MISSING_BUCKET_ERROR_CODES:
-            return f"bucket {bucket.bucket!r} does not exist at {endpoint}; create it, or fix BUCKET_NAME"
-        if code in {"NoSuchKey", "404"}:
-            return (
-                "the object is missing right after the upload; another writer may have deleted it, "
-                "run the job again"
-            )
-        if isinstance(status, int) and (status >= 500 or status == 429 or code in {"SlowDown", "Throttling"}):
-            return (
-                f"the storage service kept answering HTTP {status} ({code}) after {attempts} attempts; "
-                "it is overloaded or down, retry the job later"
-            )
-        return f"the storage service refused the request: HTTP {status} ({code})"
-    if isinstance(error, OSError):
-        return f"reading the local file failed: {_os_reason(error)}"
-    return f"{type(error).__name__}: {error}"
-
-
 def _add_content_md5(params: dict[str, Any], **_: object) -> None:
     """DeleteObjects must carry a body checksum. botocore >= 1.36 sends only CRC32, which older MinIO,
     Ceph and other S3-compatible services refuse (MissingContentMD5); Content-MD5 as well satisfies both."""
@@ -675,21 +549,3 @@ def _add_content_md5(params: dict[str, Any], **_: object) -> None:
     if isinstance(body, bytes) and "Content-MD5" not in params["headers"]:
         digest = hashlib.md5(body, usedforsecurity=False).digest()
         params["headers"]["Content-MD5"] = base64.b64encode(digest).decode("ascii")
-
-
-def _public_endpoint(endpoint_url: str | None) -> str:
-    """The endpoint without any user:password part, for messages."""
-    if not endpoint_url:
-        return "AWS S3"
-    parts = urlsplit(endpoint_url)
-    # netloc may carry "user:password@"; keep only what follows it.
-    host_and_port = parts.netloc.rpartition("@")[2]
-    return f"{parts.scheme}://{host_and_port}{parts.path}" if parts.scheme else endpoint_url.rpartition("@")[2]
-
-
-def _without_secrets(message: str, bucket: BucketSettings) -> str:
-    return Redactor((bucket.secret_access_key, bucket.access_key_id))(message)
-
-
-def _os_reason(error: OSError) -> str:
-    return error.strerror or str(error) or type(error).__name__

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from fluxbooth.synthetic.presets import FLUX1_DEV_SCHEDULER, FLUX1_VAE
+from fluxbooth.published_configs import FLUX1_DEV_SCHEDULER, FLUX1_VAE
 
 # The components a FluxPipeline folder needs, each with the file that proves it was written.
 REQUIRED_FILES = (
@@ -161,6 +161,7 @@ def _t5_vocabulary() -> list[tuple[str, float]]:
 
 def build_tokenizers() -> dict[str, Any]:
     """{"tokenizer": the byte-level CLIPTokenizer, "tokenizer_2": the small T5TokenizerFast}."""
+    # Deferred: reading this module's configs (the synthetic presets do) must not import torch, which transformers does.
     from transformers import CLIPTokenizer, T5TokenizerFast
 
     vocabulary, merges = _clip_vocabulary()
@@ -191,6 +192,7 @@ def text_encoder_configs(tokenizers: dict[str, Any]) -> tuple[dict[str, Any], di
 
 
 def _build_components(seed: int) -> dict[str, Any]:
+    # Deferred: reading this module's configs (the synthetic presets do) must not import torch.
     import torch
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
@@ -229,6 +231,7 @@ def build_tiny_pipeline(out_dir: Path, seed: int = 0) -> Path:
     out_dir = Path(out_dir).absolute()
     if is_complete_pipeline(out_dir):
         return out_dir
+    # Deferred: reading this module's configs (the synthetic presets do) must not import torch, which diffusers does.
     from diffusers import FluxPipeline
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@
 No torch here.
 """
 
-from fluxbooth.modelsize import model_size
+from fluxbooth.sizing import model_size
 from fluxbooth.plan.candidates import (
     as_job,
     effective_precision,

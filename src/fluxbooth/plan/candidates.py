@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from fluxbooth.contract.precision import BASE_PRECISIONS, QUANTISED_PRECISIONS
 from fluxbooth.hardware import Hardware, format_bytes
-from fluxbooth.modelsize import ModelSize
+from fluxbooth.sizing import ModelSize
 from fluxbooth.plan.memory import DISK_MARGIN, GPU_MARGIN, HOST_MARGIN, compute_dtype_bytes, estimate_memory
 from fluxbooth.plan.timing import mixed_seconds_per_step, phase_seconds
 from fluxbooth.plan.types import (

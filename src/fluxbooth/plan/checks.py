@@ -9,7 +9,7 @@ import math
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.messages import describe_seconds
-from fluxbooth.modelsize import ModelSize, lora_target_suffixes, unmatched_lora_targets
+from fluxbooth.sizing import ModelSize, lora_target_suffixes, unmatched_lora_targets
 from fluxbooth.request import MAX_TIMEOUT_SECONDS
 from fluxbooth.contract.precision import QUANTISED_PRECISIONS
 from fluxbooth.plan.types import Candidate, JobShape

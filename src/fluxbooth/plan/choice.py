@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import Hardware
-from fluxbooth.modelsize import ModelSize
+from fluxbooth.sizing import ModelSize
 from fluxbooth.settings import TransferRates
 from fluxbooth.plan.candidates import (
     requested_stage,

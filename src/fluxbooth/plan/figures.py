@@ -4,7 +4,7 @@ that the text quotes the computed value). No torch here."""
 from __future__ import annotations
 
 from fluxbooth.hardware import hypothetical_hardware
-from fluxbooth.modelsize import FLUX_DEV_NAME, ModelSize, model_size
+from fluxbooth.sizing import FLUX_DEV_NAME, ModelSize, model_size
 from fluxbooth.plan.candidates import strategies_for
 from fluxbooth.plan.memory import estimate_memory
 from fluxbooth.plan.types import JobShape

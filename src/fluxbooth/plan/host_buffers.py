@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fluxbooth.contract.precision import block_of, is_quantised_layer
-from fluxbooth.modelsize import ModelSize, matches_lora_target, norm_params_per_module
+from fluxbooth.sizing import ModelSize, matches_lora_target, norm_params_per_module
 from fluxbooth.pinned import block_store_layout, block_store_pinned_bytes, caching_host_allocation_bytes
 
 # The ZeRO-1/2 flat partition is padded to this many elements per process (stage_1_and_2.py:

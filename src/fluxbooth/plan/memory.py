@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from fluxbooth.contract import deepspeed_numbers as ds
 from fluxbooth.hardware import GIB, Hardware
 from fluxbooth.contract.precision import block_of, is_quantised_layer
-from fluxbooth.modelsize import ModelSize
+from fluxbooth.sizing import ModelSize
 from fluxbooth.pinned import BLOCK_SWAP_DEVICE_SLOTS
 from fluxbooth.plan.host_buffers import (
     allocated_bytes,

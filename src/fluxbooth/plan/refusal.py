@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from fluxbooth.hardware import Hardware, format_bytes
-from fluxbooth.modelsize import ModelSize
+from fluxbooth.sizing import ModelSize
 from fluxbooth.plan.candidates import (
     describe_candidate,
     evaluate_candidates,

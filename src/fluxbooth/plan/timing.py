@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from fluxbooth.hardware import Hardware
 from fluxbooth.contract.precision import is_quantised_layer
-from fluxbooth.modelsize import ModelSize, linear_stream
+from fluxbooth.sizing import ModelSize, linear_stream
 from fluxbooth.plan.ema import ema_update_seconds
 from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec, pcie_link_bytes_per_second
 from fluxbooth.plan.memory import compute_dtype_bytes, frozen_block_bytes, image_tokens, sequence_tokens
@@ -105,7 +105,7 @@ def host_link_bytes_per_second(hardware: Hardware) -> float:
 
 def forward_flops(model: ModelSize, job: JobShape) -> float:
     """One forward pass of one sample: 2 * in * out * tokens for each Linear, with the tokens it really
-    multiplies (modelsize.linear_stream: one vector for the modulation and the embedders, its own stream's tokens
+    multiplies (sizing.linear_stream: one vector for the modulation and the embedders, its own stream's tokens
     for a double-stream weight, the joined sequence in a single-stream block), and 4*T^2*D per block for
     attention over the joined sequence."""
     shape = model.transformer

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 from fluxbooth.hardware import parse_bytes
+from fluxbooth.synthetic.build import build_pipeline, count_parameters
 from fluxbooth.synthetic.presets import PRESET_NAMES, Preset, preset
+from fluxbooth.tiny import build_tiny_pipeline
 
 
 def _layers(text: str) -> tuple[int, int]:
@@ -61,20 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     if arguments.count:
-        from fluxbooth.synthetic.build import count_parameters
-
         print(json.dumps(count_parameters(chosen), indent=2), flush=True)
         return 0
     if arguments.out_dir is None:
         parser.error("OUT is required unless --count is given")
     plain_tiny = arguments.layers is None and arguments.max_shard_size is None and arguments.share_encoders_with is None
     if chosen.name == "tiny" and plain_tiny:
-        from fluxbooth.tiny import build_tiny_pipeline
-
         path = build_tiny_pipeline(arguments.out_dir, seed=arguments.seed)
     else:
-        from fluxbooth.synthetic.build import build_pipeline
-
         try:
             path = build_pipeline(
                 chosen, arguments.out_dir, seed=arguments.seed, device=arguments.device,

@@ -17,7 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fluxbooth import tiny
+from fluxbooth.families import family_named
+from fluxbooth.synthetic.chat_tokenizers import mistral_tokenizer, qwen_tokenizer
 from fluxbooth.synthetic.presets import Preset
+from fluxbooth.synthetic.vocab import full_size_tokenizers
 
 # (library, class, weights file stem) per component, as each family's model_index.json names them.
 COMPONENTS: dict[str, tuple[str, str, str]] = {
@@ -59,8 +63,6 @@ def text_encoder_configs(preset: Preset, tokenizers: dict[str, Any] | None) -> d
     if preset.family.startswith("flux2"):
         return {"text_encoder": _flux2_text_encoder_config(preset, tokenizers)}
     if preset.tokenizers == "tiny":
-        from fluxbooth import tiny
-
         clip, t5 = tiny.text_encoder_configs(tokenizers or tiny.build_tokenizers())
         return {"text_encoder": {**clip, **preset.text_encoder}, "text_encoder_2": {**t5, **(preset.text_encoder_2 or {})}}
     return {"text_encoder": dict(preset.text_encoder), "text_encoder_2": dict(preset.text_encoder_2 or {})}
@@ -86,6 +88,7 @@ def component_configs(preset: Preset, tokenizers: dict[str, Any] | None = None) 
 def construct(component: str, config: dict[str, Any], device: Any, dtype: Any = None, *, family: str = "flux1") -> Any:
     """The family's class for `component` built from `config` under `device` (meta: shapes only, no memory),
     its floating-point tensors created in `dtype` (default: float32)."""
+    # Deferred: the synthetic package imports without torch (the presets are read by torch-free code).
     import diffusers
     import torch
     import transformers
@@ -138,6 +141,7 @@ def unique_state_names(model: Any) -> list[str]:
 def plan_shards(model: Any, names: list[str], max_bytes: int, dtype: Any) -> list[Shard]:
     """Split `names` into shards of at most `max_bytes` (a module larger than that gets its own),
     never splitting one module's own parameters between two files."""
+    # Deferred: the synthetic package imports without torch (the presets are read by torch-free code).
     import torch
 
     state = model.state_dict(keep_vars=True)
@@ -178,6 +182,7 @@ def _materialise(model: Any, modules: tuple[str, ...], device: Any) -> list[Any]
 
 def _initialise(model: Any, owners: list[Any]) -> None:
     """The class's own initialisation, applied where memory now exists (meta tensors ignore it)."""
+    # Deferred: the synthetic package imports without torch (the presets are read by torch-free code).
     import torch
 
     with torch.no_grad():
@@ -194,6 +199,7 @@ def _initialise(model: Any, owners: list[Any]) -> None:
 
 
 def _release(owners: list[Any]) -> None:
+    # Deferred: the synthetic package imports without torch (the presets are read by torch-free code).
     import torch
 
     for owner in owners:
@@ -215,6 +221,7 @@ def write_component(
     family: str = "flux1",
 ) -> dict[str, Any]:
     """Write `folder/config.json` and the weights shard by shard; returns a summary."""
+    # Deferred: the synthetic package imports without torch (the presets are read by torch-free code).
     import torch
     from safetensors.torch import save_file
 
@@ -258,9 +265,8 @@ def _save_config(model: Any, library: str, folder: Path, dtype_name: str) -> Non
 
 
 def _model_index(preset: Preset, tokenizers: dict[str, Any]) -> dict[str, Any]:
+    # Deferred: the synthetic package imports without torch (the presets are read by torch-free code).
     import diffusers
-
-    from fluxbooth.families import family_named
 
     family = family_named(preset.family)
     index: dict[str, Any] = {"_class_name": family.pipeline_class, "_diffusers_version": diffusers.__version__}
@@ -277,17 +283,11 @@ def _model_index(preset: Preset, tokenizers: dict[str, Any]) -> dict[str, Any]:
 def build_tokenizers(preset: Preset) -> dict[str, Any]:
     """The preset's tokenizers by pipeline component: CLIP and T5 for FLUX.1, one chat tokenizer for FLUX.2."""
     if preset.family.startswith("flux2"):
-        from fluxbooth.synthetic.chat_tokenizers import mistral_tokenizer, qwen_tokenizer
-
         full_size = None if preset.tokenizers == "tiny" else _vocabulary_size(preset.text_encoder)
         build = qwen_tokenizer if preset.family == "flux2-klein" else mistral_tokenizer
         return {"tokenizer": build(full_size)}
     if preset.tokenizers == "tiny":
-        from fluxbooth import tiny
-
         return tiny.build_tokenizers()
-    from fluxbooth.synthetic.vocab import full_size_tokenizers
-
     return full_size_tokenizers()
 
 
@@ -316,6 +316,7 @@ def describe(preset: Preset, seed: int) -> dict[str, Any]:
 
 
 def _write_all(preset: Preset, staging: Path, seed: int, device: str) -> None:
+    # Deferred: the synthetic package imports without torch (the presets are read by torch-free code).
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     tokenizers = build_tokenizers(preset)

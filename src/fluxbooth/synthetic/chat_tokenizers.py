@@ -86,6 +86,7 @@ def byte_level_vocabulary(first: Iterable[str], words: Iterable[str], size: int 
 
 
 def _backend(vocabulary: dict[str, int], merges: list[tuple[str, str]], unknown: str | None) -> Any:
+    # Deferred with the transformers imports below: only building a tokenizer needs the tokenizer libraries.
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     tokenizer = Tokenizer(models.BPE(vocab=vocabulary, merges=merges, unk_token=unknown))
@@ -96,6 +97,7 @@ def _backend(vocabulary: dict[str, int], merges: list[tuple[str, str]], unknown:
 
 def qwen_tokenizer(vocabulary_size: int | None) -> Any:
     """A Qwen2TokenizerFast with Qwen3's specials and chat template; `vocabulary_size` None: tiny."""
+    # Deferred: the synthetic package imports without torch, which transformers imports.
     from transformers import Qwen2TokenizerFast
 
     size = None if vocabulary_size is None else vocabulary_size - len(QWEN_SPECIALS) - len(QWEN_ADDED)
@@ -109,6 +111,7 @@ def qwen_tokenizer(vocabulary_size: int | None) -> Any:
 
 def mistral_tokenizer(vocabulary_size: int | None) -> Any:
     """A byte-level tokenizer with Tekken's first specials and Mistral-Small-3's chat format for text."""
+    # Deferred: the synthetic package imports without torch, which transformers imports.
     from transformers import PreTrainedTokenizerFast
 
     vocabulary, merges = byte_level_vocabulary(MISTRAL_SPECIALS, TINY_WORDS, vocabulary_size)

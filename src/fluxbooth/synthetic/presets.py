@@ -1,11 +1,8 @@
 """The architectures each synthetic preset builds: pure data, no torch.
 
-The full-size configs are those black-forest-labs/FLUX.1-dev and FLUX.1-schnell ship (transformer/,
-text_encoder/ = CLIP ViT-L/14's text tower, text_encoder_2/ = google/t5-v1_1-xxl's encoder, vae/,
-scheduler/), written out field by field so nothing is downloaded. schnell differs from dev only in
-the transformer's guidance embedding and the scheduler's shift. black-forest-labs/FLUX.1-Kontext-dev
-ships FLUX.1-dev's configs under FluxKontextPipeline; the FLUX.2 configs and their sources are in
-`flux2_presets`. Each preset names its family (fluxbooth.families), which decides its component classes.
+The full-size presets build the published pipelines (fluxbooth.published_configs, which names their
+sources); the tiny ones narrow them to a few dozen wide (FLUX.1's in fluxbooth.tiny, FLUX.2's below). Each
+preset names its family (fluxbooth.families), which decides its component classes.
 """
 
 from __future__ import annotations
@@ -13,100 +10,70 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fluxbooth.synthetic import flux2_presets as flux2
+from fluxbooth import tiny
+from fluxbooth.published_configs import (
+    FLUX1_DEV_SCHEDULER,
+    FLUX1_SCHNELL_SCHEDULER,
+    FLUX2_COMMON_TRANSFORMER,
+    FLUX2_VAE,
+    MISTRAL_SMALL_3,
+    MISTRAL_SMALL_TEXT,
+    PIXTRAL_VISION,
+    PUBLISHED_PIPELINES,
+    QWEN3_COMMON,
+)
 
 GB = 1000**3
 
-FLUX1_TRANSFORMER: dict[str, Any] = {
-    "patch_size": 1,
-    "in_channels": 64,
-    "out_channels": None,
-    "num_layers": 19,
-    "num_single_layers": 38,
-    "attention_head_dim": 128,
-    "num_attention_heads": 24,
-    "joint_attention_dim": 4096,
-    "pooled_projection_dim": 768,
-    "guidance_embeds": True,
-    "axes_dims_rope": [16, 56, 56],
+# The tiny FLUX.2 variants for tests: the same classes a few dozen wide. The text encoders keep enough layers for
+# the pipelines' stacked hidden states (27 for Qwen3's (9, 18, 27), 30 for Mistral's (10, 20, 30)).
+TINY_TEXT_WIDTH = 16
+TINY_FLUX2_LATENT_CHANNELS = 4
+TINY_FLUX2_TRANSFORMER: dict[str, Any] = {
+    **FLUX2_COMMON_TRANSFORMER,
+    "in_channels": TINY_FLUX2_LATENT_CHANNELS * 4,
+    "num_layers": 2,
+    "num_single_layers": 2,
+    "attention_head_dim": 16,
+    "num_attention_heads": 2,
+    "joint_attention_dim": 3 * TINY_TEXT_WIDTH,
+    "timestep_guidance_channels": 32,
+    "axes_dims_rope": [4, 4, 4, 4],
 }
-
-CLIP_L_TEXT: dict[str, Any] = {
-    "vocab_size": 49408,
-    "hidden_size": 768,
-    "intermediate_size": 3072,
-    "projection_dim": 768,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "max_position_embeddings": 77,
-    "hidden_act": "quick_gelu",
-    "layer_norm_eps": 1e-05,
-    "attention_dropout": 0.0,
-    "dropout": 0.0,
-    "initializer_range": 0.02,
-    "initializer_factor": 1.0,
-    "pad_token_id": 1,
-    "bos_token_id": 0,
-    "eos_token_id": 2,
-    "torch_dtype": "bfloat16",
+TINY_FLUX2_VAE: dict[str, Any] = {
+    **FLUX2_VAE,
+    "block_out_channels": [8, 8, 16, 16],
+    "layers_per_block": 1,
+    "latent_channels": TINY_FLUX2_LATENT_CHANNELS,
+    "norm_num_groups": 4,
+    "sample_size": 64,
 }
-
-T5_XXL_ENCODER: dict[str, Any] = {
-    "vocab_size": 32128,
-    "d_model": 4096,
-    "d_kv": 64,
-    "d_ff": 10240,
-    "num_layers": 24,
-    "num_decoder_layers": 24,
-    "num_heads": 64,
-    "relative_attention_num_buckets": 32,
-    "relative_attention_max_distance": 128,
-    "dropout_rate": 0.1,
-    "layer_norm_epsilon": 1e-06,
-    "initializer_factor": 1.0,
-    "feed_forward_proj": "gated-gelu",
-    "dense_act_fn": "gelu_new",
-    "is_gated_act": True,
-    "tie_word_embeddings": False,
-    "use_cache": True,
-    "pad_token_id": 0,
-    "eos_token_id": 1,
-    "decoder_start_token_id": 0,
-    "classifier_dropout": 0.0,
-    "torch_dtype": "bfloat16",
+TINY_QWEN3: dict[str, Any] = {
+    **QWEN3_COMMON,
+    "hidden_size": TINY_TEXT_WIDTH,
+    "intermediate_size": 32,
+    "num_hidden_layers": 27,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 8,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": True,
 }
-
-FLUX1_VAE: dict[str, Any] = {
-    "in_channels": 3,
-    "out_channels": 3,
-    "down_block_types": ["DownEncoderBlock2D"] * 4,
-    "up_block_types": ["UpDecoderBlock2D"] * 4,
-    "block_out_channels": [128, 256, 512, 512],
-    "layers_per_block": 2,
-    "act_fn": "silu",
-    "latent_channels": 16,
-    "norm_num_groups": 32,
-    "sample_size": 1024,
-    "scaling_factor": 0.3611,
-    "shift_factor": 0.1159,
-    "latents_mean": None,
-    "latents_std": None,
-    "force_upcast": True,
-    "use_quant_conv": False,
-    "use_post_quant_conv": False,
-    "mid_block_add_attention": True,
+TINY_MISTRAL3: dict[str, Any] = {
+    **MISTRAL_SMALL_3,
+    "text_config": {
+        **MISTRAL_SMALL_TEXT,
+        "hidden_size": TINY_TEXT_WIDTH,
+        "intermediate_size": 32,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 8,
+        "max_position_embeddings": 1024,
+    },
+    "vision_config": {**PIXTRAL_VISION, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                      "num_attention_heads": 2, "head_dim": 8, "image_size": 28},
 }
-
-FLUX1_DEV_SCHEDULER: dict[str, Any] = {
-    "base_image_seq_len": 256,
-    "base_shift": 0.5,
-    "max_image_seq_len": 4096,
-    "max_shift": 1.15,
-    "num_train_timesteps": 1000,
-    "shift": 3.0,
-    "use_dynamic_shifting": True,
-}
-FLUX1_SCHNELL_SCHEDULER: dict[str, Any] = {**FLUX1_DEV_SCHEDULER, "shift": 1.0, "use_dynamic_shifting": False}
 
 # The bench's scaled transformer (bench/memory.py): FLUX.1's head dim and block types, 4 heads,
 # 4 + 8 blocks, about 70 M parameters, over the tiny model's encoders.
@@ -163,8 +130,6 @@ class Preset:
 
 
 def _tiny_preset_configs() -> dict[str, dict[str, Any]]:
-    from fluxbooth import tiny
-
     return {
         "transformer": dict(tiny.TRANSFORMER_CONFIG),
         "text_encoder": dict(tiny.CLIP_TEXT_CONFIG),
@@ -174,23 +139,34 @@ def _tiny_preset_configs() -> dict[str, dict[str, Any]]:
     }
 
 
-def _flux2_preset(name: str, transformer: dict[str, Any], text_encoder: dict[str, Any], vae: dict[str, Any], tokenizers: str) -> Preset:
+def _tiny_flux2_preset(name: str, transformer: dict[str, Any], text_encoder: dict[str, Any]) -> Preset:
     return Preset(
-        name=name, transformer=dict(transformer), text_encoder=dict(text_encoder), text_encoder_2=None, vae=dict(vae),
-        scheduler=dict(FLUX1_DEV_SCHEDULER), tokenizers=tokenizers, family="flux2" if "klein" not in name else "flux2-klein",
-        # The published [klein] 4B and 9B are the step-distilled checkpoints; the tiny one is a base (sampled
-        # with classifier-free guidance, so its validation path is the harder one).
-        distilled=name.startswith("flux2-klein"),
-        dtype="float32" if tokenizers == "tiny" else "bfloat16",
+        name=name, transformer=dict(transformer), text_encoder=dict(text_encoder), text_encoder_2=None, vae=dict(TINY_FLUX2_VAE),
+        scheduler=dict(FLUX1_DEV_SCHEDULER), tokenizers="tiny", family="flux2" if "klein" not in name else "flux2-klein",
+        # The tiny [klein] is a base checkpoint (sampled with classifier-free guidance, so its validation path is the harder one).
+        dtype="float32",
     )
 
 
-FLUX2_PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any], str]] = {
-    "flux2-dev": (flux2.FLUX2_DEV_TRANSFORMER, flux2.MISTRAL_SMALL_3, flux2.FLUX2_VAE, "full"),
-    "flux2-klein-4b": (flux2.FLUX2_KLEIN_4B_TRANSFORMER, flux2.QWEN3_4B, flux2.FLUX2_VAE, "full"),
-    "flux2-klein-9b": (flux2.FLUX2_KLEIN_9B_TRANSFORMER, flux2.QWEN3_8B, flux2.FLUX2_VAE, "full"),
-    "tiny-flux2": ({**flux2.TINY_FLUX2_TRANSFORMER, "guidance_embeds": True}, flux2.TINY_MISTRAL3, flux2.TINY_FLUX2_VAE, "tiny"),
-    "tiny-flux2-klein": ({**flux2.TINY_FLUX2_TRANSFORMER, "guidance_embeds": False}, flux2.TINY_QWEN3, flux2.TINY_FLUX2_VAE, "tiny"),
+def _published_preset(name: str) -> Preset:
+    published = PUBLISHED_PIPELINES[name]
+    return Preset(
+        name=name,
+        transformer=dict(published.transformer),
+        text_encoder=dict(published.text_encoder),
+        text_encoder_2=None if published.text_encoder_2 is None else dict(published.text_encoder_2),
+        vae=dict(published.vae),
+        scheduler=dict(published.scheduler),
+        tokenizers="full",
+        family=published.family,
+        # The published [klein] 4B and 9B are the step-distilled checkpoints.
+        distilled=name.startswith("flux2-klein"),
+    )
+
+
+TINY_FLUX2_PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "tiny-flux2": ({**TINY_FLUX2_TRANSFORMER, "guidance_embeds": True}, TINY_MISTRAL3),
+    "tiny-flux2-klein": ({**TINY_FLUX2_TRANSFORMER, "guidance_embeds": False}, TINY_QWEN3),
 }
 
 
@@ -208,20 +184,10 @@ def preset(name: str) -> Preset:
         # fluxbooth.tiny's pipeline is float32; the tiny variants built here match it.
         dtype = "float32" if name in ("tiny-kontext", "tiny-schnell") else "bfloat16"
         return Preset(name=name, tokenizers="tiny", family=family, dtype=dtype, **configs)
-    if name in ("flux1-dev", "flux1-schnell", "flux1-kontext-dev"):
-        dev = name != "flux1-schnell"
-        return Preset(
-            name=name,
-            transformer={**FLUX1_TRANSFORMER, "guidance_embeds": dev},
-            text_encoder=dict(CLIP_L_TEXT),
-            text_encoder_2=dict(T5_XXL_ENCODER),
-            vae=dict(FLUX1_VAE),
-            scheduler=dict(FLUX1_DEV_SCHEDULER if dev else FLUX1_SCHNELL_SCHEDULER),
-            tokenizers="full",
-            family="flux1-kontext" if name == "flux1-kontext-dev" else "flux1",
-        )
-    if name in FLUX2_PRESETS:
-        return _flux2_preset(name, *FLUX2_PRESETS[name])
+    if name in PUBLISHED_PIPELINES:
+        return _published_preset(name)
+    if name in TINY_FLUX2_PRESETS:
+        return _tiny_flux2_preset(name, *TINY_FLUX2_PRESETS[name])
     raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESET_NAMES)}")
 
 

@@ -66,6 +66,7 @@ def t5_vocabulary() -> list[tuple[str, float]]:
 
 def full_size_tokenizers() -> dict[str, Any]:
     """{"tokenizer": CLIP-L-sized CLIPTokenizer, "tokenizer_2": T5-sized T5TokenizerFast}."""
+    # Deferred: the synthetic package imports without torch, which transformers imports.
     from transformers import CLIPTokenizer, T5TokenizerFast
 
     vocabulary, merges = clip_vocabulary()

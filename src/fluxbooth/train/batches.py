@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from fluxbooth.contract.buckets import Shape
-from fluxbooth.train.cache import VaeNormalisation
+from fluxbooth.train.family_ops import VaeNormalisation
 from fluxbooth.train.state import CachedData, EncodedImages, EncodedPrompts, seed_for
 
 Batch = tuple[Shape, tuple[int, ...]]  # a bucket, and the rows of its samples

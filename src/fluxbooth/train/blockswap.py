@@ -61,6 +61,7 @@ from typing import Any
 import torch
 
 from fluxbooth.pinned import BLOCK_SWAP_DEVICE_SLOTS, block_store_layout
+from fluxbooth.train.failures import TrainerFailure
 
 # Where `attach_swapper` keeps a model's swapper (a plain attribute: not a submodule, not in the state dict).
 SWAPPER_ATTRIBUTE = "_fluxbooth_block_swapper"
@@ -421,8 +422,6 @@ def swapped_for_rendering(transformer: torch.nn.Module, device: torch.device) ->
 
 def check_block_swap(training_type: str, gradient_checkpointing: bool, zero_stage: int, fused_backward_pass: bool = False) -> None:
     """The trainer's own check of what the planner only ever plans (a hand-written train.json too)."""
-    from fluxbooth.train.failures import TrainerFailure
-
     if training_type == "full" and not fused_backward_pass:
         raise TrainerFailure(
             "invalid_config",

@@ -14,17 +14,16 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fluxbooth.train.class_images import class_images
 from fluxbooth.contract.buckets import Resolution, Shape
+from fluxbooth.train.class_images import class_images
 from fluxbooth.train.data import TrainingImage, discover_images, oriented_size, pixel_batch, with_controls
 from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.family_ops import ops_for
+from fluxbooth.train.family_ops import FamilyOps
 from fluxbooth.train.runtime import ReleaseTracker, free_accelerator_memory
 from fluxbooth.train.state import (
     CachedData,
@@ -116,7 +115,7 @@ def _paired(session: Session, instance: list[TrainingImage]) -> list[TrainingIma
     config = session.config
     if not config.control_dir:
         return instance
-    family = ops_for(config.base_model).family
+    family = session.base.ops.family
     if not family.control_images:
         session.reporter.warning(f"the dataset's control/ images are unused: {family.title} does not train on image pairs")
         return instance
@@ -152,7 +151,7 @@ def _prompt_sets(session: Session) -> dict[str, list[str]]:
     sets = {}
     if config.validation_prompts:
         sets[VALIDATION_SET] = list(config.validation_prompts)
-    guided = bool(config.validation_prompts) and ops_for(config.base_model).needs_negative_prompt(config.validation_guidance_scale)
+    guided = bool(config.validation_prompts) and session.base.ops.needs_negative_prompt(config.validation_guidance_scale)
     if config.caption_dropout > 0 or guided:
         sets[EMPTY_PROMPT_SET] = [""]
     return sets
@@ -177,7 +176,7 @@ def _encode_missing(
     if not prompts:
         return
     encoded = encode_prompts(
-        config.base_model,
+        session.base.ops,
         sorted(prompts),
         device=session.encoder_device,
         dtype=session.precision.text_dtype,
@@ -189,13 +188,13 @@ def _encode_missing(
         save_encoded_prompts(_subset(encoded, set_prompts), path)
     if not missing:
         return
-    vae = load_vae(config.base_model, without_transformers_zero3_init)
+    vae = load_vae(session.base.ops, without_transformers_zero3_init)
     tracker.track("vae", vae)
     try:
         for name in missing:
             encoded_set = encode_image_set(
                 image_sets[name], samples[name], encoded, vae=vae, device=session.encoder_device,
-                samples_posterior=ops_for(config.base_model).samples_posterior,
+                samples_posterior=session.base.ops.samples_posterior,
             )
             save_encoded(encoded_set, paths[name])
     finally:
@@ -205,17 +204,6 @@ def _encode_missing(
 def _subset(encoded: EncodedPrompts, prompts: list[str]) -> EncodedPrompts:
     rows = [encoded.prompts.index(prompt) for prompt in prompts]
     return EncodedPrompts(prompts, encoded.prompt_embeds[rows], encoded.pooled_prompt_embeds[rows])
-
-
-@dataclass(frozen=True)
-class VaeNormalisation:
-    """FLUX's latent normalisation: (latent - shift) * scale."""
-
-    shift_factor: float
-    scaling_factor: float
-
-    def apply(self, latents: torch.Tensor) -> torch.Tensor:
-        return (latents - self.shift_factor) * self.scaling_factor
 
 
 def cache_fingerprint(
@@ -270,7 +258,7 @@ def _on_device(module: torch.nn.Module, device: torch.device) -> Iterator[torch.
 
 
 def encode_prompts(
-    base_model: str,
+    ops: FamilyOps,
     prompts: Sequence[str],
     *,
     device: torch.device,
@@ -282,7 +270,6 @@ def encode_prompts(
     """Sequence embeddings [P, L, D] and pooled embeddings [P, D] of each prompt, as the model's family
     encodes them (FLUX.1: T5's and CLIP's; FLUX.2: stacked hidden states of its one encoder, no pooled
     embedding: [P, 0]), on the CPU; the text encoders are loaded for this call only."""
-    ops = ops_for(base_model)
     with loading_context():
         pipeline = ops.text_pipeline(dtype)
     encoders = ops.text_encoders(pipeline)
@@ -306,11 +293,11 @@ def encode_prompts(
 
 
 def load_vae(
-    base_model: str, loading_context: Callable[[], contextlib.AbstractContextManager[Any]], dtype: torch.dtype = torch.float32
+    ops: FamilyOps, loading_context: Callable[[], contextlib.AbstractContextManager[Any]], dtype: torch.dtype = torch.float32
 ) -> Any:
     with loading_context():
         # float32 by default: the VAE is small (84 M parameters for FLUX) and its latents are the training targets.
-        return ops_for(base_model).load_vae(dtype)
+        return ops.load_vae(dtype)
 
 
 def decoding_device(preferred: torch.device, vae: Any, resolution: tuple[int, int]) -> torch.device:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import torch
 
-from fluxbooth.train.runtime import free_accelerator_memory
 from fluxbooth.train.data import TrainingImage, list_image_files
+from fluxbooth.train.quantize import quantised_transformer_for, residency
+from fluxbooth.train.runtime import free_accelerator_memory
 from fluxbooth.train.state import Session, seed_for, without_transformers_zero3_init
 
 
@@ -56,9 +57,6 @@ def generate_class_images(session: Session, folder: Path, count: int) -> None:
     """Render the missing ones of `count` class images from class_prompt with the base pipeline, each seeded
     by its index, shared out among the processes of this machine. Finished images are kept (written under
     a temporary name and renamed), so an interrupted job resumes generation where it stopped."""
-    from fluxbooth.train.family_ops import ops_for
-    from fluxbooth.train.quantize import quantised_transformer_for, residency
-
     config, accelerator = session.config, session.accelerator
     folder.mkdir(parents=True, exist_ok=True)
     local_rank = accelerator.local_process_index
@@ -69,13 +67,13 @@ def generate_class_images(session: Session, folder: Path, count: int) -> None:
         session.reporter.stage("cache", status="generating_class_images", count=count)
     if mine:
         with without_transformers_zero3_init():
-            quantised = quantised_transformer_for(config, accelerator.device, session.precision.text_dtype)
-            pipeline = ops_for(config.base_model).pipeline(session.precision.text_dtype, **quantised)
+            quantised = quantised_transformer_for(config, session.base.folder, accelerator.device, session.precision.text_dtype)
+            pipeline = session.base.ops.pipeline(session.precision.text_dtype, **quantised)
         if accelerator.device.type == "cuda":
             pipeline.enable_model_cpu_offload(device=accelerator.device)
         pipeline.set_progress_bar_config(disable=True)
         session.reporter.stage("cache", status="rendering", what="class_images", transformer=residency(pipeline.transformer))
-        size_arguments = ops_for(config.base_model).size_arguments(config.resolution.render_shape)
+        size_arguments = session.base.ops.size_arguments(config.resolution.render_shape)
         for index in mine:
             target = folder / class_image_name(index)
             generator = torch.Generator("cpu").manual_seed(seed_for(config.seed, "class_image", index))

@@ -44,6 +44,7 @@ def ask_cpu_info_once() -> None:
     """Starts the probe and points `cpuinfo.get_cpu_info` (where DeepSpeed imports it from at call time)
     at its answer. Nothing to do without py-cpuinfo (DeepSpeed then falls back to lscpu)."""
     try:
+        # Optional (py-cpuinfo): imported here so that its absence only skips the probe.
         import cpuinfo
     except ImportError:
         return

@@ -7,6 +7,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Any
 
+import deepspeed
 import torch
 
 
@@ -17,8 +18,6 @@ def export_key(parameter_name: str) -> str:
 
 def _gathered(parameters: list[torch.nn.Parameter]) -> Any:
     if any(hasattr(parameter, "ds_id") for parameter in parameters):
-        import deepspeed
-
         return deepspeed.zero.GatheredParameters(parameters, modifier_rank=None)
     return nullcontext()
 

@@ -11,7 +11,8 @@ Each objective follows diffusers' DreamBooth LoRA script for the family:
   patchified to 4x the channels and normalised by the VAE's batch-norm statistics, packed as one token per
   patch with 4-axis (t, h, w, l) position ids; the text encoder's stacked hidden states as the sequence;
   guidance embedded only by models that embed it ([dev]).
-Every stage reaches these through `ops_for(folder)`; nothing else branches on the family.
+Every stage reaches these through the session's base model (train.base_model), resolved once; nothing else
+branches on the family.
 """
 
 from __future__ import annotations
@@ -19,14 +20,29 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import diffusers
 import torch
+from diffusers import Flux2Pipeline, FluxPipeline
+from diffusers.loaders.lora_base import LORA_ADAPTER_METADATA_KEY
+from safetensors import safe_open
+from transformers import AutoTokenizer
 
-from fluxbooth.families import Family, family_of, read_model_index
-from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.families import Family, read_model_index
+from fluxbooth.train.export.key_layouts import FLUX1_TABLES, FLUX2_TABLES
+
+
+@dataclass(frozen=True)
+class VaeNormalisation:
+    """FLUX's latent normalisation: (latent - shift) * scale."""
+
+    shift_factor: float
+    scaling_factor: float
+
+    def apply(self, latents: torch.Tensor) -> torch.Tensor:
+        return (latents - self.shift_factor) * self.scaling_factor
 
 
 @dataclass(frozen=True)
@@ -38,16 +54,12 @@ class PatchedBatchNorm:
     std: torch.Tensor  # [4C]: sqrt(running_var + eps)
 
     def apply(self, latents: torch.Tensor) -> torch.Tensor:
-        from diffusers import Flux2Pipeline
-
         patched = Flux2Pipeline._patchify_latents(latents)
         return (patched - self.mean.view(1, -1, 1, 1)) / self.std.view(1, -1, 1, 1)
 
 
 def _vae_tensors(folder: Path, names: Sequence[str]) -> dict[str, torch.Tensor]:
     """Named tensors of the VAE's weights, read from its safetensors without building the model."""
-    from safetensors import safe_open
-
     found: dict[str, torch.Tensor] = {}
     for path in sorted((folder / "vae").glob("*.safetensors")):
         with safe_open(str(path), framework="pt", device="cpu") as handle:
@@ -70,8 +82,6 @@ class LoraFileFormat:
 
     @property
     def pipeline_class(self) -> Any:
-        import diffusers
-
         return getattr(diffusers, self.pipeline_class_name)
 
     def contents(self, state: dict[str, torch.Tensor], alpha: float) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -79,8 +89,6 @@ class LoraFileFormat:
         modules = sorted({key.rsplit(".lora_", 1)[0] for key in state})
         if not self.alpha_in_metadata:
             return {**state, **{f"{module}.alpha": torch.tensor(float(alpha)) for module in modules}}, {}
-        from diffusers.loaders.lora_base import LORA_ADAPTER_METADATA_KEY
-
         rank = next(int(value.shape[0]) for key, value in state.items() if key.endswith("lora_A.weight"))
         adapter = {"r": rank, "lora_alpha": float(alpha), "target_modules": modules}
         prefixed = {f"transformer.{key}": value for key, value in adapter.items()}
@@ -116,20 +124,14 @@ class FamilyOps:
 
     @property
     def transformer_class(self) -> Any:
-        import diffusers
-
         return getattr(diffusers, self.family.transformer_class)
 
     @property
     def pipeline_class(self) -> Any:
-        import diffusers
-
         return getattr(diffusers, self.family.pipeline_class)
 
     @property
     def vae_class(self) -> Any:
-        import diffusers
-
         return getattr(diffusers, self.family.vae_class)
 
     def transformer_config(self) -> dict[str, Any]:
@@ -166,21 +168,15 @@ class FamilyOps:
 
     def latent_normalisation(self) -> Any:
         """FLUX.1's: (latent - shift) * scale, from the VAE's config."""
-        from fluxbooth.train.cache import VaeNormalisation
-
         config = self.vae_class.load_config(str(self.folder), subfolder="vae")
         return VaeNormalisation(float(config.get("shift_factor") or 0.0), float(config["scaling_factor"]))
 
     def pack(self, latents: torch.Tensor) -> torch.Tensor:
         """Model-space latents [B, C, h, w] -> tokens [B, h/2 * w/2, 4C]."""
-        from diffusers import FluxPipeline
-
         batch, channels, height, width = latents.shape
         return FluxPipeline._pack_latents(latents, batch, channels, height, width)
 
     def image_ids(self, latents: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        from diffusers import FluxPipeline
-
         batch, _, height, width = latents.shape
         return FluxPipeline._prepare_latent_image_ids(batch, height // 2, width // 2, device, dtype)
 
@@ -211,8 +207,6 @@ class FamilyOps:
     @property
     def key_tables(self) -> Any:
         """diffusers -> original module names, for ComfyUI's LoRA files and the single-file export."""
-        from fluxbooth.train.export.key_layouts import FLUX1_TABLES, FLUX2_TABLES
-
         return FLUX2_TABLES if self.family.is_flux2 else FLUX1_TABLES
 
     @property
@@ -283,8 +277,6 @@ class Flux2Ops(FamilyOps):
     def _tokenizers(self) -> dict[str, Any]:
         """[dev] names a PixtralProcessor as its tokenizer, whose image half needs torchvision; text prompts
         need only its tokenizer (the processor's chat template is the tokenizer's), loaded on its own."""
-        from transformers import AutoTokenizer
-
         return {"tokenizer": AutoTokenizer.from_pretrained(str(self.folder / "tokenizer"))}
 
     def encode(self, pipeline: Any, prompts: list[str], device: torch.device, max_sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,13 +291,9 @@ class Flux2Ops(FamilyOps):
 
     def pack(self, latents: torch.Tensor) -> torch.Tensor:
         """Patched latents [B, C', h', w'] -> tokens [B, h' * w', C']."""
-        from diffusers import Flux2Pipeline
-
         return Flux2Pipeline._pack_latents(latents)
 
     def image_ids(self, latents: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        from diffusers import Flux2Pipeline
-
         return Flux2Pipeline._prepare_latent_ids(latents).to(device)
 
     def unpack(self, prediction: torch.Tensor, latent_shape: tuple[int, int, int, int]) -> torch.Tensor:
@@ -314,8 +302,6 @@ class Flux2Ops(FamilyOps):
         return prediction.reshape(batch, height, width, channels).permute(0, 3, 1, 2)
 
     def transformer_inputs(self, inputs: Any, batch: dict[str, Any], device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-        from diffusers import Flux2Pipeline
-
         prompt_embeds = batch["prompt_embeds"].to(device=device, dtype=dtype)
         return {
             "hidden_states": inputs.hidden_states,
@@ -350,25 +336,9 @@ class Flux2KleinOps(Flux2Ops):
 
 def transformer_class_in(folder: Path) -> Any:
     """The diffusers class a transformer folder's config.json names (FLUX.1's or FLUX.2's)."""
-    import diffusers
-
     config = diffusers.FluxTransformer2DModel.load_config(str(folder))
     return getattr(diffusers, config.get("_class_name") or "FluxTransformer2DModel")
 
 
 OPS_BY_FAMILY = {"flux1": FamilyOps, "flux1-kontext": KontextOps, "flux2": Flux2Ops, "flux2-klein": Flux2KleinOps}
 
-
-@lru_cache(maxsize=4)
-def ops_for(base_model: str) -> FamilyOps:
-    """The operations of the family of `base_model` (a pipeline folder or a cached hub id), read from its own
-    files; a model of no supported family is an invalid config."""
-    from fluxbooth.errors import FluxboothError
-    from fluxbooth.train.model import resolve_model_folder
-
-    folder = resolve_model_folder(base_model)
-    try:
-        family = family_of(folder)
-    except FluxboothError as error:
-        raise TrainerFailure("invalid_config", error.message) from error
-    return OPS_BY_FAMILY[family.name](family, folder)

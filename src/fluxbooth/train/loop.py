@@ -8,10 +8,32 @@ import time
 from typing import Any
 
 import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
 
 from fluxbooth.train.batches import first_samples, micro_batch
+from fluxbooth.train.blockswap import release_swapped_blocks
+from fluxbooth.train.checkpointing import resume, save_checkpoint
+from fluxbooth.train.ema import CpuEma
 from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.state import CachedData, EncodedImages, Session, TrainerState, TrainingRun, seed_for
+from fluxbooth.train.flow import SigmaSampler, build_flow_inputs, per_sample_loss, unpack_prediction
+from fluxbooth.train.model import trainable_parameters
+from fluxbooth.train.optim import (
+    build_optimizer,
+    build_scheduler,
+    innermost_optimizer,
+    optimizer_class_name,
+    schedule_stepped_by_deepspeed,
+)
+from fluxbooth.train.state import (
+    CachedData,
+    EncodedImages,
+    Session,
+    TrainerState,
+    TrainingRun,
+    release_prefetched_partitions,
+    seed_for,
+)
+from fluxbooth.train.validation import render_during_training
 
 FIXED_NOISE_IMAGES = 4
 FIXED_NOISE_SIGMAS = (0.25, 0.5, 0.75)
@@ -20,20 +42,6 @@ FIXED_NOISE_SIGMAS = (0.25, 0.5, 0.75)
 def start_training(session: Session, data: CachedData, transformer: Any) -> TrainingRun:
     """*Collective.* The engine, optimizer and schedule around `transformer`, restored from a checkpoint
     when asked, and the fixed-noise loss before the first step when measured."""
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    from fluxbooth.train.checkpointing import resume
-    from fluxbooth.train.family_ops import ops_for
-    from fluxbooth.train.flow import SigmaSampler
-    from fluxbooth.train.model import trainable_parameters
-    from fluxbooth.train.optim import (
-        build_optimizer,
-        build_scheduler,
-        innermost_optimizer,
-        optimizer_class_name,
-        schedule_stepped_by_deepspeed,
-    )
-
     config, accelerator = session.config, session.accelerator
     optimizer = build_optimizer(session.optimizer_name, trainable_parameters(transformer), config, session.deepspeed_config)
     stepped_by_engine = schedule_stepped_by_deepspeed(optimizer, session.deepspeed_config)
@@ -48,7 +56,7 @@ def start_training(session: Session, data: CachedData, transformer: Any) -> Trai
         placement = [False, True] if config.block_swap and session.deepspeed_config is None else None
         engine, optimizer = accelerator.prepare(transformer, optimizer, device_placement=placement)
         scheduler = build_scheduler(innermost_optimizer(optimizer), config, session.deepspeed_config, accelerator.num_processes)
-    noise_scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(config.base_model, subfolder="scheduler")
+    noise_scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(str(session.base.folder), subfolder="scheduler")
     run = TrainingRun(
         engine=engine,
         optimizer=optimizer,
@@ -57,7 +65,7 @@ def start_training(session: Session, data: CachedData, transformer: Any) -> Trai
         optimizer_class=optimizer_class_name(optimizer),
         ema=None,
         sampler=SigmaSampler.from_scheduler(noise_scheduler, config),
-        normalisation=ops_for(config.base_model).latent_normalisation(),
+        normalisation=session.base.ops.latent_normalisation(),
         guidance_scale=config.guidance_scale if accelerator.unwrap_model(engine).config.guidance_embeds else None,
     )
     run.engine_references.track("engine", engine)
@@ -79,8 +87,6 @@ def start_training(session: Session, data: CachedData, transformer: Any) -> Trai
 def _make_ema(session: Session, engine: Any) -> Any:
     if session.config.ema_decay is None:
         return None
-    from fluxbooth.train.ema import CpuEma
-
     model = session.accelerator.unwrap_model(engine)
     return CpuEma.from_model(model, decay=session.config.ema_decay, is_main_process=session.is_main)
 
@@ -88,10 +94,6 @@ def _make_ema(session: Session, engine: Any) -> Any:
 def train(state: TrainerState) -> None:
     """*Collective.* The optimizer steps from the run's start step to `steps`, then the fixed-noise loss
     when measured."""
-    from fluxbooth.train.blockswap import release_swapped_blocks
-    from fluxbooth.train.checkpointing import save_checkpoint
-    from fluxbooth.train.validation import render_during_training
-
     session, run, data = state.session, state.training(), state.cached()
     config = session.config
     with session.clock.stage("train", steps=config.steps, start_step=run.start_step, optimizer=run.optimizer_class):
@@ -139,8 +141,6 @@ def stop_time_reached(session: Session) -> bool:
 def _stop_for_deadline(session: Session, run: TrainingRun, done: int) -> None:
     """*Collective.* The stop time came after `done` steps: a checkpoint there (unless one was just made), so a
     resubmitted job resumes from it; the export that follows writes the weights trained so far."""
-    from fluxbooth.train.checkpointing import save_checkpoint
-
     config = session.config
     session.reporter.stage("train", status="stopped_for_deadline", step=done, total=config.steps)
     if not (config.checkpointing_steps and done % config.checkpointing_steps == 0):
@@ -150,8 +150,6 @@ def _stop_for_deadline(session: Session, run: TrainingRun, done: int) -> None:
 
 def _optimizer_step(session: Session, run: TrainingRun, data: CachedData, step: int) -> float:
     """One optimizer step over its accumulated micro-batches; the loss averaged over them and the ranks."""
-    from fluxbooth.train.model import trainable_parameters
-
     config, accelerator = session.config, session.accelerator
     accumulation = config.gradient_accumulation_steps
     world, rank = accelerator.num_processes, accelerator.process_index
@@ -187,11 +185,8 @@ def _optimizer_step(session: Session, run: TrainingRun, data: CachedData, step: 
 
 def per_sample_losses(session: Session, run: TrainingRun, batch: dict[str, Any], generator: torch.Generator, sigmas: Any = None) -> torch.Tensor:
     """The rectified-flow loss of each sample in `batch` [B], float32."""
-    from fluxbooth.train.family_ops import ops_for
-    from fluxbooth.train.flow import build_flow_inputs, per_sample_loss, unpack_prediction
-
     device, dtype = session.accelerator.device, session.precision.input_dtype
-    layout = ops_for(session.config.base_model)
+    layout = session.base.ops
     inputs = build_flow_inputs(
         batch["latents"], sampler=run.sampler, generator=generator, guidance_scale=run.guidance_scale, device=device,
         dtype=dtype, layout=layout, sigmas=sigmas, control=batch.get("control_latents"),
@@ -218,13 +213,6 @@ def fixed_noise_loss(
                 losses.append(float(per_sample_losses(session, run, batch, generator, torch.tensor([sigma])).mean()))
     release_prefetched_partitions(run.engine)
     return sum(losses) / len(losses)
-
-
-def release_prefetched_partitions(engine: Any) -> None:
-    """A forward without backward leaves ZeRO-3's prefetched parameters gathered ("in flight"), which the
-    next gather (a training step, the export) would trip over; hand them back to their partitions."""
-    if hasattr(engine, "empty_partition_cache"):
-        engine.empty_partition_cache()
 
 
 def _measure_nvme_swap(session: Session, run: TrainingRun) -> None:

@@ -18,9 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from fluxbooth.contract.events import ErrorEvent, StageEvent, format_event
-from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.contract.names import EXIT_INVALID_CONFIG
 from fluxbooth.contract.trainer_config import TrainerConfig
+from fluxbooth.train.cpu_probe import ask_cpu_info_once
+from fluxbooth.train.failures import TrainerFailure
+
+# This module imports nothing heavy at its top: a bad train.json is reported before torch, diffusers and DeepSpeed
+# import (seconds), and the CPU probe starts before they do. The stages' modules are imported where they are needed.
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -42,9 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     if is_main:
         # Importing torch, diffusers and DeepSpeed takes seconds: say so before it starts.
         print(format_event(StageEvent(stage="load", details={"what": "libraries"})), flush=True)
-    from fluxbooth.train.cpu_probe import ask_cpu_info_once
-
     ask_cpu_info_once()
+    # Deferred (imports torch): see the note at the top.
     from fluxbooth.train.runtime import EventReporter
 
     reporter = EventReporter(enabled=is_main)
@@ -64,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _classified(error: Exception) -> TrainerFailure:
+    # Deferred: see the note at the top (torch is loaded by the time anything fails after the config).
     import torch
 
     first_line = str(error).splitlines()[0][:300] if str(error) else ""
@@ -74,6 +78,7 @@ def _classified(error: Exception) -> TrainerFailure:
 
 def run(config: TrainerConfig, reporter: Any) -> None:
     """The stages in order, each reading what the earlier ones left in the state."""
+    # Deferred (torch, diffusers, DeepSpeed): see the note at the top.
     from fluxbooth.train.cache import build_caches
     from fluxbooth.train.export.stage import save_and_export
     from fluxbooth.train.loop import start_training, train
@@ -102,8 +107,9 @@ def run(config: TrainerConfig, reporter: Any) -> None:
 
 def report_done(state: Any, seconds_total: float) -> None:
     """metrics.json and the `done` event (main process), then the end of the accelerate session."""
-    from fluxbooth.train.state import write_json
+    # Deferred (import torch): see the note at the top.
     from fluxbooth.train.runtime import peak_gpu_metrics, peak_host_rss_bytes
+    from fluxbooth.train.state import write_json
 
     session, run, data = state.session, state.training(), state.cached()
     config, accelerator = session.config, session.accelerator

@@ -2,89 +2,47 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import deepspeed
 import torch
+from peft import LoraConfig
+from safetensors import safe_open
 
-from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.state import Session
 from fluxbooth.contract.trainer_config import LoraSettings
-
-TRANSFORMER_SUBFOLDER = "transformer"
-
-
-def transformer_weight_files(base_model: str) -> list[Path]:
-    """The safetensors files of `base_model`'s transformer (a local pipeline folder or a cached hub id)."""
-    folder = resolve_model_folder(base_model) / TRANSFORMER_SUBFOLDER
-    index = folder / "diffusion_pytorch_model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [folder / name for name in names]
-    single = folder / "diffusion_pytorch_model.safetensors"
-    if single.is_file():
-        return [single]
-    raise TrainerFailure(
-        "invalid_config",
-        f"base model {base_model!r} has no transformer safetensors under {folder}; "
-        "point base_model at a diffusers FLUX pipeline folder",
-    )
-
-
-def resolve_model_folder(base_model: str) -> Path:
-    """A local folder for `base_model`: itself when it is a path, else its snapshot in the local HF cache."""
-    path = Path(base_model)
-    if path.is_dir():
-        return path
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(base_model, local_files_only=True))
-    except Exception as error:  # huggingface_hub raises several unrelated types for "not cached"
-        raise TrainerFailure(
-            "invalid_config",
-            f"base model {base_model!r} is neither a folder nor in the local Hugging Face cache; "
-            "bake it into the image or put it on the network volume (nothing is downloaded at run time)",
-        ) from error
-
-
-def load_transformer_config(base_model: str) -> dict[str, Any]:
-    """The base transformer's config.json (read, never its weights)."""
-    from fluxbooth.train.family_ops import ops_for
-
-    return ops_for(base_model).transformer_config()
+from fluxbooth.train.base_model import TRANSFORMER_SUBFOLDER, BaseModel, transformer_weight_files
+from fluxbooth.train.blockswap import BlockSwapper, attach_swapper, check_block_swap, flux_blocks
+from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.train.quantize import QUANTISED_PRECISIONS, check_base_precision, load_quantised_base, residency
+from fluxbooth.train.state import Session
 
 
 def load_trainable_transformer(session: Session) -> tuple[Any, dict[str, Any]]:
     """The transformer ready for the engine: partitioned under ZeRO-3, LoRA adapters added or every
     weight trainable, gradient checkpointing as asked. Also how it was loaded (metrics.transformer_loading)."""
-    from fluxbooth.train.quantize import QUANTISED_PRECISIONS, check_base_precision, load_quantised_base, residency
-
-    config = session.config
+    config, base_folder = session.config, str(session.base.folder)
     check_base_precision(config.base_precision, config.training_type, session.zero_stage)
     report: dict[str, Any] = {"method": "from_pretrained"}
     if config.block_swap:
-        from fluxbooth.train.blockswap import check_block_swap
-
         check_block_swap(config.training_type, config.gradient_checkpointing, session.zero_stage, config.fused_backward_pass)
         # Built in host RAM tensor by tensor (quantised there); its blocks are handed to the swapper below.
-        transformer = load_quantised_base(config.base_model, config.base_precision, torch.device("cpu"), session.precision.load_dtype)
+        transformer = load_quantised_base(base_folder, config.base_precision, torch.device("cpu"), session.precision.load_dtype)
         report = {"method": "block_swap", **residency(transformer)}
     elif config.base_precision in QUANTISED_PRECISIONS:
         # Quantised layer by layer straight onto the accelerator: the bf16 base is never whole anywhere.
-        transformer = load_quantised_base(config.base_model, config.base_precision, session.accelerator.device, session.precision.load_dtype)
+        transformer = load_quantised_base(base_folder, config.base_precision, session.accelerator.device, session.precision.load_dtype)
         report = {"method": "quantised_layer_by_layer", **residency(transformer)}
     elif session.zero_stage == 3:
         assert session.deepspeed_config is not None
-        transformer = load_transformer_zero3(config.base_model, session.precision.load_dtype, session.deepspeed_config, session.is_main)
+        transformer = load_transformer_zero3(session.base, session.precision.load_dtype, session.deepspeed_config, session.is_main)
         report = {"method": "zero3_init", **partitioning_report(transformer)}
         if report["materialised_elements"] or report["partitioned"] != report["parameters"]:
             raise TrainerFailure("trainer_failed", f"ZeRO-3 loading left parameters whole: {report}")
     else:
-        transformer = load_transformer(config.base_model, session.precision.load_dtype)
+        transformer = load_transformer(session.base, session.precision.load_dtype)
     if config.training_type == "lora":
         add_lora_adapter(transformer, config.lora)
         if session.deepspeed_config is None:
@@ -106,8 +64,6 @@ def _swap_blocks(transformer: Any, device: torch.device, *, trained: bool) -> di
     """Hand the blocks to a BlockSwapper streaming them to `device` (their frozen tensors; with `trained`, the
     fused full fine-tune's, their trained weights too), kept with the model (`release_swapped_blocks`), and move
     the rest (embedders, output, the LoRA weights) to `device`."""
-    from fluxbooth.train.blockswap import BlockSwapper, attach_swapper, flux_blocks
-
     swapper = BlockSwapper(flux_blocks(transformer), device, swap_trainable=trained)
     attach_swapper(transformer, swapper)
     swapper.place_the_rest(transformer)
@@ -117,27 +73,19 @@ def _swap_blocks(transformer: Any, device: torch.device, *, trained: bool) -> di
     }
 
 
-def load_transformer(base_model: str, dtype: torch.dtype) -> Any:
-    from fluxbooth.train.family_ops import ops_for
-
-    return ops_for(base_model).transformer_class.from_pretrained(
-        str(resolve_model_folder(base_model)), subfolder=TRANSFORMER_SUBFOLDER, torch_dtype=dtype
-    )
+def load_transformer(base: BaseModel, dtype: torch.dtype) -> Any:
+    return base.ops.transformer_class.from_pretrained(str(base.folder), subfolder=TRANSFORMER_SUBFOLDER, torch_dtype=dtype)
 
 
-def load_transformer_zero3(base_model: str, dtype: torch.dtype, deepspeed_config: dict[str, Any], is_source_rank: bool) -> Any:
+def load_transformer_zero3(base: BaseModel, dtype: torch.dtype, deepspeed_config: dict[str, Any], is_source_rank: bool) -> Any:
     """Build the transformer already partitioned (deepspeed.zero.Init) and stream the weights in.
 
     Each rank only ever holds its partition (on the CPU when parameters are offloaded); one module's
     full parameters are gathered at a time while rank 0 copies them in from the safetensors files, so
     the whole model never exists on one GPU or in one process.
     """
-    import deepspeed
-
-    from fluxbooth.train.family_ops import ops_for
-
-    transformer_class = ops_for(base_model).transformer_class
-    config = ops_for(base_model).transformer_config()
+    transformer_class = base.ops.transformer_class
+    config = dict(base.transformer_config)
     remote_device = deepspeed_config.get("zero_optimization", {}).get("offload_param", {}).get("device")
     # No `dtype=`: zero.Init then takes it from the JSON's bf16/fp16 sections, as the engine will. (An explicit
     # dtype is also ignored on accelerators without fp16, which then get bf16: an operator-precedence slip in
@@ -151,13 +99,11 @@ def load_transformer_zero3(base_model: str, dtype: torch.dtype, deepspeed_config
         raise TrainerFailure(
             "trainer_failed", f"zero.Init built {next(model.parameters()).dtype} parameters, the DeepSpeed JSON asks for {dtype}"
         )
-    _stream_weights_into_partitioned_model(model, transformer_weight_files(base_model), is_source_rank)
+    _stream_weights_into_partitioned_model(model, transformer_weight_files(base.folder), is_source_rank)
     return model.eval()
 
 
 def _stream_weights_into_partitioned_model(model: torch.nn.Module, files: list[Path], is_source_rank: bool) -> None:
-    import deepspeed
-
     with _open_safetensors(files if is_source_rank else []) as tensor_source:
         expected = set()
         for module_name, module in model.named_modules():
@@ -202,10 +148,6 @@ class _TensorSource:
 
 @contextmanager
 def _open_safetensors(files: list[Path]) -> Iterator[_TensorSource]:
-    from contextlib import ExitStack
-
-    from safetensors import safe_open
-
     with ExitStack() as stack:
         handles = [stack.enter_context(safe_open(str(path), framework="pt", device="cpu")) for path in files]
         yield _TensorSource(handles)
@@ -227,8 +169,6 @@ def partitioning_report(model: torch.nn.Module) -> dict[str, Any]:
 
 def add_lora_adapter(transformer: Any, settings: LoraSettings) -> None:
     """Freeze the base and add peft LoRA layers (gaussian init, as diffusers' FLUX LoRA script)."""
-    from peft import LoraConfig
-
     transformer.requires_grad_(False)
     transformer.add_adapter(
         LoraConfig(

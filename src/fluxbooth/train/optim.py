@@ -12,8 +12,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from accelerate.utils import DummyOptim, DummyScheduler
+from transformers.optimization import Adafactor
 
 from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.train.fused_adafactor import build_fused_adafactor
 from fluxbooth.contract.names import (
     DEEPSPEED_ONLY_OPTIMIZERS,
     DEEPSPEED_OPTIMIZER_TYPES,
@@ -76,12 +79,8 @@ def build_optimizer(
     it, as DeepSpeedCPUAdam when the optimizer is offloaded), else a torch optimizer; Adafactor fused into
     the backward pass when train.json asks for it (train/fused_adafactor.py)."""
     if config.fused_backward_pass:
-        from fluxbooth.train.fused_adafactor import build_fused_adafactor
-
         return build_fused_adafactor(parameters, config)
     if deepspeed_config is not None and "optimizer" in deepspeed_config:
-        from accelerate.utils import DummyOptim
-
         default_decay = OPTIMIZER_HYPERPARAMETERS["adamw"]["weight_decay"]
         weight_decay = deepspeed_config["optimizer"].get("params", {}).get("weight_decay", default_decay)
         return DummyOptim(list(parameters), lr=config.learning_rate, weight_decay=weight_decay)
@@ -92,8 +91,6 @@ def build_optimizer(
     if name in torch_classes:
         return torch_classes[name](parameters, lr=config.learning_rate, **hyperparameters)
     if name == "adafactor":
-        from transformers.optimization import Adafactor
-
         return Adafactor(parameters, lr=config.learning_rate, **hyperparameters)
     raise TrainerFailure("invalid_config", f"optimizer {name!r} is not supported; use one of {list(SUPPORTED_OPTIMIZERS)}")
 
@@ -119,8 +116,6 @@ def schedule_stepped_by_deepspeed(optimizer: Any, deepspeed_config: dict[str, An
 
     It does for a `scheduler` block and next to its own optimizer (DummyOptim). Next to a torch optimizer
     accelerate hands DeepSpeed only DeepSpeed's schedule classes, so the trainer steps its LambdaLR itself."""
-    from accelerate.utils import DummyOptim
-
     if deepspeed_config is None:
         return False
     return "scheduler" in deepspeed_config or isinstance(optimizer, DummyOptim)
@@ -129,8 +124,6 @@ def schedule_stepped_by_deepspeed(optimizer: Any, deepspeed_config: dict[str, An
 def build_scheduler(optimizer: Any, config: TrainerConfig, deepspeed_config: dict[str, Any] | None, num_processes: int) -> Any:
     """The schedule object to hand to `accelerator.prepare` when `schedule_stepped_by_deepspeed`, else a
     LambdaLR to step by hand: build that one on `innermost_optimizer` of the prepared optimizer."""
-    from accelerate.utils import DummyOptim, DummyScheduler
-
     if deepspeed_config is not None and "scheduler" in deepspeed_config:
         # accelerate divides total_num_steps by the process count when it fills "auto"; ours are optimizer steps.
         return DummyScheduler(

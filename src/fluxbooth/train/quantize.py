@@ -29,6 +29,8 @@ The quantised Linear subclasses `torch.nn.Linear`, so peft's default dispatch wr
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -39,7 +41,10 @@ import torch
 import torch.nn.functional as functional
 
 from fluxbooth.contract.precision import BASE_PRECISIONS, QUANTISED_PRECISIONS, is_quantised_layer
+from fluxbooth.train.base_model import TRANSFORMER_SUBFOLDER, resolve_model_folder, transformer_weight_files
+from fluxbooth.train.blockswap import swapped_for_rendering
 from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.train.family_ops import transformer_class_in
 
 BF16 = BASE_PRECISIONS[0]
 FP8, NF4 = QUANTISED_PRECISIONS
@@ -290,8 +295,6 @@ def load_quantised_transformer(
     never holds more than one bf16 layer either. (A block-swapped base is built so on the host: bf16 too, as
     diffusers' loader would leave the whole checkpoint's pages resident beside it.)
     """
-    from fluxbooth.train.family_ops import transformer_class_in
-
     if precision not in BASE_PRECISIONS:
         raise TrainerFailure("invalid_config", f"base_precision {precision!r} is not one of {', '.join(BASE_PRECISIONS)}")
     transformer_class = transformer_class_in(transformer_folder)
@@ -314,9 +317,6 @@ def _return_freed_host_memory() -> None:
     copies (the bf16 tensor read, fp32 working copies) are freed between the quantised tensors that stay,
     so glibc cannot shrink its heap and the transients of every layer would stay resident (measured on the
     CPU: fp8 load peak 4.4x the stored base without this); malloc_trim releases free pages wherever they are."""
-    import ctypes
-    import ctypes.util
-
     library = ctypes.util.find_library("c")
     if library is None:
         return
@@ -388,29 +388,27 @@ def _tensor_reader(files: list[Path]) -> Iterator[Any]:
         yield read
 
 
-def load_quantised_base(base_model: str, precision: str, device: torch.device, dtype: torch.dtype) -> Any:
-    """`base_model`'s transformer (a pipeline folder or a cached hub id) with its block Linears quantised."""
-    from fluxbooth.train.model import TRANSFORMER_SUBFOLDER, resolve_model_folder, transformer_weight_files
-
+def load_quantised_base(base_model: str | Path, precision: str, device: torch.device, dtype: torch.dtype) -> Any:
+    """`base_model`'s transformer (a pipeline folder, as the trainer's session resolved it, or a cached hub id)
+    with its block Linears quantised."""
     folder = resolve_model_folder(base_model) / TRANSFORMER_SUBFOLDER
     return load_quantised_transformer(folder, transformer_weight_files(base_model), precision, device, dtype)
 
 
-def quantised_transformer_for(config: Any, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+def quantised_transformer_for(config: Any, base_folder: Path, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     """`{"transformer": ...}` for FluxPipeline.from_pretrained (class images, the final validation): the base
     as in training when the trainer config (`training_type`, `base_precision`, `block_swap`) asks for a
     quantised or block-swapped one, so no render holds more of the base on the device than training did:
     quantised layer by layer onto `device`, or built in host RAM with its blocks streamed to `device` as each
     forward reaches them (the pipeline's model offload then moves only the rest). Else nothing (the pipeline
-    loads its own). A block-swapped full fine-tune's base is swapped the same way (its bf16 blocks)."""
+    loads its own). A block-swapped full fine-tune's base is swapped the same way (its bf16 blocks). `base_folder`:
+    the base model's folder (Session.base)."""
     if getattr(config, "block_swap", False):
-        from fluxbooth.train.blockswap import swapped_for_rendering
-
-        transformer = load_quantised_base(config.base_model, config.base_precision, torch.device("cpu"), dtype)
+        transformer = load_quantised_base(base_folder, config.base_precision, torch.device("cpu"), dtype)
         return {"transformer": swapped_for_rendering(transformer, device)}
     if config.training_type != "lora" or config.base_precision not in QUANTISED_PRECISIONS:
         return {}
-    return {"transformer": load_quantised_base(config.base_model, config.base_precision, device, dtype)}
+    return {"transformer": load_quantised_base(base_folder, config.base_precision, device, dtype)}
 
 
 def residency(model: torch.nn.Module) -> dict[str, Any]:

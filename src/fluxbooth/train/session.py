@@ -10,18 +10,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType, InitProcessGroupKwargs, set_seed
+from deepspeed.accelerator import get_accelerator
 
 from fluxbooth.contract.buckets import BUCKET_MULTIPLE
-from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.contract.names import (
     FULL_EXPORT_FORMATS,
     LORA_EXPORT_FORMATS,
     SUPPORTED_TIMESTEP_SAMPLING,
     SUPPORTED_WEIGHTING_SCHEMES,
 )
+from fluxbooth.contract.trainer_config import TrainerConfig
+from fluxbooth.train.base_model import resolve_base_model
+from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.train.fused_adafactor import check_fused_backward_pass
+from fluxbooth.train.optim import validated_optimizer_name
 from fluxbooth.train.runtime import EventReporter, StageClock
 from fluxbooth.train.state import Precision, Session
-from fluxbooth.contract.trainer_config import TrainerConfig
 
 # Ranks wait at barriers while the main process generates class images, gathers ZeRO-3 weights for
 # export or renders validation images; on a real model any of these can outlast the 30-minute default.
@@ -31,12 +37,6 @@ CUDA_MEMORY_FRACTION_ENV = "FLUXBOOTH_CUDA_MEMORY_FRACTION"
 
 
 def open_session(config: TrainerConfig, reporter: EventReporter) -> Session:
-    from accelerate.utils import set_seed
-
-    from fluxbooth.train.model import load_transformer_config
-    from fluxbooth.train.fused_adafactor import check_fused_backward_pass
-    from fluxbooth.train.optim import validated_optimizer_name
-
     validate_config(config)
     clock = StageClock(reporter)
     with clock.stage("load"):
@@ -44,8 +44,9 @@ def open_session(config: TrainerConfig, reporter: EventReporter) -> Session:
         accelerator = _make_accelerator(config)
         _check_process_group(accelerator)
         reporter.enabled = accelerator.is_main_process
-        transformer_config = load_transformer_config(config.base_model)
-        deepspeed_config = _completed_deepspeed_config(accelerator, config, transformer_config)
+        # The base model is resolved here, once: every later stage reads it from the session.
+        base = resolve_base_model(config.base_model)
+        deepspeed_config = _completed_deepspeed_config(accelerator, config, base.transformer_config)
         zero_stage = int((deepspeed_config or {}).get("zero_optimization", {}).get("stage", 0))
         _check_batch_sizes(config, deepspeed_config)
         nvme_paths = _prepared_nvme_paths(config, deepspeed_config, zero_stage, accelerator)
@@ -66,7 +67,7 @@ def open_session(config: TrainerConfig, reporter: EventReporter) -> Session:
         precision=precision,
         optimizer_name=optimizer_name,
         nvme_paths=nvme_paths,
-        transformer_config=transformer_config,
+        base=base,
         cuda_memory_fraction=cuda_memory_fraction,
     )
 
@@ -126,8 +127,6 @@ def launched_world_size() -> int:
 
 
 def _make_accelerator(config: TrainerConfig) -> Any:
-    from accelerate import Accelerator
-
     uses_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     arguments: dict[str, Any] = {"kwargs_handlers": [_process_group_settings(uses_deepspeed)]}
     if not uses_deepspeed:
@@ -141,12 +140,8 @@ def _make_accelerator(config: TrainerConfig) -> Any:
 def _process_group_settings(uses_deepspeed: bool) -> Any:
     """accelerate picks no process-group backend for DeepSpeed without a GPU and then reports a single
     process even when several run (each believing it is rank 0); name DeepSpeed's CPU backend for it."""
-    from accelerate.utils import InitProcessGroupKwargs
-
     arguments: dict[str, Any] = {"timeout": timedelta(seconds=PROCESS_GROUP_TIMEOUT_SECONDS)}
     if uses_deepspeed and not torch.cuda.is_available():
-        from deepspeed.accelerator import get_accelerator
-
         arguments["backend"] = get_accelerator().communication_backend_name()
     return InitProcessGroupKwargs(**arguments)
 
@@ -154,8 +149,6 @@ def _process_group_settings(uses_deepspeed: bool) -> Any:
 def _check_process_group(accelerator: Any) -> None:
     """Every process must know the others: otherwise each believes it is rank 0 and trains alone on the
     same data, and all of them write the same files."""
-    from accelerate.utils import DistributedType
-
     world = launched_world_size()
     if world > 1 and (accelerator.num_processes != world or accelerator.distributed_type == DistributedType.NO):
         raise TrainerFailure(
@@ -243,8 +236,6 @@ def _prepared_nvme_paths(config: TrainerConfig, deepspeed_config: dict[str, Any]
             "buffers 0 for swapping 1', DeepSpeed issue #3062). Use offload_param 'cpu', or turn "
             "gradient_checkpointing off",
         )
-    from deepspeed.accelerator import get_accelerator
-
     builder = get_accelerator().create_op_builder("AsyncIOBuilder")
     if builder is None or not builder.is_compatible(verbose=False):
         raise TrainerFailure(
@@ -270,8 +261,6 @@ def _precision(config: TrainerConfig, deepspeed_config: dict[str, Any] | None, a
             name = "fp16"
         else:
             name = "no"
-        from deepspeed.accelerator import get_accelerator
-
         deepspeed_accelerator = get_accelerator()
         supported = {"bf16": deepspeed_accelerator.is_bf16_supported, "fp16": deepspeed_accelerator.is_fp16_supported}
         if name in supported and not supported[name]():

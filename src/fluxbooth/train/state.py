@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import deepspeed
 import torch
+import transformers.integrations.deepspeed as transformers_deepspeed
 
-from fluxbooth.train.runtime import EventReporter, ReleaseTracker, StageClock
 from fluxbooth.contract.trainer_config import TrainerConfig
+from fluxbooth.train.base_model import BaseModel
+from fluxbooth.train.runtime import EventReporter, ReleaseTracker, StageClock
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class Session:
     precision: Precision
     optimizer_name: str  # validated, canonical
     nvme_paths: list[Path]
-    transformer_config: dict[str, Any]  # the base transformer's config.json
+    base: BaseModel  # resolved once, when the session opened
     cuda_memory_fraction: float | None = None  # FLUXBOOTH_CUDA_MEMORY_FRACTION as applied (card emulation)
     started_at: float = field(default_factory=time.time)  # unix time the session opened (the files' metadata)
 
@@ -229,8 +232,6 @@ def without_transformers_zero3_init() -> Iterator[None]:
     """transformers partitions every model it loads while accelerate's HfDeepSpeedConfig says ZeRO-3, which
     would shard the text encoders we only run once. accelerate's `zero3_init_context_manager(enable=False)`
     re-registers a config that still says stage 3, so the registration itself is hidden for the duration."""
-    import transformers.integrations.deepspeed as transformers_deepspeed
-
     saved = transformers_deepspeed._hf_deepspeed_config_weak_ref
     transformers_deepspeed._hf_deepspeed_config_weak_ref = None
     try:
@@ -242,10 +243,15 @@ def without_transformers_zero3_init() -> Iterator[None]:
 def gathered(parameters: list[torch.nn.Parameter]) -> Any:
     """A context in which ZeRO-3 partitioned `parameters` are whole on every rank (nothing when none is)."""
     if parameters and any(hasattr(parameter, "ds_id") for parameter in parameters):
-        import deepspeed
-
         return deepspeed.zero.GatheredParameters(parameters, modifier_rank=None)
     return contextlib.nullcontext()
+
+
+def release_prefetched_partitions(engine: Any) -> None:
+    """A forward without backward leaves ZeRO-3's prefetched parameters gathered ("in flight"), which the
+    next gather (a training step, the export) would trip over; hand them back to their partitions."""
+    if hasattr(engine, "empty_partition_cache"):
+        engine.empty_partition_cache()
 
 
 def write_json(path: Path, content: dict[str, Any]) -> None:

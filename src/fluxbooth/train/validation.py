@@ -10,14 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
 
+from fluxbooth.contract.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
 from fluxbooth.train.blockswap import swapped_for_rendering
 from fluxbooth.train.cache import decoding_device, load_vae
+from fluxbooth.train.data import load_image, resize_and_center_crop
 from fluxbooth.train.export.lora import LORA_WEIGHTS_NAME
 from fluxbooth.train.export.stage import TRANSFORMER_FOLDER, lora_for_rendering
-from fluxbooth.train.family_ops import FamilyOps, ops_for
-from fluxbooth.contract.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
-from fluxbooth.train.loop import release_prefetched_partitions
+from fluxbooth.train.family_ops import FamilyOps
 from fluxbooth.train.quantize import QuantisedLinear, quantised_transformer_for, residency
 from fluxbooth.train.runtime import free_accelerator_memory
 from fluxbooth.train.state import (
@@ -25,11 +26,11 @@ from fluxbooth.train.state import (
     EncodedPrompts,
     Session,
     TrainerState,
+    release_prefetched_partitions,
     seed_for,
     without_transformers_zero3_init,
     write_json,
 )
-
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def render_prompts(state: TrainerState, pipeline: Any, target: RenderTarget, *, 
     width, height = config.resolution.render_shape
     output_dir = Path(config.output_dir)
     target.folder.mkdir(parents=True, exist_ok=True)
-    ops = ops_for(config.base_model)
+    ops = session.base.ops
     negative = _negative_embeddings(state, ops, device, dtype)
     for index, prompt in enumerate(config.validation_prompts):
         seed = validation_seed(config.seed, index)
@@ -113,16 +114,12 @@ def _control_image(config: Any, index: int) -> Any:
     images = config.validation_images
     if index >= len(images):
         return None
-    from fluxbooth.train.data import load_image, resize_and_center_crop
-
     return resize_and_center_crop(load_image(Path(images[index])), config.resolution.render_shape)
 
 
 def render_during_training(state: TrainerState, step: int) -> None:
     """*Collective under ZeRO-3*, where every rank holds a slice of each layer and the forward gathers
     them together; below it only the main process renders. Written to validation/step-NNNNNN/."""
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
     session, run = state.session, state.training()
     config, accelerator = session.config, session.accelerator
     device = accelerator.device
@@ -134,12 +131,12 @@ def render_during_training(state: TrainerState, step: int) -> None:
             # own mixed precision (no DeepSpeed) the prepared model returns fp32, so the latents it denoises
             # reach the VAE in fp32 and a bf16 VAE refuses them.
             vae_dtype = torch.float32 if accelerator.native_amp else dtype
-            vae = load_vae(config.base_model, without_transformers_zero3_init, dtype=vae_dtype)
+            vae = load_vae(session.base.ops, without_transformers_zero3_init, dtype=vae_dtype)
             if session.is_main:
                 vae.to(decoding_device(session.encoder_device, vae, config.resolution.render_shape))
-            pipeline = ops_for(config.base_model).pipeline_on(
+            pipeline = session.base.ops.pipeline_on(
                 device,
-                scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(config.base_model, subfolder="scheduler"),
+                scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(str(session.base.folder), subfolder="scheduler"),
                 vae=vae,
                 transformer=accelerator.unwrap_model(run.engine),
             )
@@ -188,7 +185,7 @@ def _exported_pipeline(session: Session) -> Any:
     config = session.config
     output_dir = Path(config.output_dir)
     dtype = session.precision.text_dtype
-    ops = ops_for(config.base_model)
+    base_folder, ops = str(session.base.folder), session.base.ops
     no_text_encoders = ops.no_text_encoders()
     with without_transformers_zero3_init():
         if config.training_type == "full":
@@ -196,10 +193,10 @@ def _exported_pipeline(session: Session) -> Any:
             if config.block_swap:
                 # Rendered as it trained: the trained blocks streamed from host RAM, the rest on the device.
                 transformer = swapped_for_rendering(transformer, session.accelerator.device)
-            pipeline = ops.pipeline_class.from_pretrained(config.base_model, transformer=transformer, torch_dtype=dtype, **no_text_encoders)
+            pipeline = ops.pipeline_class.from_pretrained(base_folder, transformer=transformer, torch_dtype=dtype, **no_text_encoders)
         else:
-            quantised = quantised_transformer_for(config, session.accelerator.device, dtype)
-            pipeline = ops.pipeline_class.from_pretrained(config.base_model, torch_dtype=dtype, **no_text_encoders, **quantised)
+            quantised = quantised_transformer_for(config, session.base.folder, session.accelerator.device, dtype)
+            pipeline = ops.pipeline_class.from_pretrained(base_folder, torch_dtype=dtype, **no_text_encoders, **quantised)
             _load_exported_lora(pipeline, str(lora_for_rendering(session)), swapped=config.block_swap)
     if session.accelerator.device.type == "cuda":
         pipeline.enable_model_cpu_offload(device=session.accelerator.device)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft.utils import get_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
 from fluxbooth.train.export.key_layouts import (
@@ -35,8 +36,6 @@ def lora_state_dict(model: Any, *, is_main_process: bool) -> dict[str, torch.Ten
     """*Collective.* The peft LoRA weights of `model` (unwrapped, possibly ZeRO-3 partitioned), with
     diffusers' module keys: no `module.` prefix from DeepSpeed, no `.default` adapter name from peft.
     Only the LoRA parameters are gathered, never the frozen base."""
-    from peft.utils import get_peft_model_state_dict
-
     lora_parameters = [parameter for name, parameter in model.named_parameters() if ".lora_" in name]
     state: dict[str, torch.Tensor] = {}
     with gathered(lora_parameters):

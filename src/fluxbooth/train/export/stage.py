@@ -9,11 +9,9 @@ from pathlib import Path
 
 import torch
 
-from fluxbooth.families import family_of
 from fluxbooth.train.export.lora import LORA_WEIGHTS_NAME, lora_state_dict, save_lora_comfyui, save_lora_diffusers
 from fluxbooth.train.export.metadata import FileLayout, TrainingRecord, safetensors_metadata
 from fluxbooth.train.export.transformer import export_single_file, save_transformer, verify_saved_transformer
-from fluxbooth.train.family_ops import ops_for
 from fluxbooth.train.runtime import free_accelerator_memory
 from fluxbooth.train.state import Artifact, EncodedImages, Session, TrainerState, TrainingRun
 
@@ -54,7 +52,7 @@ def save_and_export(state: TrainerState) -> list[Artifact]:
                     rendering_folder.mkdir(parents=True, exist_ok=True)
                     save_lora_diffusers(
                         lora_state, rendering_folder, config.lora.alpha, safetensors_metadata(record, FileLayout.LORA_DIFFUSERS),
-                        ops_for(config.base_model).lora_file,
+                        session.base.ops.lora_file,
                     )
             if run.ema is not None:
                 artifacts += _export_ema(session, run.ema.export_state(), output_dir, record)
@@ -66,11 +64,11 @@ def training_record(state: TrainerState) -> TrainingRecord:
     """The run as every exported file describes it (train/export/metadata), taken when training ends."""
     session, run, data = state.session, state.training(), state.cached()
     config = session.config
-    family = family_of(config.base_model)
+    family = session.base.ops.family
     image_sets = {"instance": data.instance_set, "class": data.class_set}
     return TrainingRecord(
         config=config,
-        architecture=family.modelspec_architecture(session.transformer_config),
+        architecture=family.modelspec_architecture(session.base.transformer_config),
         base_model_version=family.kohya_base_model_version,
         started_at=session.started_at,
         finished_at=time.time(),
@@ -115,7 +113,7 @@ def _export_full(session: Session, output_dir: Path, samples: dict[str, torch.Te
     if "single_file" in session.config.export_formats:
         export_single_file(
             folder, output_dir / SINGLE_FILE_NAME, safetensors_metadata(record, FileLayout.TRANSFORMER_ORIGINAL),
-            ops_for(session.config.base_model).key_tables,
+            session.base.ops.key_tables,
         )
         artifacts.append(Artifact(name="transformer_single_file", path=SINGLE_FILE_NAME, kind="single_file_transformer"))
     return artifacts
@@ -134,13 +132,13 @@ def export_lora(
     artifacts = []
     if "diffusers" in config.export_formats:
         save_lora_diffusers(
-            lora_state, folder, config.lora.alpha, safetensors_metadata(record, FileLayout.LORA_DIFFUSERS, ema=ema), ops_for(config.base_model).lora_file
+            lora_state, folder, config.lora.alpha, safetensors_metadata(record, FileLayout.LORA_DIFFUSERS, ema=ema), session.base.ops.lora_file
         )
         artifacts.append(Artifact(name=f"{prefix}lora", path=f"{folder_name}/{LORA_WEIGHTS_NAME}", kind=f"{prefix}lora_diffusers"))
     if "comfyui" in config.export_formats:
         metadata = safetensors_metadata(record, FileLayout.LORA_KOHYA, ema=ema)
         save_lora_comfyui(
-            lora_state, folder / COMFYUI_LORA_NAME, config.lora, session.transformer_config, metadata, ops_for(config.base_model).key_tables
+            lora_state, folder / COMFYUI_LORA_NAME, config.lora, session.base.transformer_config, metadata, session.base.ops.key_tables
         )
         artifacts.append(Artifact(name=f"{prefix}lora_comfyui", path=f"{folder_name}/{COMFYUI_LORA_NAME}", kind=f"{prefix}lora_comfyui"))
     return artifacts
@@ -152,7 +150,7 @@ def _export_ema(session: Session, ema_state: dict[str, torch.Tensor], output_dir
         return export_lora(session, output_dir, ema_state, record, ema=True)
     folder = output_dir / "ema_transformer"
     with torch.device("meta"):
-        skeleton = ops_for(session.config.base_model).transformer_class.from_config(session.transformer_config)
+        skeleton = session.base.ops.transformer_class.from_config(session.base.transformer_config)
     skeleton.load_state_dict(ema_state, assign=True)
     metadata = safetensors_metadata(record, FileLayout.TRANSFORMER_DIFFUSERS, ema=True)
     samples = save_transformer(skeleton, folder, is_main_process=True, max_shard_size=session.config.max_shard_size, metadata=metadata)

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from fluxbooth.train.export.key_layouts import FLUX1_TABLES, KeyTables, OriginalTensor, single_file_layout
 from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.train.family_ops import transformer_class_in
 from fluxbooth.train.state import gathered
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
@@ -108,8 +110,6 @@ def sample_names(names: list[str]) -> list[str]:
 def verify_saved_transformer(folder: Path, samples: dict[str, torch.Tensor]) -> None:
     """Load `folder` with its class's from_pretrained (the class its config names: FLUX.1's or FLUX.2's)
     and compare the sampled tensors exactly."""
-    from fluxbooth.train.family_ops import transformer_class_in
-
     try:
         reloaded = transformer_class_in(folder).from_pretrained(str(folder), torch_dtype=None)
     except Exception as error:  # any failure to load is an export failure, whatever diffusers raises
@@ -168,8 +168,6 @@ def export_single_file(transformer_folder: Path, out_file: Path, metadata: dict[
     diffusion_models folder, `FluxTransformer2DModel.from_single_file`). Streamed: each original tensor
     is read from the shards (memory-mapped), built, written and dropped, then checked the same way
     against the written file, so no state dict, fused copy or reload of the whole model is ever held."""
-    from safetensors import safe_open
-
     files = sorted(transformer_folder.glob("diffusion_pytorch_model*.safetensors"))
     with ExitStack() as stack:
         shards = [stack.enter_context(safe_open(str(path), framework="pt", device="cpu")) for path in files]

@@ -1,9 +1,14 @@
-"""How big a FLUX.2 pipeline is, from its configs: the layer layout of diffusers' Flux2Transformer2DModel and
-of the text encoders its pipelines load (transformers' Qwen3ForCausalLM for [klein], Mistral3ForConditionalGeneration
-for [dev]). Its q/k RMS norms have FLUX.1's names and sizes (its LayerNorms no parameters), so
-modelsize.transformer_params counts them. Each formula mirrors the class's modules; tests/test_families.py checks them against
-`sum(p.numel())` of the real classes built on the meta device. The VAE (AutoencoderKLFlux2) has FLUX.1's
-encoder/decoder blocks with quant convs and a parameter-free batch norm: modelsize.vae_params counts it.
+"""How big a FLUX.2 pipeline is ([dev], [klein]), from its configs: the layer layout of diffusers'
+Flux2Transformer2DModel and of the text encoders its pipelines load (transformers' Qwen3ForCausalLM for
+[klein], Mistral3ForConditionalGeneration for [dev]). Its q/k RMS norms have FLUX.1's names and sizes (its
+LayerNorms no parameters), so core.transformer_params counts them. Each formula mirrors the class's modules;
+tests/test_families.py checks them against `sum(p.numel())` of the real classes built on the meta device. The
+VAE (AutoencoderKLFlux2) has FLUX.1's encoder/decoder blocks with quant convs and a parameter-free batch
+norm: core.vae_params counts it.
+
+For FLUX.2, ModelSize's `text_encoder_2_params` (the role of FLUX.1's T5: the encoder whose hidden states are
+the prompt sequence) holds its one text encoder, and `text_encoder_params` (the pooled-embedding role of
+CLIP) is 0.
 
 No torch here: this runs in the handler process.
 """
@@ -13,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fluxbooth.modelsize import LinearLayer, TransformerShape
+from fluxbooth.families import Family
+from fluxbooth.sizing.core import LinearLayer, ModelSize, TransformerShape, transformer_params, vae_params
 
 
 def _linear(name: str, in_features: int, out_features: int) -> LinearLayer:
@@ -123,3 +129,28 @@ def mistral3_params(config: Mapping[str, Any]) -> int:
 def flux2_text_encoder_params(config: Mapping[str, Any]) -> int:
     """The text encoder of a FLUX.2 pipeline, told by its config's shape."""
     return mistral3_params(config) if "text_config" in config else qwen3_params(config)
+
+
+def flux2_model_size(
+    name: str, family: Family, transformer_config: Mapping[str, Any], text_encoder_config: Mapping[str, Any],
+    vae_config: Mapping[str, Any], *, source: str,
+) -> ModelSize:
+    """A FLUX.2 model ([dev], [klein]) from its components' configs."""
+    shape = flux2_transformer_shape(transformer_config)
+    layers = flux2_linear_layers(shape, transformer_config)
+    total, largest = transformer_params(shape, layers)
+    return ModelSize(
+        name=name,
+        transformer_params=total,
+        largest_layer_params=largest,
+        text_encoder_params=0,
+        text_encoder_2_params=flux2_text_encoder_params(text_encoder_config),
+        vae_params=vae_params(vae_config),
+        transformer=shape,
+        # The cached prompt sequence: three of the text encoder's hidden states side by side.
+        text_encoder_2_hidden_size=shape.joint_attention_dim,
+        linear_layers=layers,
+        source=source,
+        family=family.name,
+        default_lora_targets=family.default_lora_targets(transformer_config),
+    )
