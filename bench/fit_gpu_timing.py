@@ -57,7 +57,7 @@ def job_for(run: dict[str, Any]) -> tuple[Strategy, JobShape, Any]:
     job = JobShape(
         training_type="lora",
         lora_rank=run["lora_rank"],
-        lora_target_modules=tuple(targets) if isinstance(targets, list) else None,
+        lora_targets=tuple(targets) if isinstance(targets, list) else (),
         base_precision=run["base_precision"],
         use_deepspeed=False,
         mixed_precision="bf16" if capability >= (8, 0) else "fp16",
@@ -77,7 +77,7 @@ def job_for(run: dict[str, Any]) -> tuple[Strategy, JobShape, Any]:
 
 def terms_of(run: dict[str, Any], model: ModelSize) -> dict[str, float]:
     strategy, job, hardware = job_for(run)
-    trainable = trainable_params(model, "lora", job.lora_rank, job.lora_targets)
+    trainable = trainable_params(model, "lora", job.lora_rank, job.lora_targets or model.default_lora_targets)
     return timing.step_terms(strategy, model, job, hardware, trainable, compute_dtype_bytes(job.mixed_precision))
 
 

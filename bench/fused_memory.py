@@ -26,7 +26,7 @@ from memory import (  # noqa: E402
     BENCH_IMAGES,
     RESOLUTIONS,
     Measurement,
-    bench_request,
+    bench_spec,
     build_models,
     machine_description,
     run_one,
@@ -46,9 +46,10 @@ WORKER_ONLY_PHASES = ("report",)
 
 def trainer_phases_prediction(model_dir: Path, resolution: int, steps: int, work: Path) -> int:
     """The plan's host peak over the phases the trainer runs (loading to export): what the bench measures."""
+    size = model_size(str(model_dir))
     plan = plan_for_strategy(
-        FUSED_STRATEGY, bench_request(FUSED_STRATEGY, resolution, steps=steps),
-        probe_hardware(work, {"PATH": os.environ.get("PATH", "")}), model_size(str(model_dir)), instance_images=BENCH_IMAGES,
+        FUSED_STRATEGY, bench_spec(FUSED_STRATEGY, resolution, size, steps=steps),
+        probe_hardware(work, {"PATH": os.environ.get("PATH", "")}), size, instance_images=BENCH_IMAGES,
     )
     return max(phase.host_bytes for name, phase in plan.phases if name not in WORKER_ONLY_PHASES)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 # The two allocator settings compared, each in its own training process: what issue 26 asks the trainer to
-# use, and the pair configs.py set before it (pytorch/pytorch#123548: max_split_size_mb fights expandable segments).
+# use, and the pair launch_files.py set before it (pytorch/pytorch#123548: max_split_size_mb fights expandable segments).
 ALLOCATOR_SETTINGS = {
     "expandable": "expandable_segments:True",
     "max-split": "max_split_size_mb:512,expandable_segments:True",

@@ -34,13 +34,15 @@ from typing import Any
 
 import psutil
 
-from fluxbooth.configs import child_environment, trainer_config_for, write_launch_files
+from fluxbooth.launch_files import child_environment, trainer_config_for, write_launch_files
 from fluxbooth.contract.events import EVENT_MARKER
 from fluxbooth.hardware import format_bytes, probe_hardware
 from fluxbooth.launch import trainer_command
 from fluxbooth.sizing import model_size
 from fluxbooth.plan import Strategy, plan_for_strategy
 from fluxbooth.request import parse_request
+from fluxbooth.settings import WorkerSettings
+from fluxbooth.spec import JobSpec, resolve_job_spec
 
 SECTION_BEGIN = "<!-- memory:begin -->"
 SECTION_END = "<!-- memory:end -->"
@@ -177,21 +179,21 @@ class TreeSampler:
             time.sleep(SAMPLE_SECONDS)
 
 
-def predicted_host_bytes(plan_bytes: int, strategy: Strategy, request: Any, hardware: Any, size: Any, allocator: str) -> int:
+def predicted_host_bytes(plan_bytes: int, strategy: Strategy, spec: JobSpec, hardware: Any, size: Any, allocator: str) -> int:
     """The plan's prediction; with glibc's mmap threshold fixed, less the allocator-retention term
     (which models glibc's default behaviour and is what the worker ships with)."""
     if allocator == "glibc default":
         return plan_bytes
     from fluxbooth.plan import JobShape, estimate_memory
 
-    job = JobShape.from_request(request, instance_images=BENCH_IMAGES)
+    job = JobShape.from_spec(spec, instance_images=BENCH_IMAGES)
     estimate = estimate_memory(strategy, size, job, hardware, job.mixed_precision)
     return plan_bytes - estimate.breakdown.get("host.allocator_retention", 0)
 
 
-def bench_request(strategy: Strategy, resolution: int, **fields: Any) -> Any:
-    """The request a benchmark job of `strategy` runs (a LoRA at rank 4), as the worker parses it."""
-    return parse_request(
+def bench_spec(strategy: Strategy, resolution: int, size: Any, **fields: Any) -> JobSpec:
+    """The job spec a benchmark job of `strategy` runs (a LoRA at rank 4), as the worker resolves it."""
+    request = parse_request(
         {
             "model_name": "bench",
             "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==",
@@ -203,6 +205,7 @@ def bench_request(strategy: Strategy, resolution: int, **fields: Any) -> Any:
             **fields,
         }
     )
+    return resolve_job_spec(request, size, WorkerSettings.from_environ({}))
 
 
 def run_one(
@@ -212,12 +215,12 @@ def run_one(
     shutil.rmtree(job_dir, ignore_errors=True)
     instance_dir = job_dir / "data" / "instance"
     make_images(instance_dir, BENCH_IMAGES, resolution)
-    request = bench_request(strategy, resolution, steps=steps)
     hardware = probe_hardware(job_dir, {"PATH": os.environ.get("PATH", "")})
     size = model_size(str(model_dir))
-    plan = plan_for_strategy(strategy, request, hardware, size, instance_images=BENCH_IMAGES)
+    spec = bench_spec(strategy, resolution, size, steps=steps)
+    plan = plan_for_strategy(strategy, spec, hardware, size, instance_images=BENCH_IMAGES)
     trainer = trainer_config_for(
-        request, plan, base_model=str(model_dir), instance_dir=instance_dir, class_dir=None, job_dir=job_dir
+        spec, plan, base_model=str(model_dir), instance_dir=instance_dir, class_dir=None, job_dir=job_dir
     )
     files = write_launch_files(job_dir, plan, trainer)
     extensions = Path(
@@ -255,7 +258,7 @@ def run_one(
         strategy=strategy,
         allocator=allocator,
         resolution=resolution,
-        predicted_bytes=predicted_host_bytes(plan.predicted_host_bytes, strategy, request, hardware, size, allocator),
+        predicted_bytes=predicted_host_bytes(plan.predicted_host_bytes, strategy, spec, hardware, size, allocator),
         measured_bytes=sampler.peak,
         largest_process_bytes=sampler.largest,
         peak_stage=sampler.peak_stage,
@@ -352,9 +355,9 @@ def rerender(log: Path, models: dict[str, Path], jobs: Path) -> tuple[list[Measu
         model_dir = models[row["model"]]
         size = model_size(str(model_dir))
         sizes[row["model"]] = size.transformer_params
-        request = bench_request(strategy, row["resolution"])
+        spec = bench_spec(strategy, row["resolution"], size)
         hardware = probe_hardware(jobs, {"PATH": os.environ.get("PATH", "")})
-        plan = plan_for_strategy(strategy, request, hardware, size, instance_images=BENCH_IMAGES)
+        plan = plan_for_strategy(strategy, spec, hardware, size, instance_images=BENCH_IMAGES)
         measurements.append(
             Measurement(
                 model=row["model"],
@@ -362,7 +365,7 @@ def rerender(log: Path, models: dict[str, Path], jobs: Path) -> tuple[list[Measu
                 allocator=row["allocator"],
                 resolution=row["resolution"],
                 predicted_bytes=predicted_host_bytes(
-                    plan.predicted_host_bytes, strategy, request, hardware, size, row["allocator"]
+                    plan.predicted_host_bytes, strategy, spec, hardware, size, row["allocator"]
                 ),
                 measured_bytes=row["measured"],
                 largest_process_bytes=row["largest_process"],

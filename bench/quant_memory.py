@@ -99,10 +99,10 @@ def train_lora(model: Any, before_first_step: Any = None) -> int:
     import torch
     from peft import LoraConfig
 
-    from fluxbooth.plan.types import DEFAULT_LORA_TARGETS
+    from fluxbooth.contract.names import DEFAULT_LORA_TARGET_MODULES
 
     model.requires_grad_(False)
-    model.add_adapter(LoraConfig(r=LORA_RANK, lora_alpha=LORA_RANK, init_lora_weights="gaussian", target_modules=list(DEFAULT_LORA_TARGETS)))
+    model.add_adapter(LoraConfig(r=LORA_RANK, lora_alpha=LORA_RANK, init_lora_weights="gaussian", target_modules=list(DEFAULT_LORA_TARGET_MODULES)))
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
     for parameter in trainable:
         parameter.data = parameter.data.float()

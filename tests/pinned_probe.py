@@ -1,6 +1,6 @@
 """Run in its own process by tests/test_pinned_memory.py: the tiny FLUX transformer fully fine-tuned through
 `deepspeed.initialize` (DeepSpeed's CPU accelerator, ZeRO-2, bf16, `offload_optimizer: cpu` with
-`pin_memory: true`, as configs.py writes it on CUDA) for one step, printing the bytes of every tensor DeepSpeed
+`pin_memory: true`, as launch_files.py writes it on CUDA) for one step, printing the bytes of every tensor DeepSpeed
 asked its accelerator to pin, in order, as one JSON line.
 
 The CPU accelerator's `pin_memory` returns the tensor unpinned (CPU torch cannot page-lock); the probe wraps it

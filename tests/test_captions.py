@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from fluxbooth.contract.captions import with_trigger
+from fluxbooth.request import parse_request
 from fluxbooth.train.data import discover_images
 from tests.factories import make_image
-from tests.trainer_jobs import make_plan, make_trainer_config
+from tests.specs import job_spec
 
 
 def test_a_caption_without_the_trigger_word_gets_it_in_front() -> None:
@@ -54,13 +55,13 @@ def test_the_trainer_puts_the_trigger_word_into_captions_but_not_into_the_defaul
     ]
 
 
-def test_the_trainer_config_puts_the_trigger_word_into_instance_and_validation_prompts_only(tmp_path: Path) -> None:
-    config = make_trainer_config(
-        tmp_path, tmp_path / "base", make_plan(), trigger_word="sks",
-        instance_prompt="a photo of a dog", class_prompt="a photo of a dog",
-        validation_prompts=("[trigger] in the snow", "a painting"),
-    ).with_trigger_word()
+def test_the_job_spec_puts_the_trigger_word_into_instance_and_validation_prompts_only() -> None:
+    spec = job_spec(parse_request({
+        "model_name": "m", "dataset_url": "https://example.com/d.zip", "trigger_word": "sks",
+        "instance_prompt": "a photo of a dog", "class_prompt": "a photo of a dog", "with_prior_preservation": True,
+        "validation_prompts": ["[trigger] in the snow", "a painting"],
+    }))
 
-    assert config.instance_prompt == "sks a photo of a dog"
-    assert config.validation_prompts == ("sks in the snow", "sks a painting")
-    assert config.class_prompt == "a photo of a dog"
+    assert spec.instance_prompt == "sks a photo of a dog"
+    assert spec.validation_prompts == ("sks in the snow", "sks a painting")
+    assert spec.class_prompt == "a photo of a dog"

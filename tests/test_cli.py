@@ -526,6 +526,7 @@ def test_the_default_request_on_an_rtx_4090_gets_the_answer_the_worker_gives(cli
     from fluxbooth.hardware import hypothetical_hardware
     from fluxbooth.plan import choose_plan, model_size
     from fluxbooth.request import parse_request
+    from fluxbooth.spec import resolve_job_spec
 
     # An endpoint set up for hour-long jobs: at the default 540 s the request is refused (the test above).
     env = {**cli_env, "FLUXBOOTH_JOB_DEADLINE_SECONDS": "3300"}
@@ -534,7 +535,8 @@ def test_the_default_request_on_an_rtx_4090_gets_the_answer_the_worker_gives(cli
     card = hypothetical_hardware(gpus=1, gpu_memory_bytes=24 * GIB, host_memory_bytes=62 * GIB, disk_bytes=200 * GIB,
                                  cpu_count=16, gpu_name="NVIDIA GeForce RTX 4090")
     # What job.py's planning step calls, with the worker's deadline and dataset cap.
-    worker = choose_plan(parse_request(dict(SIZING_STAND_INS)), card, model_size("black-forest-labs/FLUX.1-dev"),
+    model = model_size("black-forest-labs/FLUX.1-dev")
+    worker = choose_plan(resolve_job_spec(parse_request(dict(SIZING_STAND_INS)), model, settings), card, model,
                          deadline_seconds=settings.job_deadline_seconds, instance_images=settings.dataset_limits.max_images)
     assert code == EXIT_OK
     assert report["plan"] == worker.to_dict()

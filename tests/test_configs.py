@@ -1,4 +1,4 @@
-"""configs.py: the files the worker hands to accelerate and DeepSpeed, golden-file tested."""
+"""launch_files.py: the files the worker hands to accelerate and DeepSpeed, golden-file tested."""
 
 from __future__ import annotations
 
@@ -10,15 +10,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fluxbooth.configs import (
+from fluxbooth.launch_files import (
     INHERITED_ENV_NAMES,
     accelerate_config,
     child_environment,
     deepspeed_config,
     write_launch_files,
 )
-from fluxbooth.plan import Plan
+from fluxbooth.contract.buckets import Resolution
+from fluxbooth.contract.names import GUIDANCE_DISTILLED_SAMPLING
 from fluxbooth.contract.trainer_config import TrainerConfig
+from fluxbooth.plan import Plan
+from tests.specs import job_spec
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 
@@ -49,7 +52,7 @@ GUIDE_TRAINER = TrainerConfig(
     with_prior_preservation=False,
     prior_loss_weight=1.0,
     num_class_images=50,
-    resolution=(1024, 1024),
+    resolution=Resolution(fixed=(1024, 1024)),
     training_type="full",
     steps=2000,
     learning_rate=2e-6,
@@ -61,6 +64,10 @@ GUIDE_TRAINER = TrainerConfig(
     zero_stage=2,
     offload_optimizer="cpu",
     offload_param="none",
+    max_sequence_length=GUIDANCE_DISTILLED_SAMPLING.max_sequence_length,
+    validation_inference_steps=GUIDANCE_DISTILLED_SAMPLING.inference_steps,
+    validation_guidance_scale=GUIDANCE_DISTILLED_SAMPLING.guidance_scale,
+    class_image_inference_steps=GUIDANCE_DISTILLED_SAMPLING.inference_steps,
 )
 
 
@@ -277,7 +284,7 @@ def test_every_optimizer_produces_a_config_deepspeed_accepts(name: str) -> None:
 
 
 def test_the_plans_base_precision_reaches_the_trainer(tmp_path: Path) -> None:
-    from fluxbooth.configs import trainer_config_for
+    from fluxbooth.launch_files import trainer_config_for
     from fluxbooth.request import parse_request
 
     request = parse_request(
@@ -285,7 +292,7 @@ def test_the_plans_base_precision_reaches_the_trainer(tmp_path: Path) -> None:
     )
     plan = replace(GUIDE_DEFAULT_PLAN, training_type="lora", offload_optimizer="none", base_precision="nf4")
     trainer = trainer_config_for(
-        request, plan, base_model="/models/flux", instance_dir=tmp_path / "instance", class_dir=None, job_dir=tmp_path
+        job_spec(request), plan, base_model="/models/flux", instance_dir=tmp_path / "instance", class_dir=None, job_dir=tmp_path
     )
     assert (trainer.training_type, trainer.base_precision) == ("lora", "nf4")
     assert TrainerConfig.read(write_launch_files(tmp_path, plan, trainer).trainer_config).base_precision == "nf4"
@@ -293,14 +300,14 @@ def test_the_plans_base_precision_reaches_the_trainer(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("fields", "measured"), [({}, False), ({"learning_check": True}, True), ({"debug": True}, False)])
 def test_only_a_learning_check_request_measures_the_fixed_noise_loss(fields: dict[str, bool], measured: bool, tmp_path: Path) -> None:
-    from fluxbooth.configs import trainer_config_for
+    from fluxbooth.launch_files import trainer_config_for
     from fluxbooth.request import parse_request
 
     request = parse_request(
         {"model_name": "m", "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==", "instance_prompt": "a photo of sks dog", **fields}
     )
     trainer = trainer_config_for(
-        request, GUIDE_DEFAULT_PLAN, base_model="/models/flux", instance_dir=tmp_path / "instance", class_dir=None, job_dir=tmp_path
+        job_spec(request), GUIDE_DEFAULT_PLAN, base_model="/models/flux", instance_dir=tmp_path / "instance", class_dir=None, job_dir=tmp_path
     )
     assert trainer.measure_fixed_noise_loss is measured
 

@@ -22,6 +22,7 @@ from fluxbooth.settings import (
     TINY_MODEL_NAME,
     WorkerSettings,
 )
+from fluxbooth.spec import resolve_job_spec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HUB = json.loads((REPO_ROOT / ".runpod" / "hub.json").read_text())
@@ -82,7 +83,7 @@ def planned_or_refused(request: TrainingRequest, base_model: str, card: tuple[st
     settings = WorkerSettings.from_environ({})
     try:
         plan = choose_plan(
-            request, hardware, size, deadline_seconds=deadline, instance_images=settings.dataset_limits.min_images,
+            resolve_job_spec(request, size, settings), hardware, size, deadline_seconds=deadline, instance_images=settings.dataset_limits.min_images,
             download_bytes=cold, transfer_rates=settings.transfer_rates,
         )
     except FluxboothError as error:

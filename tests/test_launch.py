@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fluxbooth.configs import LaunchFiles
+from fluxbooth.launch_files import LaunchFiles
 from fluxbooth.errors import ErrorCode
 from fluxbooth.contract.events import StageEvent, StepEvent, TrainerEvent, format_event
 from fluxbooth.model_source import ensure_tiny_model

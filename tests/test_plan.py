@@ -11,14 +11,14 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import GIB, Hardware, format_bytes, hypothetical_hardware
-from fluxbooth.sizing import FLUX_DEV_NAME, FLUX_SCHNELL_NAME, model_size, model_size_from_configs
+from fluxbooth.sizing import FLUX_DEV_NAME, FLUX_SCHNELL_NAME, ModelSize, model_size, model_size_from_configs
 from fluxbooth.sizing.flux1 import _CLIP_L_CONFIG, _FLUX_TRANSFORMER_CONFIG, _FLUX_VAE_CONFIG, _T5_XXL_CONFIG
 from fluxbooth.plan import (
     JobShape,
@@ -36,30 +36,22 @@ from fluxbooth.plan import (
 from fluxbooth.plan.gpus import GPU_TABLE, gpu_spec
 from fluxbooth.request import parse_request
 from fluxbooth.contract.trainer_config import LoraSettings
+from fluxbooth.spec import JobSpec
 from tests.conftest import REPO_ROOT
+from tests.specs import job_spec
 
 
 # ---- factories ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class FakeRequest:
-    """Only the attributes choose_plan reads, as TrainingRequest names them."""
-
-    training_type: str = "full"
-    lora_rank: int = 16
-    lora_target_modules: list[str] | None = None
-    base_precision: str = "auto"
-    zero_stage: object = "auto"
-    offload: str = "auto"
-    use_deepspeed: bool = True
-    mixed_precision: str = "bf16"
-    gradient_checkpointing: bool = True
-    resolution: tuple[int, int] = (1024, 1024)
-    batch_size: int = 1
-    gradient_accumulation_steps: int = 1
-    steps: int = 1000
-    optimizer: str = "adamw"
+def request_spec(model: ModelSize | None = None, **fields: Any) -> JobSpec:
+    """A full fine-tune at 1024x1024 naming its optimizer (adamw), with request `fields` (a (width, height)
+    resolution a fixed shape), resolved for `model` (FLUX.1-dev unless given) as the worker resolves it."""
+    resolution = fields.pop("resolution", (1024, 1024))
+    return job_spec(parse_request({
+        "model_name": "m", "dataset_url": "https://example.com/d.zip", "instance_prompt": "a photo of sks person",
+        "training_type": "full", "optimizer": "adamw", "resolution": f"{resolution[0]}x{resolution[1]}", **fields,
+    }), model)
 
 
 def gpu_machine(gpu_gib: float, host_gib: float, gpus: int = 1, disk_gib: float = 500) -> Hardware:
@@ -207,7 +199,7 @@ def test_a_folder_without_a_flux_transformer_is_refused(tmp_path: Path) -> None:
 
 def test_full_flux_dev_at_1024_on_8_gib_and_48_gib_host_is_refused_with_a_lora_alternative() -> None:
     with pytest.raises(FluxboothError) as caught:
-        choose_plan(FakeRequest(resolution=(1024, 1024)), gpu_machine(8, 48), model_size(FLUX_DEV_NAME))
+        choose_plan(request_spec(resolution=(1024, 1024)), gpu_machine(8, 48), model_size(FLUX_DEV_NAME))
     error = caught.value
     assert error.code is ErrorCode.DOES_NOT_FIT
     assert "host RAM" in error.message and "48.0 GiB" in error.message
@@ -216,7 +208,7 @@ def test_full_flux_dev_at_1024_on_8_gib_and_48_gib_host_is_refused_with_a_lora_a
 
 
 def test_the_same_job_on_80_gib_and_320_gib_host_gets_a_plan() -> None:
-    plan = choose_plan(FakeRequest(), gpu_machine(80, 320), model_size(FLUX_DEV_NAME))
+    plan = choose_plan(request_spec(), gpu_machine(80, 320), model_size(FLUX_DEV_NAME))
     assert plan.accelerator == "cuda"
     assert plan.training_type == "full"
     assert plan.predicted_gpu_bytes * 1.1 <= 80 * GIB
@@ -237,7 +229,7 @@ def test_zero2_with_cpu_offload_never_predicts_less_gpu_than_the_bf16_weights() 
 
 
 def test_the_tiny_model_on_cpu_gets_zero2_with_cpu_adam(tiny_model_dir: Path) -> None:
-    plan = choose_plan(FakeRequest(resolution=(64, 64)), cpu_machine(), model_size(str(tiny_model_dir)))
+    plan = choose_plan(request_spec(model_size(str(tiny_model_dir)), resolution=(64, 64)), cpu_machine(), model_size(str(tiny_model_dir)))
     assert (plan.accelerator, plan.num_processes) == ("cpu", 1)
     assert (plan.use_deepspeed, plan.zero_stage, plan.offload_optimizer, plan.offload_param) == (True, 2, "cpu", "none")
     assert plan.optimizer == "DeepSpeedCPUAdam"
@@ -246,13 +238,15 @@ def test_the_tiny_model_on_cpu_gets_zero2_with_cpu_adam(tiny_model_dir: Path) ->
 
 
 def test_without_deepspeed_the_plan_is_stage_0_without_offload(tiny_model_dir: Path) -> None:
-    plan = choose_plan(FakeRequest(resolution=(64, 64), use_deepspeed=False), cpu_machine(), model_size(str(tiny_model_dir)))
+    plan = choose_plan(
+        request_spec(model_size(str(tiny_model_dir)), resolution=(64, 64), use_deepspeed=False), cpu_machine(), model_size(str(tiny_model_dir))
+    )
     assert (plan.use_deepspeed, plan.zero_stage, plan.offload_optimizer, plan.offload_param) == (False, 0, "none", "none")
 
 
 def test_flux_dev_on_a_cpu_only_machine_is_refused_naming_the_missing_gpu_and_host_ram() -> None:
     with pytest.raises(FluxboothError) as caught:
-        choose_plan(FakeRequest(), cpu_machine(24), model_size(FLUX_DEV_NAME))
+        choose_plan(request_spec(), cpu_machine(24), model_size(FLUX_DEV_NAME))
     assert caught.value.code is ErrorCode.DOES_NOT_FIT
     assert "no GPU" in caught.value.message
     assert "24.0 GiB available" in caught.value.message
@@ -265,26 +259,27 @@ def test_the_real_training_request_is_accepted(tiny_model_dir: Path) -> None:
         {"model_name": "m", "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==", "instance_prompt": "a sks dog",
          "resolution": "64x64", "training_type": "lora", "lora_rank": 4}
     )
-    plan = choose_plan(request, cpu_machine(), model_size(str(tiny_model_dir)))
+    model = model_size(str(tiny_model_dir))
+    plan = choose_plan(job_spec(request, model), cpu_machine(), model)
     assert plan.training_type == "lora"
     assert plan.zero_stage == 2
 
 
 def test_a_requested_zero_stage_is_honoured_when_it_fits() -> None:
-    plan = choose_plan(FakeRequest(zero_stage=3), gpu_machine(80, 320), model_size(FLUX_DEV_NAME))
+    plan = choose_plan(request_spec(zero_stage=3), gpu_machine(80, 320), model_size(FLUX_DEV_NAME))
     assert plan.zero_stage == 3
 
 
 def test_a_requested_offload_that_does_not_fit_is_refused_not_overridden() -> None:
     with pytest.raises(FluxboothError) as caught:
-        choose_plan(FakeRequest(training_type="lora", offload="none"), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
+        choose_plan(request_spec(training_type="lora", offload="none"), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
     assert caught.value.code is ErrorCode.DOES_NOT_FIT
     assert "per GPU + 10 % headroom, has 8.0 GiB" in caught.value.message
 
 
 def test_nvme_offload_without_an_offload_path_is_refused() -> None:
     with pytest.raises(FluxboothError) as caught:
-        choose_plan(FakeRequest(offload="nvme"), gpu_machine(80, 256), model_size(FLUX_DEV_NAME))
+        choose_plan(request_spec(offload="nvme"), gpu_machine(80, 256), model_size(FLUX_DEV_NAME))
     assert caught.value.code is ErrorCode.DOES_NOT_FIT
     assert "FLUXBOOTH_NVME_PATH" in caught.value.message
 
@@ -306,8 +301,8 @@ def test_the_plan_names_the_optimizer_class_that_will_step(optimizer: str, offlo
 
 def test_optimizers_with_less_state_than_adam_are_predicted_to_need_less_host_memory() -> None:
     machine = gpu_machine(80, 512)
-    adam = choose_plan(FakeRequest(zero_stage=2, offload="cpu"), machine, model_size(FLUX_DEV_NAME))
-    sgd = choose_plan(FakeRequest(zero_stage=2, offload="cpu", optimizer="sgd"), machine, model_size(FLUX_DEV_NAME))
+    adam = choose_plan(request_spec(zero_stage=2, offload="cpu"), machine, model_size(FLUX_DEV_NAME))
+    sgd = choose_plan(request_spec(zero_stage=2, offload="cpu", optimizer="sgd"), machine, model_size(FLUX_DEV_NAME))
     # One fp32 state buffer fewer per trainable parameter: 4 bytes x 11.9 B parameters.
     assert adam.predicted_host_bytes - sgd.predicted_host_bytes == 4 * 11_901_408_320
 
@@ -322,31 +317,33 @@ def test_only_full_fine_tunes_consider_parameters_on_nvme() -> None:
 
 
 def test_lora_over_a_bf16_base_on_an_8_gib_card_streams_the_frozen_blocks_from_host_ram() -> None:
-    plan = choose_plan(FakeRequest(training_type="lora", base_precision="bf16"), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
+    plan = choose_plan(request_spec(training_type="lora", base_precision="bf16"), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
     assert (plan.zero_stage, plan.offload_param, plan.block_swap) == (2, "none", True)
     assert plan.cache_encoders_on_cpu
 
 
 def test_lora_over_a_bf16_base_on_an_8_gib_card_with_offload_none_keeps_it_on_the_gpu_and_is_refused() -> None:
     with pytest.raises(FluxboothError) as caught:
-        choose_plan(FakeRequest(training_type="lora", base_precision="bf16", offload="none"), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
+        choose_plan(request_spec(training_type="lora", base_precision="bf16", offload="none"), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
     assert caught.value.code is ErrorCode.DOES_NOT_FIT
 
 
 def test_a_big_card_trains_lora_without_offload() -> None:
-    plan = choose_plan(FakeRequest(training_type="lora"), gpu_machine(80, 256), model_size(FLUX_DEV_NAME))
+    plan = choose_plan(request_spec(training_type="lora"), gpu_machine(80, 256), model_size(FLUX_DEV_NAME))
     assert (plan.zero_stage, plan.offload_optimizer, plan.offload_param) == (2, "none", "none")
 
 
 def test_fp16_on_the_cpu_accelerator_becomes_bf16_with_a_warning(tiny_model_dir: Path) -> None:
-    plan = choose_plan(FakeRequest(resolution=(64, 64), mixed_precision="fp16"), cpu_machine(), model_size(str(tiny_model_dir)))
+    plan = choose_plan(
+        request_spec(model_size(str(tiny_model_dir)), resolution=(64, 64), mixed_precision="fp16"), cpu_machine(), model_size(str(tiny_model_dir))
+    )
     assert plan.mixed_precision == "bf16"
     assert any("fp16" in warning for warning in plan.warnings)
 
 
 def test_a_run_far_beyond_the_deadline_is_refused_with_the_affordable_steps() -> None:
     with pytest.raises(FluxboothError) as caught:
-        choose_plan(FakeRequest(steps=100_000), gpu_machine(80, 320), model_size(FLUX_DEV_NAME), deadline_seconds=3600)
+        choose_plan(request_spec(steps=100_000), gpu_machine(80, 320), model_size(FLUX_DEV_NAME), deadline_seconds=3600)
     assert caught.value.code is ErrorCode.DOES_NOT_FIT
     assert "beyond the job deadline" in caught.value.message
     assert "use about" in caught.value.message
@@ -355,13 +352,13 @@ def test_a_run_far_beyond_the_deadline_is_refused_with_the_affordable_steps() ->
 def test_a_run_close_to_the_deadline_is_warned() -> None:
     model = model_size(FLUX_DEV_NAME)
     hardware = gpu_machine(80, 320)
-    total = choose_plan(FakeRequest(steps=100), hardware, model).predicted_total_seconds
-    plan = choose_plan(FakeRequest(steps=100), hardware, model, deadline_seconds=total / 0.9)
+    total = choose_plan(request_spec(steps=100), hardware, model).predicted_total_seconds
+    plan = choose_plan(request_spec(steps=100), hardware, model, deadline_seconds=total / 0.9)
     assert any("close to the job deadline" in warning for warning in plan.warnings)
 
 
 def test_every_candidate_reports_the_contract_fields() -> None:
-    candidates = evaluate_candidates(FakeRequest(), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
+    candidates = evaluate_candidates(request_spec(), gpu_machine(8, 64), model_size(FLUX_DEV_NAME))
     for candidate in candidates:
         data = candidate.to_dict()
         for key in ("zero_stage", "offload_optimizer", "offload_param", "training_type", "fits", "gpu_bytes",
@@ -390,15 +387,16 @@ def test_prior_preservation_doubles_the_activation_batch() -> None:
 def test_a_request_without_lora_targets_is_planned_for_the_parameters_the_trainer_trains(tiny_model_dir: Path) -> None:
     from diffusers import FluxTransformer2DModel
 
-    from fluxbooth.configs import trainer_config_for
+    from fluxbooth.launch_files import trainer_config_for
     from fluxbooth.train.model import add_lora_adapter, trainable_parameters
 
     request = parse_request({"model_name": "m", "dataset_url": "https://example.com/d.zip", "instance_prompt": "a sks dog",
                              "base_model": str(tiny_model_dir), "lora_rank": 4, "resolution": 64})
     model = model_size(str(tiny_model_dir))
-    plan = choose_plan(request, cpu_machine(), model)
-    planned = pick(evaluate_candidates(as_job(request), cpu_machine(), model))
-    config = trainer_config_for(request, plan, base_model=str(tiny_model_dir), instance_dir=tiny_model_dir,
+    spec = job_spec(request, model)
+    plan = choose_plan(spec, cpu_machine(), model)
+    planned = pick(evaluate_candidates(as_job(spec), cpu_machine(), model))
+    config = trainer_config_for(spec, plan, base_model=str(tiny_model_dir), instance_dir=tiny_model_dir,
                                 class_dir=None, job_dir=tiny_model_dir)
     transformer = FluxTransformer2DModel.from_pretrained(tiny_model_dir, subfolder="transformer")
     add_lora_adapter(transformer, config.lora)
@@ -475,7 +473,7 @@ def test_a_refusal_names_the_smaller_job_that_would_fit() -> None:
     # LoRA at 1024^2 without checkpointing needs ≈40 GiB of activations beside 22 GiB of weights.
     with pytest.raises(FluxboothError) as caught:
         choose_plan(
-            FakeRequest(training_type="lora", gradient_checkpointing=False, zero_stage=2),
+            request_spec(training_type="lora", gradient_checkpointing=False, zero_stage=2),
             gpu_machine(40, 128),
             model_size(FLUX_DEV_NAME),
         )
@@ -490,7 +488,7 @@ def test_before_the_dataset_is_fetched_the_job_is_sized_for_the_dataset_cap() ->
     from fluxbooth.plan import as_job
     from fluxbooth.settings import DatasetLimits
 
-    assert as_job(FakeRequest()).num_instance_images == DatasetLimits().max_images
+    assert as_job(request_spec()).num_instance_images == DatasetLimits().max_images
 
 
 def test_cached_embeddings_grow_with_the_instance_image_count() -> None:
@@ -501,10 +499,10 @@ def test_cached_embeddings_grow_with_the_instance_image_count() -> None:
     strategy = Strategy("lora", True, 2, "none", "none")
     hardware = gpu_machine(80, 256)
     cached = {
-        images: estimate_memory(strategy, model, as_job(FakeRequest(), images), hardware, "bf16").breakdown["host.cached_embeddings"]
+        images: estimate_memory(strategy, model, as_job(request_spec(), images), hardware, "bf16").breakdown["host.cached_embeddings"]
         for images in (10, 20)
     }
-    per_image = cached_bytes(model, as_job(FakeRequest(), 1), 2)
+    per_image = cached_bytes(model, as_job(request_spec(), 1), 2)
     assert cached == {10: 10 * per_image, 20: 20 * per_image}
 
 
@@ -514,7 +512,7 @@ def test_cached_embeddings_grow_with_the_instance_image_count() -> None:
 def test_lora_targets_that_match_no_module_are_refused_listing_the_valid_names() -> None:
     with pytest.raises(FluxboothError) as caught:
         choose_plan(
-            FakeRequest(training_type="lora", lora_target_modules=["to_q", "q_proj", "attn.to_kk"]),
+            request_spec(training_type="lora", lora_target_modules=["to_q", "q_proj", "attn.to_kk"]),
             gpu_machine(80, 256),
             model_size(FLUX_DEV_NAME),
         )
@@ -530,7 +528,7 @@ def test_lora_targets_that_match_no_module_are_refused_listing_the_valid_names()
 def test_lora_targets_are_checked_against_a_local_models_own_configs(tiny_model_dir: Path) -> None:
     with pytest.raises(FluxboothError) as caught:
         choose_plan(
-            FakeRequest(training_type="lora", lora_target_modules=["linear_1", "not_a_layer"], resolution=(64, 64)),
+            request_spec(model_size(str(tiny_model_dir)), training_type="lora", lora_target_modules=["linear_1", "not_a_layer"], resolution=(64, 64)),
             cpu_machine(),
             model_size(str(tiny_model_dir)),
         )
@@ -540,7 +538,7 @@ def test_lora_targets_are_checked_against_a_local_models_own_configs(tiny_model_
 
 def test_lora_targets_that_all_match_are_planned() -> None:
     plan = choose_plan(
-        FakeRequest(training_type="lora", lora_target_modules=["attn.to_q", "proj_mlp", "context_embedder"]),
+        request_spec(training_type="lora", lora_target_modules=["attn.to_q", "proj_mlp", "context_embedder"]),
         gpu_machine(80, 256),
         model_size(FLUX_DEV_NAME),
     )
@@ -555,7 +553,7 @@ FULL_FINETUNE_HOST_QUOTE = re.compile(r"full fine-tune[^|]*?needs ≈(\d+) GiB o
 def test_a_full_fine_tunes_host_ram_is_what_the_planner_chooses_for_one_80_gib_card() -> None:
     # 290 GiB: room for ZeRO-3's offloaded optimizer, not for ZeRO-2's (whose pinned fp32 master, fp32 gradients
     # and bf16 staging buffer round up to 64 + 64 + 32 GiB).
-    plan = choose_plan(FakeRequest(training_type="full"), gpu_machine(80, 290), model_size(FLUX_DEV_NAME))
+    plan = choose_plan(request_spec(training_type="full"), gpu_machine(80, 290), model_size(FLUX_DEV_NAME))
     assert (plan.zero_stage, plan.offload_optimizer, plan.offload_param) == (3, "cpu", "none")
     assert plan.predicted_host_bytes == full_finetune_host_bytes()
 

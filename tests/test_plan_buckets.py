@@ -12,6 +12,8 @@ from fluxbooth.sizing import FLUX_DEV_NAME, model_size
 from fluxbooth.plan import JobShape, Strategy, as_job, choose_plan, seconds_per_step
 from fluxbooth.plan.timing import mixed_seconds_per_step
 from fluxbooth.request import parse_request
+from fluxbooth.spec import JobSpec
+from tests.specs import job_spec
 
 LORA_ZERO2 = Strategy("lora", True, 2, "none", "none")
 H100 = hypothetical_hardware(
@@ -20,10 +22,10 @@ H100 = hypothetical_hardware(
 )
 
 
-def request(**fields: Any) -> Any:
-    return parse_request(
+def request(**fields: Any) -> JobSpec:
+    return job_spec(parse_request(
         {"model_name": "sks", "dataset_url": "https://example.com/d.zip", "instance_prompt": "a photo of sks", **fields}
-    )
+    ))
 
 
 def test_before_the_dataset_memory_is_sized_for_the_largest_size() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from fluxbooth.cli import main
-from fluxbooth.configs import deepspeed_config, trainer_config_for, write_launch_files
+from fluxbooth.launch_files import deepspeed_config, trainer_config_for, write_launch_files
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import GIB, Hardware, hypothetical_hardware
 from fluxbooth.plan import choose_plan, estimate_memory, evaluate_candidates, model_size
@@ -26,6 +26,8 @@ from fluxbooth.plan.timing import host_link_bytes_per_second, step_terms
 from fluxbooth.plan.types import JobShape
 from fluxbooth.request import MAX_TIMEOUT_SECONDS, parse_request
 from fluxbooth.contract.names import FUSED_ADAFACTOR_CLASS, FUSED_ADAFACTOR_LEARNING_RATE
+from fluxbooth.spec import JobSpec
+from tests.specs import job_spec
 
 FLUX_DEV = "black-forest-labs/FLUX.1-dev"
 # An endpoint set up for hour-long jobs (execution timeout 3600 s, FLUXBOOTH_JOB_DEADLINE_SECONDS 3300).
@@ -39,18 +41,18 @@ def card(gpu_gib: float, host_gib: float, name: str, gpus: int = 1) -> Hardware:
     )
 
 
-def full_request(**fields: Any) -> Any:
-    """The guide's full fine-tune at 1024x1024, as the worker parses it (its optimizer left to the planner)."""
-    return parse_request(
+def full_spec(**fields: Any) -> JobSpec:
+    """The guide's full fine-tune at 1024x1024, as the worker resolves it (its optimizer left to the planner)."""
+    return job_spec(parse_request(
         {
             "model_name": "m", "dataset": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA==", "instance_prompt": "a photo of sks person",
             "training_type": "full", "resolution": "1024x1024", "steps": 1000, **fields,
         }
-    )
+    ))
 
 
 def plan_for(hardware: Hardware, deadline: float = MAX_TIMEOUT_SECONDS, **fields: Any) -> Any:
-    return choose_plan(full_request(**fields), hardware, model_size(FLUX_DEV), deadline_seconds=deadline)
+    return choose_plan(full_spec(**fields), hardware, model_size(FLUX_DEV), deadline_seconds=deadline)
 
 
 # ---- the RunPod tiers -----------------------------------------------------------------------------------
@@ -128,7 +130,7 @@ def test_the_24_gib_tier_with_32_gib_of_host_ram_is_refused_with_the_swapped_blo
 
 
 def test_the_80_gib_card_keeps_every_weight_on_the_gpu_though_swapping_would_fit() -> None:
-    candidates = evaluate_candidates(full_request(), card(80, 188, "H100 SXM"), model_size(FLUX_DEV))
+    candidates = evaluate_candidates(full_spec(), card(80, 188, "H100 SXM"), model_size(FLUX_DEV))
     (swapped,) = [c for c in candidates if c.strategy == FUSED_SWAP_STRATEGY]
 
     plan = plan_for(card(80, 188, "H100 SXM"))
@@ -252,13 +254,13 @@ def test_the_plan_command_passes_fused_backward_pass_false_to_the_planner(tmp_pa
 
 
 def test_several_gpus_get_no_fused_candidate() -> None:
-    candidates = evaluate_candidates(full_request(), card(80, 512, "H100 SXM", gpus=2), model_size(FLUX_DEV))
+    candidates = evaluate_candidates(full_spec(), card(80, 512, "H100 SXM", gpus=2), model_size(FLUX_DEV))
 
     assert not any(candidate.strategy.fused_backward_pass for candidate in candidates)
 
 
 def test_a_lora_request_shows_the_fused_full_fine_tune_as_an_alternative() -> None:
-    lora = full_request(training_type="lora")
+    lora = full_spec(training_type="lora")
 
     candidates = evaluate_candidates(lora, card(80, 188, "H100 SXM"), model_size(FLUX_DEV))
 
@@ -315,10 +317,10 @@ def test_the_planners_adafactor_state_is_what_the_trainers_optimizer_holds_on_th
 
 
 def test_a_fused_plan_becomes_a_fused_adafactor_train_json_without_a_deepspeed_config(tmp_path: Path) -> None:
-    request = full_request()
+    spec = full_spec()
     plan = plan_for(card(80, 188, "H100 SXM"))
 
-    trainer = trainer_config_for(request, plan, base_model="base", instance_dir=tmp_path / "i", class_dir=None, job_dir=tmp_path)
+    trainer = trainer_config_for(spec, plan, base_model="base", instance_dir=tmp_path / "i", class_dir=None, job_dir=tmp_path)
     files = write_launch_files(tmp_path, plan, trainer)
 
     assert (trainer.fused_backward_pass, trainer.optimizer, trainer.training_type) == (True, "adafactor", "full")
@@ -328,19 +330,19 @@ def test_a_fused_plan_becomes_a_fused_adafactor_train_json_without_a_deepspeed_c
 
 
 def test_an_explicit_learning_rate_is_kept_under_the_fused_pass(tmp_path: Path) -> None:
-    request = full_request(learning_rate=2e-6)
+    spec = full_spec(learning_rate=2e-6)
     plan = plan_for(card(80, 188, "H100 SXM"), learning_rate=2e-6)
 
-    trainer = trainer_config_for(request, plan, base_model="base", instance_dir=tmp_path / "i", class_dir=None, job_dir=tmp_path)
+    trainer = trainer_config_for(spec, plan, base_model="base", instance_dir=tmp_path / "i", class_dir=None, job_dir=tmp_path)
 
     assert trainer.learning_rate == 2e-6
 
 
 def test_a_deepspeed_plan_keeps_its_optimizer_and_no_fused_pass(tmp_path: Path) -> None:
-    request = full_request(optimizer="adamw")
+    spec = full_spec(optimizer="adamw")
     plan = plan_for(card(80, 384, "H100 SXM"), optimizer="adamw")
 
-    trainer = trainer_config_for(request, plan, base_model="base", instance_dir=tmp_path / "i", class_dir=None, job_dir=tmp_path)
+    trainer = trainer_config_for(spec, plan, base_model="base", instance_dir=tmp_path / "i", class_dir=None, job_dir=tmp_path)
 
     assert (trainer.fused_backward_pass, trainer.optimizer) == (False, "adamw")
     assert deepspeed_config(plan, trainer)["optimizer"]["type"] == "AdamW"

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from tests.factories import make_dataset_zip, to_base64
+from tests.specs import job_spec
 
 from fluxbooth.contract.buckets import Resolution
 from fluxbooth.errors import ErrorCode, FluxboothError
@@ -121,23 +122,23 @@ def test_defaults_follow_the_design(dataset_b64: str) -> None:
 
 
 def test_effective_learning_rate_defaults_to_2e_6_for_full_fine_tune(dataset_b64: str) -> None:
-    assert parse_request(minimal(dataset_b64, training_type="full")).effective_learning_rate == 2e-6
+    assert job_spec(parse_request(minimal(dataset_b64, training_type="full"))).learning_rate == 2e-6
 
 
 def test_effective_learning_rate_defaults_to_1e_4_for_lora(dataset_b64: str) -> None:
-    assert parse_request(minimal(dataset_b64)).effective_learning_rate == 1e-4
+    assert job_spec(parse_request(minimal(dataset_b64))).learning_rate == 1e-4
 
 
 def test_explicit_learning_rate_wins_over_the_default(dataset_b64: str) -> None:
     request = parse_request(minimal(dataset_b64, training_type="lora", learning_rate=5e-5))
 
-    assert request.effective_learning_rate == 5e-5
+    assert job_spec(request).learning_rate == 5e-5
 
 
 def test_lora_alpha_defaults_to_the_rank(dataset_b64: str) -> None:
     request = parse_request(minimal(dataset_b64, training_type="lora", lora_rank=32))
 
-    assert request.effective_lora_alpha == 32.0
+    assert job_spec(request).lora.alpha == 32.0
 
 
 def test_dataset_url_alone_is_accepted() -> None:
@@ -541,7 +542,7 @@ def test_a_rate_that_suits_lora_gets_no_warning(dataset_b64: str) -> None:
 def test_the_guides_full_fine_tune_rate_under_lora_is_used_with_a_warning(dataset_b64: str) -> None:
     request = parse_request(guide_basic_request(dataset_b64))
 
-    assert (request.training_type, request.effective_learning_rate) == ("lora", 2e-6)
+    assert (request.training_type, job_spec(request).learning_rate) == ("lora", 2e-6)
     assert (
         "learning_rate 2e-06 is low for a LoRA (suitable: 1e-05 to 0.001); it is used as given — remove "
         "learning_rate to get the default 0.0001"

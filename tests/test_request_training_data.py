@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fluxbooth.configs import trainer_config_for
+from fluxbooth.launch_files import trainer_config_for
 from fluxbooth.request import parse_request
+from tests.specs import job_spec
 from tests.test_configs import GUIDE_DEFAULT_PLAN
 from tests.test_request import minimal, refusal
 
@@ -27,7 +28,7 @@ def test_the_trigger_word_is_trimmed_and_reaches_the_trainer(dataset_b64: str, t
     request = parse_request(minimal(dataset_b64, trigger_word="  sks "))
 
     config = trainer_config_for(
-        request, GUIDE_DEFAULT_PLAN, base_model="/models/flux", instance_dir=tmp_path, class_dir=None, job_dir=tmp_path
+        job_spec(request), GUIDE_DEFAULT_PLAN, base_model="/models/flux", instance_dir=tmp_path, class_dir=None, job_dir=tmp_path
     )
 
     assert (request.trigger_word, config.trigger_word) == ("sks", "sks")
@@ -104,7 +105,7 @@ def test_caption_dropout_from_0_to_1_reaches_the_trainer(dataset_b64: str, tmp_p
     request = parse_request(minimal(dataset_b64, caption_dropout=share))
 
     config = trainer_config_for(
-        request, GUIDE_DEFAULT_PLAN, base_model="/models/flux", instance_dir=tmp_path, class_dir=None, job_dir=tmp_path
+        job_spec(request), GUIDE_DEFAULT_PLAN, base_model="/models/flux", instance_dir=tmp_path, class_dir=None, job_dir=tmp_path
     )
 
     assert config.caption_dropout == share
@@ -129,7 +130,7 @@ def test_caption_dropout_outside_0_to_1_is_refused(dataset_b64: str, share: obje
 def trainer_config(dataset_b64: str, tmp_path: Path, **fields: object) -> object:
     request = parse_request(minimal(dataset_b64, **fields))
     return trainer_config_for(
-        request, GUIDE_DEFAULT_PLAN, base_model="/models/flux", instance_dir=tmp_path, class_dir=None, job_dir=tmp_path
+        job_spec(request), GUIDE_DEFAULT_PLAN, base_model="/models/flux", instance_dir=tmp_path, class_dir=None, job_dir=tmp_path
     )
 
 
@@ -179,6 +180,6 @@ def test_an_ema_is_planned_as_an_fp32_copy_of_the_trained_weights_in_host_ram(da
     hardware = hypothetical_hardware(gpus=1, gpu_memory_bytes=80 * GIB, host_memory_bytes=256 * GIB, disk_bytes=500 * GIB)
     strategy, model = Strategy("lora", True, 2, "none", "none"), model_size(FLUX_DEV_NAME)
 
-    estimate = estimate_memory(strategy, model, as_job(parse_request(minimal(dataset_b64, ema_decay=0.99)), 10), hardware, "bf16")
+    estimate = estimate_memory(strategy, model, as_job(job_spec(parse_request(minimal(dataset_b64, ema_decay=0.99))), 10), hardware, "bf16")
 
     assert estimate.breakdown["host.ema_shadow"] == 4 * estimate.breakdown["trainable_params"]

@@ -5,15 +5,16 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from fluxbooth.configs import trainer_config_for
-from fluxbooth.request import parse_request
-from fluxbooth.contract.names import sampling_defaults
 from fluxbooth.contract.trainer_config import TrainerConfig
+from fluxbooth.launch_files import trainer_config_for
+from fluxbooth.sizing import FLUX_DEV_NAME, FLUX_SCHNELL_NAME, model_size
+from fluxbooth.request import parse_request
 from tests.factories import make_dataset_zip, to_base64
+from tests.specs import job_spec
 from tests.test_configs import GUIDE_DEFAULT_PLAN
 
 
-def config_for(job_dir: Path, **keywords: object) -> TrainerConfig:
+def config_for(job_dir: Path, base_model_name: str = FLUX_DEV_NAME, **keywords: object) -> TrainerConfig:
     request = parse_request(
         {"model_name": "sks-dog", "dataset": to_base64(make_dataset_zip(count=3)), "instance_prompt": "a photo of sks dog"}
     )
@@ -21,7 +22,8 @@ def config_for(job_dir: Path, **keywords: object) -> TrainerConfig:
         "base_model": "/models/flux", "instance_dir": job_dir / "data" / "instance", "class_dir": None, "job_dir": job_dir,
     }
     plan = keywords.pop("plan", GUIDE_DEFAULT_PLAN)
-    return trainer_config_for(request, plan, **{**arguments, **keywords})  # type: ignore[arg-type]
+    spec = job_spec(request, model_size(base_model_name))
+    return trainer_config_for(spec, plan, **{**arguments, **keywords})  # type: ignore[arg-type]
 
 
 def test_generated_class_images_are_cached_where_the_worker_says(tmp_path: Path) -> None:
@@ -46,21 +48,13 @@ def sampling_of(config: TrainerConfig) -> tuple[object, ...]:
     return (config.max_sequence_length, config.validation_inference_steps, config.validation_guidance_scale, config.class_image_inference_steps)
 
 
-def test_the_worker_leaves_t5_length_and_sampling_to_the_model(tmp_path: Path) -> None:
-    assert sampling_of(config_for(tmp_path / "job")) == (None, None, None, None)
+def test_the_worker_writes_the_t5_length_and_sampling_of_the_model(tmp_path: Path) -> None:
+    assert None not in sampling_of(config_for(tmp_path / "job"))
 
 
-def test_sampling_left_to_a_model_with_guidance_embedding_follows_flux_dev(tmp_path: Path) -> None:
-    config = config_for(tmp_path / "job").with_sampling_defaults(sampling_defaults({"guidance_embeds": True}))
-    assert sampling_of(config) == (512, 28, 3.5, 28)
+def test_sampling_of_a_model_with_guidance_embedding_follows_flux_dev(tmp_path: Path) -> None:
+    assert sampling_of(config_for(tmp_path / "job", FLUX_DEV_NAME)) == (512, 28, 3.5, 28)
 
 
-def test_sampling_left_to_a_model_without_guidance_embedding_follows_flux_schnell(tmp_path: Path) -> None:
-    config = config_for(tmp_path / "job").with_sampling_defaults(sampling_defaults({"guidance_embeds": False}))
-    assert sampling_of(config) == (256, 4, 0.0, 4)
-
-
-def test_sampling_set_in_train_json_is_kept_whatever_the_model(tmp_path: Path) -> None:
-    config = replace(config_for(tmp_path / "job"), max_sequence_length=128, validation_inference_steps=8)
-    filled = config.with_sampling_defaults(sampling_defaults({"guidance_embeds": False}))
-    assert sampling_of(filled) == (128, 8, 0.0, 4)
+def test_sampling_of_a_model_without_guidance_embedding_follows_flux_schnell(tmp_path: Path) -> None:
+    assert sampling_of(config_for(tmp_path / "job", FLUX_SCHNELL_NAME)) == (256, 4, 0.0, 4)

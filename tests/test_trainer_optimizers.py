@@ -48,7 +48,7 @@ def test_zero1_with_optimizer_offload_trains(tiny_base: Path, tmp_path: Path) ->
 
 
 # The worker's default plan (full fine-tune, ZeRO-2, optimizer offloaded to the CPU, bf16) with the DeepSpeed JSON
-# configs.py writes for each name: DeepSpeed's CPU kernels for its block types (the first run builds each CPU op:
+# launch_files.py writes for each name: DeepSpeed's CPU kernels for its block types (the first run builds each CPU op:
 # minutes), the torch optimizer itself for the others. adamw and sgd run in the warm-up tests below; adam is
 # adamw's kernel with adam_w_mode off (tests/test_configs.py).
 @pytest.mark.parametrize(
@@ -101,7 +101,7 @@ def test_unknown_optimizer_is_refused_with_the_supported_names(tiny_base: Path, 
 
 
 def launch_with_deepspeed_json(job: TrainerJob, edit: Any) -> TrainerRun:
-    """Launch `job` with the DeepSpeed JSON configs.py writes, changed by `edit` (a hand-written JSON)."""
+    """Launch `job` with the DeepSpeed JSON launch_files.py writes, changed by `edit` (a hand-written JSON)."""
     files = job.write()
     deepspeed_json = read_json(files.deepspeed_config)
     edit(deepspeed_json)

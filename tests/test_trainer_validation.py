@@ -14,6 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from fluxbooth.sizing import model_size
+from fluxbooth.spec import model_sampling
 from tests.trainer_jobs import (
     LORA_FORMATS,
     TrainerRun,
@@ -257,11 +259,13 @@ def schnell_like_base(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory)
 def schnell_comfyui_lora(schnell_like_base: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainerRun:
     root = tmp_path_factory.mktemp("schnell-comfyui")
     make_images(root / "class", 2, seed=5)
+    sampling = model_sampling(model_size(str(schnell_like_base)))
     job = new_job(
         root / "job", schnell_like_base, plan=make_plan(training_type="lora"), steps=2, export_formats=("comfyui",),
         with_prior_preservation=True, class_dir=str(root / "class"), validation_prompts=("a sks dog in the snow",),
-        # Left to the model, as the worker leaves them.
-        max_sequence_length=None, validation_inference_steps=None, validation_guidance_scale=None,
+        # As the job spec resolves them for this model.
+        max_sequence_length=sampling.max_sequence_length, validation_inference_steps=sampling.inference_steps,
+        validation_guidance_scale=sampling.guidance_scale,
     )
     run = job.launch()
     assert_succeeded(run)

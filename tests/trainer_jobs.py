@@ -1,5 +1,5 @@
 """Building and launching real trainer jobs for tests: a tiny FLUX base model, a generated dataset,
-the launch files written by `fluxbooth.configs` (exactly what the worker writes), and `accelerate
+the launch files written by `fluxbooth.launch_files` (exactly what the worker writes), and `accelerate
 launch` of `fluxbooth.train` with the environment the worker gives it (DeepSpeed on the CPU)."""
 
 from __future__ import annotations
@@ -16,14 +16,18 @@ import numpy as np
 import yaml
 from PIL import Image
 
-from fluxbooth.configs import child_environment, write_launch_files
+from fluxbooth.launch_files import child_environment, write_launch_files
 from fluxbooth.contract.events import event_payload, parse_event
 from fluxbooth.launch import trainer_command
 from fluxbooth.plan import Plan
+from fluxbooth.contract.buckets import Resolution
+from fluxbooth.contract.names import GUIDANCE_DISTILLED_SAMPLING
 from fluxbooth.contract.trainer_config import LoraSettings, TrainerConfig
+from fluxbooth.sizing import model_size
+from fluxbooth.spec import model_sampling
 
 LAUNCH_TIMEOUT_SECONDS = 600
-RESOLUTION = (64, 64)
+RESOLUTION = Resolution(fixed=(64, 64))
 # Small rank and a few targets keep LoRA runs fast; the exports still cover fused and single layers.
 TEST_LORA = LoraSettings(rank=4, alpha=8.0)
 
@@ -74,6 +78,13 @@ def make_plan(
     )
 
 
+def guidance_scale_of(base_model: Path) -> float:
+    """The validation guidance scale the job spec resolves for `base_model` (a folder that is never loaded: dev's)."""
+    if not Path(base_model).is_dir():
+        return GUIDANCE_DISTILLED_SAMPLING.guidance_scale
+    return model_sampling(model_size(str(base_model))).guidance_scale
+
+
 def make_trainer_config(job_dir: Path, base_model: Path, plan: Plan, **overrides: Any) -> TrainerConfig:
     config = TrainerConfig(
         base_model=str(base_model),
@@ -103,6 +114,7 @@ def make_trainer_config(job_dir: Path, base_model: Path, plan: Plan, **overrides
         export_formats=("diffusers",),
         max_sequence_length=32,
         validation_inference_steps=2,
+        validation_guidance_scale=guidance_scale_of(base_model),
         class_image_inference_steps=2,
     )
     return replace(config, **overrides)

@@ -26,10 +26,12 @@ from urllib.parse import urlsplit
 import yaml
 from botocore.exceptions import BotoCoreError, ClientError
 
-from fluxbooth.configs import DEBUG_ONLY_ENV, child_environment, write_launch_files
+from fluxbooth.contract.buckets import Resolution
+from fluxbooth.contract.names import GUIDANCE_DISTILLED_SAMPLING
 from fluxbooth.contract.trainer_config import TrainerConfig
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import GIB, Hardware, format_bytes, probe_hardware
+from fluxbooth.launch_files import DEBUG_ONLY_ENV, child_environment, write_launch_files
 from fluxbooth.model_source import ModelPlaces, how_to_provide, local_model_folder, locate_hub_model
 from fluxbooth.plan import JobShape, Plan, choose_plan, model_size
 from fluxbooth.redaction import Redactor
@@ -348,7 +350,7 @@ def write_and_reread_configs(plan: Any, job_dir: Path, work_dir: Path) -> CheckR
         with_prior_preservation=False,
         prior_loss_weight=1.0,
         num_class_images=0,
-        resolution=(512, 512),
+        resolution=Resolution(fixed=(512, 512)),
         training_type=plan.training_type,
         steps=10,
         learning_rate=1e-5,
@@ -360,6 +362,10 @@ def write_and_reread_configs(plan: Any, job_dir: Path, work_dir: Path) -> CheckR
         zero_stage=plan.zero_stage,
         offload_optimizer=plan.offload_optimizer,
         offload_param=plan.offload_param,
+        max_sequence_length=GUIDANCE_DISTILLED_SAMPLING.max_sequence_length,
+        validation_inference_steps=GUIDANCE_DISTILLED_SAMPLING.inference_steps,
+        validation_guidance_scale=GUIDANCE_DISTILLED_SAMPLING.guidance_scale,
+        class_image_inference_steps=GUIDANCE_DISTILLED_SAMPLING.inference_steps,
     )
     try:
         files = write_launch_files(job_dir, plan, trainer)

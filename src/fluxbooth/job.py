@@ -26,7 +26,6 @@ from fluxbooth.checkpoints import (
     trainer_checkpoint_root, with_resume_hint,
 )
 from fluxbooth.clock import JobClock
-from fluxbooth.configs import child_environment, trainer_config_for, write_launch_files
 from fluxbooth.contract.events import TrainerEvent, WarningEvent
 from fluxbooth.contract.trainer_config import TrainerConfig
 from fluxbooth.dataset import PreparedDataset, prepare_dataset
@@ -34,9 +33,10 @@ from fluxbooth.dataset.controls import check_validation_images_used, fetch_valid
 from fluxbooth.deadline import stopped_for_deadline, trainer_deadline, trainer_stop_time
 from fluxbooth.disk_space import ensure_disk_for_training
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.families import default_lora_targets_of, family_named
+from fluxbooth.families import family_named
 from fluxbooth.hardware import nvme_root, probe_hardware
 from fluxbooth.launch import classify_outcome, run_trainer, trainer_command
+from fluxbooth.launch_files import child_environment, trainer_config_for, write_launch_files
 from fluxbooth.model_source import (
     download_base_model, ensure_room_to_download, pending_download_bytes, resolve_base_model,
 )
@@ -49,6 +49,7 @@ from fluxbooth.report import ReportInputs, make_report, report_artifacts, sheet_
 from fluxbooth.request import TrainingRequest, parse_request
 from fluxbooth.result import JobResult
 from fluxbooth.settings import WorkerSettings
+from fluxbooth.spec import resolve_job_spec
 from fluxbooth.storage import local_output_warning, require_usable_storage
 from fluxbooth.threads import in_thread
 from fluxbooth.upload import upload_artifacts
@@ -84,7 +85,6 @@ async def _plan_job(
     warnings = list(request.warnings())
     for warning in warnings:
         logger.warning("job %s: %s", job_id, warning)
-    deadline = float(request.timeout_seconds or settings.job_deadline_seconds)
     require_usable_storage(settings)
 
     with stages.stage("plan"):
@@ -99,10 +99,12 @@ async def _plan_job(
         hardware = await in_thread(probe_hardware, job_dir, settings.environ)
         # Sizing and planning take a while for a big model (its configs are bounded first): off the event loop.
         size = await in_thread(model_size, str(model.folder))
+        spec = resolve_job_spec(request, size, settings)
+        deadline = float(spec.deadline_seconds)
         # Before the dataset is fetched its size is unknown: planned for the fewest images a dataset may hold, so
         # only a job that no dataset could make fit is refused here. replan_for_dataset sizes it for the real one.
         plan = await in_thread(functools.partial(
-            choose_plan, request, hardware, size, deadline_seconds=deadline,
+            choose_plan, spec, hardware, size, deadline_seconds=deadline,
             instance_images=settings.dataset_limits.min_images, download_bytes=pending_download_bytes(model),
             transfer_rates=settings.transfer_rates,
         ))
@@ -112,7 +114,7 @@ async def _plan_job(
             is_live = functools.partial(attempt_is_live, settings.work_root)
             for stale in await in_thread(remove_stale_swap_dirs, Path(plan.nvme_path), is_live):
                 logger.warning("job %s: removed a stale DeepSpeed swap folder %s", job_id, stale)
-    return PlannedJob(request, model, size, hardware, with_job_swap_dir(plan, job_dir), deadline, started,
+    return PlannedJob(request, spec, model, size, hardware, with_job_swap_dir(plan, job_dir), deadline, started,
                       resume_checkpoint, warnings, transfer_rates=settings.transfer_rates)
 
 
@@ -122,10 +124,8 @@ async def _trainer_config(
 ) -> TrainerConfig:
     """The trainer's config, with the checkpoint to resume from downloaded to a local folder."""
     trainer = trainer_config_for(
-        job.request, job.plan, base_model=base_model, instance_dir=dataset.instance_dir,
+        job.spec, job.plan, base_model=base_model, instance_dir=dataset.instance_dir,
         class_dir=dataset.class_dir, job_dir=job_dir, class_image_cache_dir=settings.cache_dir / "class-images",
-        base_model_name=job.request.base_model or settings.default_base_model,
-        default_lora_targets=default_lora_targets_of(Path(base_model)),
         control_dir=dataset.control_dir, validation_images=validation_images,
     )
     resume_folder = None
@@ -150,11 +150,11 @@ async def _train(
     extensions = settings.environ.get("TORCH_EXTENSIONS_DIR") or settings.cache_dir / "torch_extensions"
     env = child_environment(
         job.plan, settings.environ, cpu_count=job.hardware.cpu_count, torch_extensions_dir=Path(extensions),
-        debug=job.request.debug,
+        debug=job.spec.debug,
     )
     deadline_seconds = trainer_deadline(job)
     # Until the trainer's first event: `accelerate launch` starting the trainer (imports, process group).
-    stages.reporter.stage("launch", steps=job.request.steps)
+    stages.reporter.stage("launch", steps=job.spec.steps)
     uploader = checkpoint_uploader(trainer, settings, job.request.model_name, job_dir)
 
     def on_trainer_event(event: TrainerEvent) -> None:

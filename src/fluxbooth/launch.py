@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 import psutil
 
-from fluxbooth.configs import LaunchFiles, threads_per_process
+from fluxbooth.launch_files import LaunchFiles, threads_per_process
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.contract.events import DoneEvent, ErrorEvent, StageEvent, StepEvent, TrainerEvent, event_payload, parse_event
 from fluxbooth.hardware import format_bytes

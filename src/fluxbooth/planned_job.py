@@ -15,6 +15,7 @@ from fluxbooth.model_source import ResolvedModel, pending_download_bytes
 from fluxbooth.sizing import ModelSize
 from fluxbooth.plan import Plan, choose_plan
 from fluxbooth.settings import TransferRates
+from fluxbooth.spec import JobSpec
 
 if TYPE_CHECKING:
     from fluxbooth.checkpoints import StoredCheckpoint
@@ -29,6 +30,8 @@ class PlannedJob:
     own to it."""
 
     request: TrainingRequest
+    # The request resolved for the sized base model: what the planner and the trainer's config read.
+    spec: JobSpec
     model: ResolvedModel
     size: ModelSize
     hardware: Hardware
@@ -53,7 +56,7 @@ def replan_for_dataset(job: PlannedJob, dataset: PreparedDataset, job_dir: Path)
     with its numbers while no GPU time has been spent. The job as first planned is left as it was."""
     left = job.deadline - (time.monotonic() - job.started)
     plan = choose_plan(
-        job.request, job.hardware, job.size, deadline_seconds=left, instance_images=dataset.instance_images,
+        job.spec, job.hardware, job.size, deadline_seconds=left, instance_images=dataset.instance_images,
         bucket_mix=dataset.bucket_mix, download_bytes=pending_download_bytes(job.model), transfer_rates=job.transfer_rates,
     )
     # The first plan's warnings stand for the guesses it made; this one's say what will run.

@@ -17,6 +17,7 @@ from fluxbooth.sizing import ModelSize
 from fluxbooth.plan import JobShape, as_job, check_job, choose_plan, evaluate_candidates, model_size, pick
 from fluxbooth.request import TrainingRequest
 from fluxbooth.settings import TransferRates, WorkerSettings
+from fluxbooth.spec import JobSpec, resolve_job_spec
 
 SECONDS_PER_HOUR = 3600
 COST_DECIMALS = 4  # a tiny job costs fractions of a cent
@@ -62,7 +63,7 @@ def predicted_cost(predicted_seconds: float, price_per_hour: float) -> dict[str,
 
 
 def plan_report(
-    request: Any,
+    spec: JobSpec,
     *,
     hardware: Hardware,
     model: ModelSize,
@@ -75,14 +76,14 @@ def plan_report(
     download_bytes: int = 0,
     transfer_rates: TransferRates | None = None,
 ) -> dict[str, Any]:
-    """Every strategy for `request` (a validated TrainingRequest) on `hardware`, and the chosen plan: the
+    """Every strategy for the job `spec` on `hardware`, and the chosen plan: the
     phases' peaks and times, the estimated run, the cost when `price_per_hour` is set. A job nothing fits, or
     one the deadline check refuses, has `plan` None and the `does_not_fit` error in `error`. The report names the
     image count it planned for and where it came from (`instance_images_source`: the dataset's zip, its URL,
     the worker's cap, or the `--instance-images` flag)."""
     # The base model's pending download and the upload are phases of the run like the others.
     job = replace(
-        as_job(request, instance_images), download_bytes=download_bytes, transfer_rates=transfer_rates or TransferRates()
+        as_job(spec, instance_images), download_bytes=download_bytes, transfer_rates=transfer_rates or TransferRates()
     )
     check_job(job, model)
     candidates = evaluate_candidates(job, hardware, model)
@@ -101,7 +102,7 @@ def plan_report(
         "deadline_seconds": deadline_seconds,
         "deadline_source": deadline_source,
         "candidates": [candidate.to_dict() for candidate in candidates],
-        "warnings": list(request.warnings()),
+        "warnings": list(spec.warnings),
     }
     try:
         plan = choose_plan(job, hardware, model, deadline_seconds=deadline_seconds)
@@ -121,7 +122,7 @@ def plan_report(
 
 
 def dry_run_answer(
-    request: Any, settings: WorkerSettings, *, hardware: Hardware, model: ModelSize, dataset: DatasetCount,
+    spec: JobSpec, settings: WorkerSettings, *, hardware: Hardware, model: ModelSize, dataset: DatasetCount,
     download_bytes: int = 0,
 ) -> dict[str, Any]:
     """What a `dry_run` job answers: the report above for this worker, with the endpoint's price, planned for
@@ -130,13 +131,13 @@ def dry_run_answer(
     download. A job that nothing fits, or that the deadline check refuses, is refused as the real job would be
     (`does_not_fit`), the report in its details."""
     report = plan_report(
-        request,
+        spec,
         hardware=hardware,
         model=model,
         instance_images=dataset.instance_images,
         instance_images_source=dataset.source,
-        deadline_seconds=request.timeout_seconds or settings.job_deadline_seconds,
-        deadline_source="timeout_seconds" if request.timeout_seconds else "FLUXBOOTH_JOB_DEADLINE_SECONDS",
+        deadline_seconds=spec.deadline_seconds,
+        deadline_source="timeout_seconds" if spec.deadline_from_request else "FLUXBOOTH_JOB_DEADLINE_SECONDS",
         price_per_hour=settings.price_per_hour,
         download_bytes=download_bytes,
         transfer_rates=settings.transfer_rates,
@@ -145,7 +146,7 @@ def dry_run_answer(
     refusal = report.pop("error")
     if refusal is not None:
         raise FluxboothError(ErrorCode.DOES_NOT_FIT, refusal["message"], details={"plan_report": report})
-    return {"model_name": request.model_name, "dry_run": True, **report}
+    return {"model_name": spec.model_name, "dry_run": True, **report}
 
 
 def quote_job(request: TrainingRequest, settings: WorkerSettings, job_dir: Path) -> dict[str, Any]:
@@ -154,8 +155,8 @@ def quote_job(request: TrainingRequest, settings: WorkerSettings, job_dir: Path)
     model = resolve_base_model(request.base_model, settings, request.base_model_revision)
     dataset = count_dataset(request, settings.dataset_limits)
     job_dir.mkdir(parents=True, exist_ok=True)
+    size = model_size(str(model.folder))
     return dry_run_answer(
-        request, settings, hardware=probe_hardware(job_dir, settings.environ), model=model_size(str(model.folder)),
-        dataset=dataset,
-        download_bytes=pending_download_bytes(model),
+        resolve_job_spec(request, size, settings), settings, hardware=probe_hardware(job_dir, settings.environ),
+        model=size, dataset=dataset, download_bytes=pending_download_bytes(model),
     )

@@ -47,8 +47,8 @@ from fluxbooth.contract.names import (
 # fluxbooth.plan.full_finetune_host_bytes), and with Adafactor fused into the backward pass (bf16 weights) it
 # needs a 48 or 80 GiB card.
 DEFAULT_TRAINING_TYPE = "lora"
-DEFAULT_FULL_LEARNING_RATE = 2e-6
-DEFAULT_LORA_LEARNING_RATE = 1e-4
+# The learning rate of a request that names none, by training type (the job spec fills it in).
+DEFAULT_LEARNING_RATES = {"lora": 1e-4, "full": 2e-6}
 # Learning rates that suit each training type (Adam-family optimizers): outside them an explicit rate is
 # accepted with a warning. A LoRA's low-rank update starts at zero and needs 1e-5..1e-3 to move (diffusers'
 # FLUX DreamBooth LoRA recipe: 1e-4); a full fine-tune moves 12 B pretrained weights and diverges above ~1e-5.
@@ -485,16 +485,6 @@ class TrainingRequest(BaseModel):
             for conflict in conflicts
         ]
 
-    @property
-    def effective_learning_rate(self) -> float:
-        if self.learning_rate is not None:
-            return self.learning_rate
-        return DEFAULT_LORA_LEARNING_RATE if self.training_type == "lora" else DEFAULT_FULL_LEARNING_RATE
-
-    @property
-    def effective_lora_alpha(self) -> float:
-        return float(self.lora_rank) if self.lora_alpha is None else self.lora_alpha
-
     def _learning_rate_warnings(self) -> list[str]:
         # The ranges are Adam's; Lion, Adagrad, SGD and Adafactor are tuned on other scales.
         if self.learning_rate is None or self.optimizer not in ADAM_FAMILY:
@@ -502,7 +492,7 @@ class TrainingRequest(BaseModel):
         low, high = SUITABLE_LEARNING_RATES[self.training_type]
         if low <= self.learning_rate <= high:
             return []
-        default = DEFAULT_LORA_LEARNING_RATE if self.training_type == "lora" else DEFAULT_FULL_LEARNING_RATE
+        default = DEFAULT_LEARNING_RATES[self.training_type]
         kind = "a LoRA" if self.training_type == "lora" else "a full fine-tune"
         direction = "low" if self.learning_rate < low else "high"
         return [

@@ -78,6 +78,14 @@ class Resolution:
             return f"{self.fixed[0]}x{self.fixed[1]}"
         return list(self.sizes)
 
+    @classmethod
+    def from_json(cls, value: str | list[int]) -> Resolution:
+        """What `to_json` wrote: "WxH" a fixed shape, a list the bucket sizes (train.json carries it so)."""
+        if isinstance(value, str):
+            width, _, height = value.partition("x")
+            return cls(fixed=(int(width), int(height)))
+        return cls(sizes=tuple(int(size) for size in value))
+
     def describe(self) -> str:
         if self.fixed is not None:
             return f"{self.fixed[0]}x{self.fixed[1]}"

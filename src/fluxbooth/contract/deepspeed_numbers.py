@@ -1,4 +1,4 @@
-"""Every number written into the DeepSpeed JSON, in one place: configs.py writes them and the planner
+"""Every number written into the DeepSpeed JSON, in one place: launch_files.py writes them and the planner
 (`fluxbooth.plan.memory`) counts the memory they cost. Torch-free and import-free on purpose, so both
 sides can import it without importing each other.
 """
@@ -18,7 +18,7 @@ ZERO3_PARAM_PERSISTENCE_THRESHOLD = 100_000
 ZERO3_MAX_LIVE_PARAMETERS = 100_000_000
 ZERO3_MAX_REUSE_DISTANCE = 100_000_000
 
-# ---- NVMe offload: DeepSpeed's defaults, which configs.py leaves unset; the planner counts the pinned
+# ---- NVMe offload: DeepSpeed's defaults, which launch_files.py leaves unset; the planner counts the pinned
 # host buffers they cost (offload_param.buffer_count x buffer_size 16-bit elements, offload_optimizer's
 # buffer_count fp32 buffers of one sub-group each) and the 16-bit parameter elements ZeRO-3 keeps in host
 # RAM before the rest lives only on disk (offload_param.max_in_cpu). ---------------------------------

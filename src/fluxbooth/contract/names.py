@@ -24,7 +24,7 @@ DEEPSPEED_OPTIMIZER_PARAMS = {
     "Lion": ("lr", "betas", "weight_decay"),
 }
 # Each optimizer's hyperparameters besides the learning rate: one table for the DeepSpeed JSON blocks
-# (configs.py, each type keeping only the keys it accepts) and the torch optimizers (train/optim.py), so a
+# (launch_files.py, each type keeping only the keys it accepts) and the torch optimizers (train/optim.py), so a
 # name means the same update with or without DeepSpeed. torch's Adam and Adagrad default to no weight decay,
 # Adagrad to eps 1e-10; Lion uses its paper's betas (DeepSpeed's default second beta, 0.999, is Adam's).
 OPTIMIZER_HYPERPARAMETERS: dict[str, dict[str, object]] = {

@@ -1,4 +1,5 @@
-"""The trainer's input (train.json): written by configs.py in the worker, read by fluxbooth.train.
+"""The trainer's input (train.json): written by launch_files.py in the worker from the job spec
+(fluxbooth.spec), read by fluxbooth.train.
 
 Plain data, no torch, so the worker can build it and tests can golden-file it.
 """
@@ -6,13 +7,12 @@ Plain data, no torch, so the worker can build it and tests can golden-file it.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fluxbooth.contract.buckets import Resolution
-from fluxbooth.contract.captions import with_trigger
-from fluxbooth.contract.names import DEFAULT_LORA_TARGET_MODULES, SamplingDefaults
+from fluxbooth.contract.names import DEFAULT_LORA_TARGET_MODULES
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,9 @@ class TrainerConfig:
     with_prior_preservation: bool
     prior_loss_weight: float
     num_class_images: int
-    # (width, height): the shape every image trains at without buckets; with them, the largest size square,
-    # which validation images and generated class images render at.
-    resolution: tuple[int, int]
+    # The shapes images train at (aspect buckets, or one fixed shape); its render_shape is what validation
+    # images and generated class images render at. In train.json as the request spells it ("WxH", or the sizes).
+    resolution: Resolution
     # How to learn.
     training_type: str  # "full" | "lora"
     steps: int
@@ -52,6 +52,11 @@ class TrainerConfig:
     zero_stage: int
     offload_optimizer: str  # "none" | "cpu" | "nvme"
     offload_param: str
+    # How the base model is prompted and sampled (its family's defaults unless the request says otherwise).
+    max_sequence_length: int  # T5 tokens (FLUX.1) or the text encoder's (FLUX.2)
+    validation_inference_steps: int
+    validation_guidance_scale: float  # validation images and generated class images
+    class_image_inference_steps: int  # prior preservation: steps per generated class image
     optimizer: str = "adamw"
     lr_scheduler: str = "constant"
     lr_warmup_steps: int = 0
@@ -72,13 +77,7 @@ class TrainerConfig:
     resume_from: str | None = None
     validation_prompts: tuple[str, ...] = ()
     export_formats: tuple[str, ...] = ("diffusers",)
-    # None: the base model's own (names.sampling_defaults: 512 for FLUX.1-dev, 256 for schnell).
-    max_sequence_length: int | None = None
-    # Added by the trainer (defaults keep older train.json files valid):
     ema_decay: float | None = None  # keep an EMA of the trained weights on the CPU and export it too
-    validation_inference_steps: int | None = None  # None: the model's (28 dev, 4 schnell)
-    validation_guidance_scale: float | None = None  # None: the model's (3.5 dev, 0 schnell)
-    class_image_inference_steps: int | None = None  # prior preservation: steps per generated class image; None: the model's
     max_shard_size: str = "5GB"  # safetensors shard size of the exported transformer
     checkpoints_keep: int = 2  # local checkpoint-N folders kept (older ones are deleted once uploaded)
     class_image_cache_dir: str | None = None  # keep generated class images here across jobs (one folder per recipe)
@@ -96,15 +95,12 @@ class TrainerConfig:
     measure_fixed_noise_loss: bool = False
     # The share of instance samples whose caption is replaced by the empty prompt (seeded per sample position).
     caption_dropout: float = 0.0
-    # Aspect buckets: each image trains at each of these sizes in the shape nearest its aspect ratio
-    # (fluxbooth.contract.buckets); empty: every image scaled to cover `resolution` and centre-cropped.
-    bucket_sizes: tuple[int, ...] = ()
     # What the exported files say about themselves (train/export/metadata): the request's model_name, the base
     # model as the request (or the endpoint's default) named it, and the trigger word its captions carry.
     model_name: str = ""
     base_model_name: str = ""
-    # Also put in front of every caption, the instance prompt and the validation prompts that lack it, and in
-    # place of `[trigger]` (fluxbooth.contract.captions).
+    # Put in front of every caption that lacks it, and in place of `[trigger]` (fluxbooth.contract.captions), as
+    # captions are read; the instance and validation prompts above already carry it (the job spec put it there).
     trigger_word: str | None = None
     # A full fine-tune on bf16 weights, stepped by Adafactor per parameter inside the backward pass, without
     # DeepSpeed (train/fused_adafactor.py; kohya's --fused_backward_pass --full_bf16; Plan.fused_backward_pass).
@@ -120,7 +116,9 @@ class TrainerConfig:
     stop_at_unix_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(asdict(self)))
+        values = asdict(self)
+        values["resolution"] = self.resolution.to_json()
+        return json.loads(json.dumps(values))
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
@@ -128,8 +126,7 @@ class TrainerConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainerConfig:
         values = dict(data)
-        values["resolution"] = tuple(values["resolution"])
-        values["bucket_sizes"] = tuple(values.get("bucket_sizes", ()))
+        values["resolution"] = Resolution.from_json(values["resolution"])
         values["lora"] = LoraSettings(
             **{**values.get("lora", {}), "target_modules": tuple(values.get("lora", {}).get("target_modules", LoraSettings.target_modules))}
         )
@@ -141,29 +138,3 @@ class TrainerConfig:
     @classmethod
     def read(cls, path: Path) -> TrainerConfig:
         return cls.from_dict(json.loads(Path(path).read_text()))
-
-    @property
-    def training_resolution(self) -> Resolution:
-        """The shapes images train at: aspect buckets at `bucket_sizes`, else the fixed `resolution`."""
-        if self.bucket_sizes:
-            return Resolution(sizes=tuple(sorted(self.bucket_sizes)))
-        return Resolution(fixed=(self.resolution[0], self.resolution[1]))
-
-    def with_trigger_word(self) -> TrainerConfig:
-        """The instance and validation prompts with the trigger word in them (captions get it as they are
-        read); the class prompt keeps describing the class."""
-        return replace(
-            self,
-            instance_prompt=with_trigger(self.instance_prompt, self.trigger_word),
-            validation_prompts=tuple(with_trigger(prompt, self.trigger_word) for prompt in self.validation_prompts),
-        )
-
-    def with_sampling_defaults(self, defaults: SamplingDefaults) -> TrainerConfig:
-        """Every sampling field left to the model (None) filled from `defaults`."""
-        filled = {
-            "max_sequence_length": defaults.max_sequence_length,
-            "validation_inference_steps": defaults.inference_steps,
-            "validation_guidance_scale": defaults.guidance_scale,
-            "class_image_inference_steps": defaults.inference_steps,
-        }
-        return replace(self, **{name: value for name, value in filled.items() if getattr(self, name) is None})

@@ -1,6 +1,7 @@
 """Choosing how a job runs: ZeRO stage, offload targets, precision, training type, base precision.
 
-- `types`: the job as the planner reads it, strategies, estimates, candidates, the `Plan`;
+- `types`: the job as the planner reads it (built from the job spec, fluxbooth.spec), strategies,
+  estimates, candidates, the `Plan`;
 - `memory`: predicted GPU, host and disk bytes per strategy and per phase (docs/memory.md);
 - `gpus`, `timing`: the GPU datasheet table and the time model per step and per phase;
 - `candidates`, `checks`, `refusal`, `choice`: the candidates, the checks before launch, the
@@ -32,7 +33,6 @@ from fluxbooth.plan.memory import (
 )
 from fluxbooth.plan.timing import seconds_per_step
 from fluxbooth.plan.types import (
-    DEFAULT_LORA_TARGETS,
     PHASES,
     Candidate,
     JobShape,
@@ -43,7 +43,7 @@ from fluxbooth.plan.types import (
 )
 
 __all__ = [
-    "DEFAULT_LORA_TARGETS", "PHASES", "Candidate", "JobShape", "MemoryEstimate", "PhaseEstimate",
+    "PHASES", "Candidate", "JobShape", "MemoryEstimate", "PhaseEstimate",
     "Plan", "Strategy", "activation_bytes", "as_job", "check_job", "choose_plan", "compute_dtype_bytes",
     "deadline_check", "effective_precision", "estimate_memory", "evaluate_candidates", "frozen_base_bytes", "full_finetune_host_bytes",
     "honours_request", "image_tokens", "model_size", "model_state_bytes", "optimizer_for", "pick",

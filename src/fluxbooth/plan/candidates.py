@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Any
 
 from fluxbooth.contract.precision import BASE_PRECISIONS, QUANTISED_PRECISIONS
 from fluxbooth.hardware import Hardware, format_bytes
@@ -21,9 +20,10 @@ from fluxbooth.plan.types import (
     Offload,
     Strategy,
 )
+from fluxbooth.contract.names import FUSED_ADAFACTOR_CLASS, normalise_optimizer_name
 from fluxbooth.request import fused_pass_conflicts
 from fluxbooth.settings import DatasetLimits
-from fluxbooth.contract.names import FUSED_ADAFACTOR_CLASS, normalise_optimizer_name
+from fluxbooth.spec import JobSpec
 
 PHASE_VERBS = {
     "loading": "loading the transformer", "caching": "caching embeddings", "class_images": "generating class images",
@@ -44,15 +44,15 @@ FUSED_SWAP_STRATEGY = Strategy("full", False, 0, "none", "none", block_swap=True
 
 
 def as_job(
-    request: Any, instance_images: int | None = None, bucket_mix: Mapping[tuple[int, int], int] | None = None
+    job: JobSpec | JobShape, instance_images: int | None = None, bucket_mix: Mapping[tuple[int, int], int] | None = None
 ) -> JobShape:
-    """A `JobShape` from a request. Before the dataset is fetched its image count and shapes are unknown:
-    the planner then sizes for the dataset cap, every image at each size; with the prepared dataset,
-    `bucket_mix` is its real one."""
-    if isinstance(request, JobShape):
-        return request
+    """The `JobShape` of a job spec (a shape as it is). Before the dataset is fetched its image count and shapes
+    are unknown: the planner then sizes for the dataset cap, every image at each size; with the prepared
+    dataset, `bucket_mix` is its real one."""
+    if isinstance(job, JobShape):
+        return job
     bound = instance_images if instance_images is not None else DatasetLimits.max_images
-    return JobShape.from_request(request, instance_images=bound, bucket_mix=bucket_mix)
+    return JobShape.from_spec(job, instance_images=bound, bucket_mix=bucket_mix)
 
 
 def strategies_for(
@@ -210,12 +210,12 @@ def evaluate_candidate(
 
 
 def evaluate_candidates(
-    request: Any, hardware: Hardware, model: ModelSize, *, include_alternatives: bool = True
+    spec_or_job: JobSpec | JobShape, hardware: Hardware, model: ModelSize, *, include_alternatives: bool = True
 ) -> list[Candidate]:
     """Every strategy for this job on this machine, with predicted memory, time and fit. With
     `include_alternatives`, the other training type is evaluated too (LoRA at rank 16 over every base
     precision for a full fine-tune), so a refusal can say what would fit instead."""
-    job = as_job(request)
+    job = as_job(spec_or_job)
     precision, _ = effective_precision(job, hardware)
     has_nvme = bool(hardware.nvme_path)
     # Swapping blocks saves GPU memory only where there is one, and needs each block recomputed in the backward.

@@ -36,8 +36,8 @@ def check_job(job: JobShape, model: ModelSize) -> None:
             f"zero_stage: a {job.base_precision} base stays whole on each GPU, and ZeRO-3 would partition it; "
             "use zero_stage 2 or 'auto', or base_precision 'bf16'",
         )
-    if job.training_type == "lora" and job.lora_target_modules:
-        unmatched = unmatched_lora_targets(model, job.lora_target_modules)
+    if job.training_type == "lora" and job.lora_targets:
+        unmatched = unmatched_lora_targets(model, job.lora_targets)
         if unmatched:
             raise FluxboothError(
                 ErrorCode.INVALID_INPUT,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import Hardware
@@ -25,6 +24,7 @@ from fluxbooth.plan.checks import auto_checkpointing, check_job, deadline_check
 from fluxbooth.plan.refusal import refusal_message
 from fluxbooth.plan.timing import deadline_stop_reserve_seconds, gpu_spec_for
 from fluxbooth.plan.types import Candidate, JobShape, Plan, Strategy
+from fluxbooth.spec import JobSpec
 
 
 def _request_warnings(job: JobShape, hardware: Hardware) -> list[str]:
@@ -54,7 +54,7 @@ def _check_offload(job: JobShape, hardware: Hardware) -> None:
 
 
 def choose_plan(
-    request: Any,
+    spec_or_job: JobSpec | JobShape,
     hardware: Hardware,
     model: ModelSize,
     *,
@@ -65,14 +65,14 @@ def choose_plan(
     transfer_rates: TransferRates | None = None,
 ) -> Plan:
     """The fastest strategy that fits with a margin, or `does_not_fit` with the numbers and the
-    nearest strategies that would fit. `request` is a TrainingRequest (read by attribute) or a
+    nearest strategies that would fit. `spec_or_job` is the job spec (fluxbooth.spec) or a hand-built
     JobShape. `deadline_seconds` defaults to the request's `timeout_seconds`; `instance_images` to
     the dataset cap (the count is unknown before the dataset is fetched). Once the dataset is prepared,
     plan again with its `instance_images` and `bucket_mix` (PreparedDataset's): samples per training shape,
     so memory is sized for the largest bucket it holds and time for its mix. `download_bytes`: the base model's
     bytes still to download (0: cached), timed at `transfer_rates` (the worker's) with the upload; unset, a
-    JobShape's own (a request's: nothing to download, the default rates)."""
-    job = as_job(request, instance_images, bucket_mix)
+    JobShape's own (a spec's: nothing to download, the default rates)."""
+    job = as_job(spec_or_job, instance_images, bucket_mix)
     if download_bytes is not None:
         job = replace(job, download_bytes=download_bytes)
     if transfer_rates is not None:
@@ -142,11 +142,12 @@ def plan_from(candidate: Candidate, job: JobShape, hardware: Hardware, precision
 
 
 def plan_for_strategy(
-    strategy: Strategy, request: Any, hardware: Hardware, model: ModelSize, *, instance_images: int | None = None
+    strategy: Strategy, spec_or_job: JobSpec | JobShape, hardware: Hardware, model: ModelSize, *,
+    instance_images: int | None = None,
 ) -> Plan:
     """The plan for one given strategy with its predictions, without checking that it fits:
     for benchmarks and hand launches that must run a particular strategy."""
-    job = replace(as_job(request, instance_images), training_type=strategy.training_type)
+    job = replace(as_job(spec_or_job, instance_images), training_type=strategy.training_type)
     precision, warnings = effective_precision(job, hardware)
     candidate = evaluate_candidate(strategy, job, hardware, model, precision, honours=True)
     return plan_from(candidate, job, hardware, precision, warnings)

@@ -6,7 +6,7 @@ pinned, so the planner charges each as it is really allocated (`fluxbooth.pinned
   its fp32 gradient partition, the 16-bit staging buffer the updated partition is copied through to the GPU
   (`param_buffer_of_bit16_for_cpu_offload_groups`) and the 16-bit buffer one gradient is copied through
   (`temp_grad_buffer_for_cpu_offload`, the largest parameter's size), each pinned with `pin_memory()` when
-  the DeepSpeed config says `pin_memory` (configs.py: on CUDA); and the optimizer's state, which
+  the DeepSpeed config says `pin_memory` (launch_files.py: on CUDA); and the optimizer's state, which
   DeepSpeedCPUAdam creates pageable (`torch.zeros_like` on the master partition);
 - DeepSpeed ZeRO-3's (deepspeed/runtime/zero/stage3.py, partition_parameters.py): with `offload_optimizer:
   cpu` its fp32 master partitions (pageable copies), the flat fp32 gradient buffer of every partition

@@ -226,13 +226,13 @@ def _zero12_states(
             device["optimizer_states_partition"] = trainable * partitioned_state // n
     else:
         # DeepSpeed's own buffers as it allocates them (plan/host_buffers.py): pinned ones rounded up to a
-        # power of two by PyTorch's caching host allocator (configs.py pins them on CUDA).
+        # power of two by PyTorch's caching host allocator (launch_files.py pins them on CUDA).
         allocations = zero12_offload_allocations(trainable, largest_parameter, n, width, state, pinned=on_cuda)
         for allocation in allocations:
             host[f"offload_{allocation.name}"] = host.get(f"offload_{allocation.name}", 0) + allocation.allocated_bytes
     # DeepSpeed allocates whole buckets: the CUDA allocator reserves them, while on the CPU only
     # the pages written (at most the trainable parameters) become resident. With overlap_comm
-    # (CUDA only, see configs.py) the reduce bucket is double-buffered.
+    # (CUDA only, see launch_files.py) the reduce bucket is double-buffered.
     if on_cuda:
         device["gradient_buckets"] = ds.ZERO2_REDUCE_BUCKET_ELEMENTS * width * 2
         if n > 1:
@@ -353,7 +353,7 @@ def model_state_bytes(
         # ZeRO-Infinity swaps the fp32 master and optimizer states; fp32 gradients stay in host RAM.
         host["gradients_fp32"] = trainable * 4
         disk["optimizer_states_swapped"] = trainable * (master + state)
-        # Pinned fp32 buffers of one sub-group each (configs.py: sub_group_size) for the master and state.
+        # Pinned fp32 buffers of one sub-group each (launch_files.py: sub_group_size) for the master and state.
         host["optimizer_swap_buffers"] = ds.OPTIMIZER_SWAP_BUFFER_COUNT * min(trainable, ds.ZERO3_SUB_GROUP_ELEMENTS) * 4
     return device, host, disk
 
@@ -432,8 +432,8 @@ def estimate_memory(
     width = compute_dtype_bytes(mixed_precision)
     on_cpu = hardware.accelerator == "cpu"
     processes = 1 if on_cpu else max(1, hardware.gpu_count)
-    # A request without targets gets its model family's (FLUX.2 names its layers differently from FLUX.1).
-    targets = job.lora_target_modules or model.default_lora_targets or job.lora_targets
+    # A hand-built shape without targets gets its model family's (FLUX.2 names its layers differently from FLUX.1).
+    targets = job.lora_targets or model.default_lora_targets
     trainable = trainable_params(model, strategy.training_type, job.lora_rank, targets)
     state = optimizer_state_bytes(job.optimizer)
     largest = largest_trainable_parameter(model, strategy.training_type, job.lora_rank, targets)

@@ -1,6 +1,6 @@
 """The planner's data: the job as the planner reads it, strategies, estimates, candidates and the `Plan`.
 
-`Plan` is shared with configs.py and the result contract. No torch here.
+`Plan` is shared with launch_files.py and the result contract. No torch here.
 """
 
 from __future__ import annotations
@@ -10,16 +10,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from fluxbooth.contract.buckets import Resolution
+from fluxbooth.contract.names import GUIDANCE_DISTILLED_SAMPLING
 from fluxbooth.contract.precision import QUANTISED_PRECISIONS
 from fluxbooth.request import DEFAULT_TRAINING_TYPE
 from fluxbooth.settings import DatasetLimits, TransferRates
-from fluxbooth.contract.names import GUIDANCE_DISTILLED_SAMPLING
-from fluxbooth.contract.trainer_config import LoraSettings
+from fluxbooth.spec import JobSpec
 
 Offload = Literal["none", "cpu", "nvme"]
 
-# Default LoRA targets when a request names none: the trainer's (one owner: TrainerConfig's LoraSettings).
-DEFAULT_LORA_TARGETS: tuple[str, ...] = LoraSettings.target_modules
 ALTERNATIVE_LORA_RANK = 16
 # Phases of a job, in the order they run (docs/memory.md, "Phases").
 PHASES: tuple[str, ...] = ("loading", "caching", "class_images", "training", "validation", "export", "report")
@@ -84,12 +82,13 @@ class Plan:
 
 @dataclass(frozen=True)
 class JobShape:
-    """The request fields the planner reads, with the names `TrainingRequest` uses, so a
-    `JobShape` can stand in for a request (the CLI builds one from flags)."""
+    """What the planner reads of a job: built from the job spec (`from_spec`), or by hand for a benchmark or a
+    machine check (the defaults are a default request's)."""
 
     training_type: str = DEFAULT_TRAINING_TYPE
     lora_rank: int = 16
-    lora_target_modules: tuple[str, ...] | None = None
+    # The layers LoRA adapts (the spec's, concrete); empty in a hand-built shape: the model family's.
+    lora_targets: tuple[str, ...] = ()
     base_precision: str = "auto"
     zero_stage: int | str = "auto"
     offload: str = "auto"
@@ -115,11 +114,14 @@ class JobShape:
     # Instance images: unknown before the dataset is fetched, so the planner assumes the dataset cap.
     num_instance_images: int = DatasetLimits.max_images
     checkpointing_steps: int | None = None
+    # Prompt tokens memory and time are sized for: 512, the most any family samples with (schnell's 256 is
+    # left as margin).
     max_sequence_length: int = 512
+    # The request's own timeout_seconds; None: the endpoint's deadline, which callers pass to choose_plan.
     timeout_seconds: int | None = None
     validation_prompts: int = 0
     validation_steps: int | None = None
-    # The trainer follows the model (schnell: 4); the planner budgets for dev's longer sampling.
+    # The model's sampling steps (the spec's: schnell 4, dev 28); a hand-built shape budgets for dev's.
     validation_inference_steps: int = GUIDANCE_DISTILLED_SAMPLING.inference_steps
     class_image_inference_steps: int = GUIDANCE_DISTILLED_SAMPLING.inference_steps
     # An EMA of the trained weights (the request's ema_decay): host RAM, and a second export.
@@ -129,53 +131,44 @@ class JobShape:
     transfer_rates: TransferRates = TransferRates()
 
     @classmethod
-    def from_request(
-        cls, request: Any, *, instance_images: int, bucket_mix: Mapping[tuple[int, int], int] | None = None
+    def from_spec(
+        cls, spec: JobSpec, *, instance_images: int, bucket_mix: Mapping[tuple[int, int], int] | None = None
     ) -> JobShape:
-        """Read a `TrainingRequest` (or anything with its attribute names) by attribute. The request
-        does not say how many images its dataset holds: `instance_images` is the caller's bound (the
-        dataset cap before the dataset is fetched), `bucket_mix` the samples per training shape once the
-        images are known (before: every image at each size, as a size x size square)."""
-        defaults = cls()
-        targets = getattr(request, "lora_target_modules", None)
-        with_prior = bool(getattr(request, "with_prior_preservation", False))
+        """The job `spec` as the planner reads it. The spec does not say how many images its dataset holds:
+        `instance_images` is the caller's bound (the dataset cap before the dataset is fetched), `bucket_mix`
+        the samples per training shape once the images are known (before: every image at each size, as a
+        size x size square)."""
         images = max(1, int(instance_images))
-        resolution, mix = _training_shapes(getattr(request, "resolution", defaults.resolution), images, bucket_mix)
+        resolution, mix = _training_shapes(spec.resolution, images, bucket_mix)
         return cls(
-            training_type=str(getattr(request, "training_type", defaults.training_type)),
-            lora_rank=int(getattr(request, "lora_rank", defaults.lora_rank)),
-            lora_target_modules=tuple(targets) if targets else None,
-            base_precision=str(getattr(request, "base_precision", defaults.base_precision)),
-            zero_stage=getattr(request, "zero_stage", defaults.zero_stage),
-            offload=str(getattr(request, "offload", defaults.offload)),
-            use_deepspeed=bool(getattr(request, "use_deepspeed", defaults.use_deepspeed)),
-            mixed_precision=str(getattr(request, "mixed_precision", defaults.mixed_precision)),
-            gradient_checkpointing=bool(getattr(request, "gradient_checkpointing", defaults.gradient_checkpointing)),
+            training_type=spec.training_type,
+            lora_rank=spec.lora.rank,
+            lora_targets=spec.lora.target_modules,
+            base_precision=spec.base_precision,
+            zero_stage=spec.zero_stage,
+            offload=spec.offload,
+            use_deepspeed=spec.use_deepspeed,
+            mixed_precision=spec.mixed_precision,
+            gradient_checkpointing=spec.gradient_checkpointing,
             resolution=resolution,
             bucket_mix=mix,
-            batch_size=int(getattr(request, "batch_size", defaults.batch_size)),
-            gradient_accumulation_steps=int(
-                getattr(request, "gradient_accumulation_steps", defaults.gradient_accumulation_steps)
-            ),
-            steps=int(getattr(request, "steps", defaults.steps)),
-            optimizer=str(getattr(request, "optimizer", defaults.optimizer)),
-            # A TrainingRequest knows which fields it was given; anything else names all of them.
-            optimizer_named="optimizer" in getattr(request, "model_fields_set", {"optimizer"}),
-            fused_backward_pass=getattr(request, "fused_backward_pass", defaults.fused_backward_pass),
-            with_prior_preservation=with_prior,
-            num_class_images=int(getattr(request, "num_class_images", 0) or 0) if with_prior else 0,
+            batch_size=spec.batch_size,
+            gradient_accumulation_steps=spec.gradient_accumulation_steps,
+            steps=spec.steps,
+            optimizer=spec.optimizer,
+            optimizer_named=spec.optimizer_named,
+            fused_backward_pass=spec.fused_backward_pass,
+            with_prior_preservation=spec.with_prior_preservation,
+            num_class_images=spec.planned_class_images,
             num_instance_images=images,
-            checkpointing_steps=getattr(request, "checkpointing_steps", None),
-            max_sequence_length=int(getattr(request, "max_sequence_length", defaults.max_sequence_length)),
-            timeout_seconds=getattr(request, "timeout_seconds", None),
-            validation_prompts=len(getattr(request, "validation_prompts", None) or ()),
-            validation_steps=getattr(request, "validation_steps", None),
-            ema=getattr(request, "ema_decay", None) is not None,
+            checkpointing_steps=spec.checkpointing_steps,
+            timeout_seconds=spec.deadline_seconds if spec.deadline_from_request else None,
+            validation_prompts=len(spec.validation_prompts),
+            validation_steps=spec.validation_steps,
+            validation_inference_steps=spec.sampling.inference_steps,
+            class_image_inference_steps=spec.sampling.inference_steps,
+            ema=spec.ema_decay is not None,
         )
-
-    @property
-    def lora_targets(self) -> tuple[str, ...]:
-        return self.lora_target_modules or DEFAULT_LORA_TARGETS
 
     @property
     def training_mix(self) -> tuple[tuple[tuple[int, int], int], ...]:
@@ -201,31 +194,19 @@ class JobShape:
 
 
 def _training_shapes(
-    value: Any, images: int, real_mix: Mapping[tuple[int, int], int] | None
+    resolution: Resolution, images: int, real_mix: Mapping[tuple[int, int], int] | None
 ) -> tuple[tuple[int, int], tuple[tuple[int, int, int], ...]]:
-    """(the shape memory is sized for, the bucket mix) of a request's `resolution`."""
-    if not isinstance(value, Resolution):
-        return _resolution(value), ()
-    if value.fixed is not None:
-        return value.fixed, ()
+    """(the shape memory is sized for, the bucket mix) of a spec's `resolution`."""
+    if resolution.fixed is not None:
+        return resolution.fixed, ()
     if real_mix:
         mix = tuple(sorted((width, height, samples) for (width, height), samples in real_mix.items()))
     else:
         # Every bucket holds about size² pixels (rounding its sides to 16 moves that by a few per cent, within
         # the planner's margins); the re-plan with the prepared images sizes for their real largest bucket.
-        mix = tuple((size, size, images) for size in value.sizes)
+        mix = tuple((size, size, images) for size in resolution.sizes)
     largest = max(mix, key=lambda entry: (entry[0] * entry[1], entry[0]))
     return (largest[0], largest[1]), mix
-
-
-def _resolution(value: Any) -> tuple[int, int]:
-    if isinstance(value, int):
-        return (value, value)
-    if isinstance(value, str):
-        width, _, height = value.lower().partition("x")
-        return (int(width), int(height or width))
-    width, height = value
-    return (int(width), int(height))
 
 
 @dataclass(frozen=True)

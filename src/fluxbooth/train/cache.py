@@ -51,7 +51,7 @@ def build_caches(session: Session) -> CachedData:
     tracker = ReleaseTracker()
     with session.clock.stage("cache"):
         image_sets = _image_sets(session)
-        samples = _samples_per_shape(config.training_resolution, image_sets)
+        samples = _samples_per_shape(config.resolution, image_sets)
         text_dtype_name = str(session.precision.text_dtype).removeprefix("torch.")
         paths = {
             name: cache_path(
@@ -151,7 +151,7 @@ def _prompt_sets(session: Session) -> dict[str, list[str]]:
     sets = {}
     if config.validation_prompts:
         sets[VALIDATION_SET] = list(config.validation_prompts)
-    guided = bool(config.validation_prompts) and session.base.ops.needs_negative_prompt(float(config.validation_guidance_scale or 0.0))
+    guided = bool(config.validation_prompts) and session.base.ops.needs_negative_prompt(config.validation_guidance_scale)
     if config.caption_dropout > 0 or guided:
         sets[EMPTY_PROMPT_SET] = [""]
     return sets

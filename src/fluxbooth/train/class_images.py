@@ -42,7 +42,7 @@ def class_image_folder(session: Session) -> Path:
     recipe = {
         "base_model": config.base_model,
         "class_prompt": config.class_prompt,
-        "resolution": list(config.resolution),
+        "resolution": list(config.resolution.render_shape),
         "steps": config.class_image_inference_steps,
         "guidance_scale": config.validation_guidance_scale,
         "max_sequence_length": config.max_sequence_length,
@@ -73,7 +73,7 @@ def generate_class_images(session: Session, folder: Path, count: int) -> None:
             pipeline.enable_model_cpu_offload(device=accelerator.device)
         pipeline.set_progress_bar_config(disable=True)
         session.reporter.stage("cache", status="rendering", what="class_images", transformer=residency(pipeline.transformer))
-        size_arguments = session.base.ops.size_arguments(tuple(config.resolution))
+        size_arguments = session.base.ops.size_arguments(config.resolution.render_shape)
         for index in mine:
             target = folder / class_image_name(index)
             generator = torch.Generator("cpu").manual_seed(seed_for(config.seed, "class_image", index))

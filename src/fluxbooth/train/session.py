@@ -20,10 +20,9 @@ from fluxbooth.contract.names import (
     LORA_EXPORT_FORMATS,
     SUPPORTED_TIMESTEP_SAMPLING,
     SUPPORTED_WEIGHTING_SCHEMES,
-    SamplingDefaults,
 )
 from fluxbooth.contract.trainer_config import TrainerConfig
-from fluxbooth.train.base_model import BaseModel, resolve_base_model
+from fluxbooth.train.base_model import resolve_base_model
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.fused_adafactor import check_fused_backward_pass
 from fluxbooth.train.optim import validated_optimizer_name
@@ -47,8 +46,6 @@ def open_session(config: TrainerConfig, reporter: EventReporter) -> Session:
         reporter.enabled = accelerator.is_main_process
         # The base model is resolved here, once: every later stage reads it from the session.
         base = resolve_base_model(config.base_model)
-        # schnell is sampled differently from dev: the fields train.json leaves open follow the model.
-        config = config.with_sampling_defaults(model_sampling_defaults(base)).with_trigger_word()
         deepspeed_config = _completed_deepspeed_config(accelerator, config, base.transformer_config)
         zero_stage = int((deepspeed_config or {}).get("zero_optimization", {}).get("stage", 0))
         _check_batch_sizes(config, deepspeed_config)
@@ -73,12 +70,6 @@ def open_session(config: TrainerConfig, reporter: EventReporter) -> Session:
         base=base,
         cuda_memory_fraction=cuda_memory_fraction,
     )
-
-
-def model_sampling_defaults(base: BaseModel) -> SamplingDefaults:
-    """How the base model is prompted and sampled when train.json leaves it open: its family's defaults
-    (schnell and [klein]'s distilled checkpoints are sampled in a few steps), from its own files."""
-    return base.ops.family.sampling_defaults(base.transformer_config, base.ops.model_index)
 
 
 def limit_cuda_memory(environ: Any) -> float | None:
@@ -117,11 +108,11 @@ def validate_config(config: TrainerConfig) -> None:
         raise TrainerFailure(
             "invalid_config", f"export_formats {list(config.export_formats)} for {config.training_type} training must be from {list(allowed)}"
         )
-    width, height = config.resolution
+    width, height = config.resolution.render_shape
     if width % BUCKET_MULTIPLE or height % BUCKET_MULTIPLE:
         raise TrainerFailure("invalid_config", f"resolution {width}x{height}: both sides must be multiples of {BUCKET_MULTIPLE}")
-    if any(size <= 0 or size % BUCKET_MULTIPLE for size in config.bucket_sizes):
-        raise TrainerFailure("invalid_config", f"bucket_sizes {list(config.bucket_sizes)}: each must be a multiple of {BUCKET_MULTIPLE}")
+    if any(size <= 0 or size % BUCKET_MULTIPLE for size in config.resolution.sizes):
+        raise TrainerFailure("invalid_config", f"resolution {config.resolution.describe()}: each size must be a multiple of {BUCKET_MULTIPLE}")
     if config.with_prior_preservation and not config.class_prompt:
         raise TrainerFailure("invalid_config", "with_prior_preservation needs a class_prompt")
     if config.steps < 1:

@@ -52,7 +52,7 @@ def render_prompts(state: TrainerState, pipeline: Any, target: RenderTarget, *, 
     `writes` saves the images and records them (others only lend their ZeRO-3 slices to the forward)."""
     session, embeddings = state.session, _embeddings(state)
     config, device = session.config, session.accelerator.device
-    width, height = config.resolution
+    width, height = config.resolution.render_shape
     output_dir = Path(config.output_dir)
     target.folder.mkdir(parents=True, exist_ok=True)
     ops = session.base.ops
@@ -101,7 +101,7 @@ def _embeddings(state: TrainerState) -> EncodedPrompts:
 def _negative_embeddings(state: TrainerState, ops: FamilyOps, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
     """The empty prompt's embeddings when the family renders with true classifier-free guidance (FLUX.2 [klein]
     base checkpoints): encoded in the cache stage, so no text encoder is loaded here."""
-    if not ops.needs_negative_prompt(float(state.session.config.validation_guidance_scale or 0.0)):
+    if not ops.needs_negative_prompt(state.session.config.validation_guidance_scale):
         return None
     empty = state.cached().empty_prompt
     if empty is None:
@@ -114,7 +114,7 @@ def _control_image(config: Any, index: int) -> Any:
     images = config.validation_images
     if index >= len(images):
         return None
-    return resize_and_center_crop(load_image(Path(images[index])), tuple(config.resolution))
+    return resize_and_center_crop(load_image(Path(images[index])), config.resolution.render_shape)
 
 
 def render_during_training(state: TrainerState, step: int) -> None:
@@ -133,7 +133,7 @@ def render_during_training(state: TrainerState, step: int) -> None:
             vae_dtype = torch.float32 if accelerator.native_amp else dtype
             vae = load_vae(session.base.ops, without_transformers_zero3_init, dtype=vae_dtype)
             if session.is_main:
-                vae.to(decoding_device(session.encoder_device, vae, config.resolution))
+                vae.to(decoding_device(session.encoder_device, vae, config.resolution.render_shape))
             pipeline = session.base.ops.pipeline_on(
                 device,
                 scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(str(session.base.folder), subfolder="scheduler"),

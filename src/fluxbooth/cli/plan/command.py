@@ -9,13 +9,14 @@ from collections.abc import Mapping
 from typing import TextIO
 
 from fluxbooth.cli.exits import EXIT_FAILED, EXIT_OK
-from fluxbooth.cli.plan.job_request import base_model_from, instance_images, job_deadline, validated_request
+from fluxbooth.cli.plan.job_request import base_model_from, deadline_source, instance_images, validated_request
 from fluxbooth.cli.plan.machine import apply_runpod_preset, hardware_from
 from fluxbooth.cli.plan.table import plan_table
 from fluxbooth.plan import model_size
 from fluxbooth.plan.runpod_gpus import preset_table, quote_price
 from fluxbooth.quote import plan_report
 from fluxbooth.settings import WorkerSettings
+from fluxbooth.spec import resolve_job_spec
 
 
 def run_plan(arguments: argparse.Namespace, environ: Mapping[str, str], out: TextIO) -> int:
@@ -29,15 +30,15 @@ def run_plan(arguments: argparse.Namespace, environ: Mapping[str, str], out: Tex
     dataset = instance_images(arguments, request, settings)
     hardware = hardware_from(arguments, settings, environ)
     model = model_size(base_model_from(request, settings))
-    deadline, deadline_source = job_deadline(request, settings)
+    spec = resolve_job_spec(request, model, settings)
     report = plan_report(
-        request,
+        spec,
         hardware=hardware,
         model=model,
         instance_images=dataset.instance_images,
         instance_images_source=dataset.source,
-        deadline_seconds=deadline,
-        deadline_source=deadline_source,
+        deadline_seconds=spec.deadline_seconds,
+        deadline_source=deadline_source(spec),
         price_per_hour=price_per_hour,
         gpu_name_given=arguments.gpu_name,
     )

@@ -1,5 +1,6 @@
 """The request plan sizes: a --request file's fields with the job flags over them (or stand-ins for what
-sizing does not read), validated as the worker validates it; its image count, base model and deadline."""
+sizing does not read), validated as the worker validates it; its image count, base model, and where its
+deadline came from."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from fluxbooth.dataset.remote_count import SOURCE_CAP, DatasetCount, count_datas
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.jsonfiles import MAX_REQUEST_BYTES, JSONBoundError, read_json_file
 from fluxbooth.model_source import ensure_tiny_model
-from fluxbooth.request import parse_request
+from fluxbooth.request import TrainingRequest, parse_request
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
+from fluxbooth.spec import JobSpec
 
 # The plan flags that are request fields, as (flag, field): the request validates them, as the worker does.
 REQUEST_FLAGS = (
@@ -76,7 +78,7 @@ def _request_fields(arguments: argparse.Namespace) -> tuple[dict[str, Any], dict
     return fields, from_flags
 
 
-def validated_request(arguments: argparse.Namespace) -> Any:
+def validated_request(arguments: argparse.Namespace) -> TrainingRequest:
     """The request as the worker validates it: every bound and rule of TrainingRequest, each refusal naming
     the flag that set the field."""
     fields, from_flags = _request_fields(arguments)
@@ -89,7 +91,7 @@ def validated_request(arguments: argparse.Namespace) -> Any:
         raise FluxboothError(error.code, re.sub(r"input\.(\w+)", flag_for, error.message)) from None
 
 
-def instance_images(arguments: argparse.Namespace, request: Any, settings: WorkerSettings) -> Any:
+def instance_images(arguments: argparse.Namespace, request: TrainingRequest, settings: WorkerSettings) -> DatasetCount:
     """The dataset's image count (a remote_count.DatasetCount): `--instance-images` when given, bounded by the
     worker's dataset limits; else the --request's dataset counted as a dry run counts it; else the worker's cap."""
     limits = settings.dataset_limits
@@ -115,7 +117,7 @@ def instance_images(arguments: argparse.Namespace, request: Any, settings: Worke
     return DatasetCount(count, INSTANCE_IMAGES_FLAG)
 
 
-def base_model_from(request: Any, settings: WorkerSettings) -> str:
+def base_model_from(request: TrainingRequest, settings: WorkerSettings) -> str:
     name = request.base_model or settings.default_base_model
     if name == TINY_MODEL_NAME:
         # The tiny model is built from code on first use; it must exist to be sized.
@@ -123,10 +125,9 @@ def base_model_from(request: Any, settings: WorkerSettings) -> str:
     return name
 
 
-def job_deadline(request: Any, settings: WorkerSettings) -> tuple[int, str]:
-    """The deadline the worker would give this job (job.py: timeout_seconds, else the worker's setting),
-    and where it came from."""
-    if request.timeout_seconds is not None:
-        return request.timeout_seconds, "--deadline / timeout_seconds"
-    return settings.job_deadline_seconds, "the worker's FLUXBOOTH_JOB_DEADLINE_SECONDS"
+def deadline_source(spec: JobSpec) -> str:
+    """Where the deadline the worker would give this job (the spec's) came from."""
+    if spec.deadline_from_request:
+        return "--deadline / timeout_seconds"
+    return "the worker's FLUXBOOTH_JOB_DEADLINE_SECONDS"
 

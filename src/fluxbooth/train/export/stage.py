@@ -74,9 +74,9 @@ def training_record(state: TrainerState) -> TrainingRecord:
         finished_at=time.time(),
         optimizer=run.optimizer_class,
         total_batch_size=config.batch_size * config.gradient_accumulation_steps * session.accelerator.num_processes,
-        resolution=config.resolution,
+        resolution=config.resolution.render_shape,
         captions={name: image_captions(images) for name, images in image_sets.items() if images is not None},
-        buckets=data.instance_set.bucket_counts() if config.bucket_sizes else {},
+        buckets=data.instance_set.bucket_counts() if config.resolution.bucketed else {},
     )
 
 

@@ -1,6 +1,6 @@
-"""Pure builders: a `Plan` and a `TrainerConfig` in, DeepSpeed JSON, accelerate YAML and the
-trainer's environment out. Nothing here touches the GPU or imports torch; `write_launch_files`
-is the only function that writes.
+"""The launch files: the job spec and its `Plan` in; the trainer's config (train.json), DeepSpeed JSON,
+accelerate YAML and the trainer's environment out. Nothing here touches the GPU or imports torch;
+`write_launch_files` is the only function that writes.
 
 Deviations from the reference guide (each explained in README "Differences from the guide"):
 - no `offload_param` below ZeRO stage 3: DeepSpeed ignores it there without a word;
@@ -26,12 +26,12 @@ from fluxbooth.plan.types import Plan
 from fluxbooth.contract.names import (
     DEEPSPEED_OPTIMIZER_PARAMS,
     DEEPSPEED_OPTIMIZER_TYPES,
-    FUSED_ADAFACTOR_LEARNING_RATE,
     OPTIMIZER_HYPERPARAMETERS,
     SUPPORTED_OPTIMIZERS,
     normalise_optimizer_name,
 )
-from fluxbooth.contract.trainer_config import LoraSettings, TrainerConfig
+from fluxbooth.contract.trainer_config import TrainerConfig
+from fluxbooth.spec import JobSpec
 
 # Parent-environment variables the trainer may inherit. Everything else (bucket keys above
 # all) stays in the worker: the trainer needs no object-storage credentials.
@@ -266,7 +266,7 @@ def write_launch_files(job_dir: Path, plan: Plan, trainer: TrainerConfig) -> Lau
 
 
 def trainer_config_for(
-    request: Any,
+    spec: JobSpec,
     plan: Plan,
     *,
     base_model: str,
@@ -274,26 +274,12 @@ def trainer_config_for(
     class_dir: Path | None,
     job_dir: Path,
     class_image_cache_dir: Path | None = None,
-    base_model_name: str = "",
-    default_lora_targets: tuple[str, ...] = LoraSettings.target_modules,
     control_dir: Path | None = None,
     validation_images: tuple[Path, ...] = (),
 ) -> TrainerConfig:
-    """The trainer's input for one job. `request` is a validated `TrainingRequest`; generated class images
-    are kept in `class_image_cache_dir` (outside the job) for the next job with the same recipe;
-    `base_model_name` is the base model as the request (or the endpoint's default) named it;
-    `default_lora_targets` the layers LoRA adapts when the request names none (the model family's)."""
-    lora = LoraSettings(
-        rank=request.lora_rank,
-        alpha=float(request.lora_alpha if request.lora_alpha is not None else request.lora_rank),
-        target_modules=tuple(request.lora_target_modules or default_lora_targets),
-        dropout=request.lora_dropout,
-    )
-    default_formats = ("diffusers",) if plan.training_type == "full" else ("diffusers", "comfyui")
-    learning_rate = request.effective_learning_rate
-    if plan.fused_backward_pass and request.learning_rate is None:
-        # The plan traded the default AdamW for Adafactor fused into the backward pass: kohya's rate for it.
-        learning_rate = FUSED_ADAFACTOR_LEARNING_RATE
+    """The trainer's input for the job `spec` run as `plan` decides, from the local `base_model` folder;
+    generated class images are kept in `class_image_cache_dir` (outside the job) for the next job with the
+    same recipe."""
     return TrainerConfig(
         base_model=base_model,
         instance_dir=str(instance_dir),
@@ -302,46 +288,50 @@ def trainer_config_for(
         validation_images=tuple(str(path) for path in validation_images),
         output_dir=str(job_dir / "output"),
         cache_dir=str(job_dir / "cache"),
-        instance_prompt=request.instance_prompt,
-        class_prompt=request.class_prompt,
-        with_prior_preservation=request.with_prior_preservation,
-        prior_loss_weight=request.prior_loss_weight,
-        num_class_images=request.num_class_images,
-        resolution=request.resolution.render_shape,
-        bucket_sizes=request.resolution.sizes,
+        instance_prompt=spec.instance_prompt,
+        class_prompt=spec.class_prompt,
+        with_prior_preservation=spec.with_prior_preservation,
+        prior_loss_weight=spec.prior_loss_weight,
+        num_class_images=spec.num_class_images,
+        resolution=spec.resolution,
         training_type=plan.training_type,
-        steps=request.steps,
-        learning_rate=learning_rate,
-        batch_size=request.batch_size,
-        gradient_accumulation_steps=request.gradient_accumulation_steps,
+        steps=spec.steps,
+        # The plan may trade the default AdamW for Adafactor fused into the backward pass, at its own rate.
+        learning_rate=spec.fused_pass_learning_rate if plan.fused_backward_pass else spec.learning_rate,
+        batch_size=spec.batch_size,
+        gradient_accumulation_steps=spec.gradient_accumulation_steps,
         mixed_precision=plan.mixed_precision,
         gradient_checkpointing=plan.gradient_checkpointing,
-        seed=request.seed,
+        seed=spec.seed,
         zero_stage=plan.zero_stage,
         offload_optimizer=plan.offload_optimizer,
         offload_param=plan.offload_param,
-        optimizer="adafactor" if plan.fused_backward_pass else request.optimizer,
-        lr_scheduler=request.lr_scheduler,
-        lr_warmup_steps=request.lr_warmup_steps,
-        max_grad_norm=request.max_grad_norm,
-        guidance_scale=request.guidance_scale,
-        lora=lora,
-        checkpointing_steps=request.checkpointing_steps,
-        checkpoint_dir=str(job_dir / "checkpoints") if request.checkpointing_steps else None,
-        resume_from=request.resume_from,
-        validation_prompts=tuple(request.validation_prompts),
-        validation_steps=request.validation_steps,
-        export_formats=tuple(request.output_formats or default_formats),
+        max_sequence_length=spec.sampling.max_sequence_length,
+        validation_inference_steps=spec.sampling.inference_steps,
+        validation_guidance_scale=spec.sampling.guidance_scale,
+        class_image_inference_steps=spec.sampling.inference_steps,
+        optimizer="adafactor" if plan.fused_backward_pass else spec.optimizer,
+        lr_scheduler=spec.lr_scheduler,
+        lr_warmup_steps=spec.lr_warmup_steps,
+        max_grad_norm=spec.max_grad_norm,
+        guidance_scale=spec.guidance_scale,
+        lora=spec.lora,
+        checkpointing_steps=spec.checkpointing_steps,
+        checkpoint_dir=str(job_dir / "checkpoints") if spec.checkpointing_steps else None,
+        resume_from=spec.resume_from,
+        validation_prompts=spec.validation_prompts,
+        validation_steps=spec.validation_steps,
+        export_formats=spec.export_formats,
         class_image_cache_dir=str(class_image_cache_dir) if class_image_cache_dir else None,
         encoders_on_cpu=plan.cache_encoders_on_cpu,
         base_precision=plan.base_precision,
         block_swap=plan.block_swap,
-        measure_fixed_noise_loss=request.learning_check,
-        model_name=request.model_name,
-        base_model_name=base_model_name,
-        trigger_word=request.trigger_word,
-        caption_dropout=request.caption_dropout,
-        timestep_sampling=request.timestep_sampling,
-        ema_decay=request.ema_decay,
+        measure_fixed_noise_loss=spec.measure_fixed_noise_loss,
+        model_name=spec.model_name,
+        base_model_name=spec.base_model_name,
+        trigger_word=spec.trigger_word,
+        caption_dropout=spec.caption_dropout,
+        timestep_sampling=spec.timestep_sampling,
+        ema_decay=spec.ema_decay,
         fused_backward_pass=plan.fused_backward_pass,
     )
