@@ -67,9 +67,7 @@ def plan_report(
     *,
     hardware: Hardware,
     model: ModelSize,
-    instance_images: int,
-    instance_images_source: str,
-    deadline_seconds: int,
+    dataset: DatasetCount,
     deadline_source: str,
     price_per_hour: float | None = None,
     gpu_name_given: str | None = None,
@@ -79,11 +77,11 @@ def plan_report(
     """Every strategy for the job `spec` on `hardware`, and the chosen plan: the
     phases' peaks and times, the estimated run, the cost when `price_per_hour` is set. A job nothing fits, or
     one the deadline check refuses, has `plan` None and the `does_not_fit` error in `error`. The report names the
-    image count it planned for and where it came from (`instance_images_source`: the dataset's zip, its URL,
-    the worker's cap, or the `--instance-images` flag)."""
+    image count it planned for and where it came from (`dataset.source`: the dataset's zip, its URL, the
+    worker's cap, or the `--instance-images` flag), and the spec's deadline with where it came from."""
     # The base model's pending download and the upload are phases of the run like the others.
     job = replace(
-        as_job(spec, instance_images), download_bytes=download_bytes, transfer_rates=transfer_rates or TransferRates()
+        as_job(spec, dataset.instance_images), download_bytes=download_bytes, transfer_rates=transfer_rates or TransferRates()
     )
     check_job(job, model)
     candidates = evaluate_candidates(job, hardware, model)
@@ -97,15 +95,15 @@ def plan_report(
         "gpu_name": {"given": gpu_name_given, "matched": hardware.gpus[0].name} if gpu_name_given else None,
         "model": model.to_dict(),
         "job": job_summary(job),
-        "instance_images": instance_images,
-        "instance_images_source": instance_images_source,
-        "deadline_seconds": deadline_seconds,
+        "instance_images": dataset.instance_images,
+        "instance_images_source": dataset.source,
+        "deadline_seconds": spec.deadline_seconds,
         "deadline_source": deadline_source,
         "candidates": [candidate.to_dict() for candidate in candidates],
         "warnings": list(spec.warnings),
     }
     try:
-        plan = choose_plan(job, hardware, model, deadline_seconds=deadline_seconds)
+        plan = choose_plan(job, hardware, model, deadline_seconds=spec.deadline_seconds)
     except FluxboothError as error:
         if error.code is not ErrorCode.DOES_NOT_FIT:
             raise
@@ -134,9 +132,7 @@ def dry_run_answer(
         spec,
         hardware=hardware,
         model=model,
-        instance_images=dataset.instance_images,
-        instance_images_source=dataset.source,
-        deadline_seconds=spec.deadline_seconds,
+        dataset=dataset,
         deadline_source="timeout_seconds" if spec.deadline_from_request else "FLUXBOOTH_JOB_DEADLINE_SECONDS",
         price_per_hour=settings.price_per_hour,
         download_bytes=download_bytes,
