@@ -269,7 +269,7 @@ def test_a_deadline_used_up_before_training_is_timeout() -> None:
     # The planner counts every phase, so a deadline it accepts is used up before the launch only when a stage
     # before it (a slow download, a resumed checkpoint) overran its estimate: the launch step then refuses.
     planned = PlannedJob(
-        request=None, model=None, size=None, hardware=None, plan=None, deadline=60.0,  # type: ignore[arg-type]
+        request=None, spec=None, model=None, size=None, hardware=None, plan=None, deadline=60.0,  # type: ignore[arg-type]
         started=time.monotonic() - 60.0, resume_checkpoint=None, warnings=[],
     )
     with pytest.raises(FluxboothError) as refused:
