@@ -276,14 +276,17 @@ def test_a_hub_id_found_nowhere_offline_is_refused_before_the_dataset_is_fetched
     assert list((tmp_path / "work").iterdir()) == [], "the job left files (launch files, dataset) behind"
 
 
-def test_the_endpoints_default_model_missing_offline_names_fluxbooth_base_model(model_env: dict[str, str]) -> None:
+def test_the_endpoints_default_model_missing_offline_is_worker_unfit_naming_fluxbooth_base_model(
+    model_env: dict[str, str]
+) -> None:
     error = refusal(model_env, None)
 
     assert error.message.startswith(
         "base_model (the endpoint's default, FLUXBOOTH_BASE_MODEL): black-forest-labs/FLUX.1-dev is not on this "
         "worker and downloads are off (HF_HUB_OFFLINE=1). Looked in: "
     )
-    assert (error.code, error.refresh_worker) == (ErrorCode.INVALID_INPUT, False)
+    assert error.message.endswith("(the endpoint's owner must fix this)")
+    assert (error.code, error.refresh_worker) == (ErrorCode.WORKER_UNFIT, False)
 
 
 def test_an_interrupted_download_is_not_taken_for_the_model(
@@ -376,7 +379,7 @@ def test_a_download_and_the_training_run_on_the_same_disk_must_both_fit(
     )
 
 
-def test_a_gated_model_without_a_token_is_refused_naming_hf_token(
+def test_a_gated_model_without_a_token_is_worker_unfit_naming_hf_token(
     model_env: dict[str, str], hub: HubServer, tiny_pipeline: Path
 ) -> None:
     hub.add_repo(pipeline_repo(tiny_pipeline, gated=True, granted_tokens=frozenset({GRANTED_TOKEN})))
@@ -384,10 +387,11 @@ def test_a_gated_model_without_a_token_is_refused_naming_hf_token(
     error = refusal(online(model_env))
 
     assert (error.code, error.refresh_worker, error.message) == (
-        ErrorCode.INVALID_INPUT,
+        ErrorCode.WORKER_UNFIT,
         False,
         f"input.base_model: {REPO_ID} is a gated model and the worker has no Hugging Face token: accept its license "
-        f"at {hub.endpoint}/{REPO_ID} with your account, then set HF_TOKEN (a read token of that account) on the endpoint",
+        f"at {hub.endpoint}/{REPO_ID} with your account, then set HF_TOKEN (a read token of that account) on the "
+        "endpoint (the endpoint's owner must fix this)",
     )
     assert hub.downloads() == []
 
@@ -399,9 +403,11 @@ def test_a_gated_model_with_a_token_that_was_not_granted_access_is_refused(
 
     error = refusal(online(model_env, HF_TOKEN="hf_someone_else"))
 
-    assert error.message == (
+    assert (error.code, error.message) == (
+        ErrorCode.WORKER_UNFIT,
         f"input.base_model: the account of HF_TOKEN has no access to the gated model {REPO_ID}: accept its license at "
-        f"{hub.endpoint}/{REPO_ID} with that account, or set HF_TOKEN to a token of an account that has"
+        f"{hub.endpoint}/{REPO_ID} with that account, or set HF_TOKEN to a token of an account that has (the "
+        "endpoint's owner must fix this)",
     )
 
 
@@ -430,13 +436,14 @@ def test_an_unknown_hub_id_is_refused(model_env: dict[str, str], hub: HubServer)
     )
 
 
-def test_an_unreachable_hub_is_an_internal_error_that_keeps_the_worker(model_env: dict[str, str]) -> None:
+def test_an_unreachable_hub_is_worker_unfit_and_keeps_the_worker(model_env: dict[str, str]) -> None:
     from tests.s3server import free_tcp_port
 
     error = refusal(online(model_env, HF_ENDPOINT=f"http://127.0.0.1:{free_tcp_port()}"))
 
-    assert (error.code, error.refresh_worker) == (ErrorCode.INTERNAL, False)
+    assert (error.code, error.refresh_worker) == (ErrorCode.WORKER_UNFIT, False)
     assert error.message.startswith(f"input.base_model: {REPO_ID} is not on this worker and the Hub at http://127.0.0.1:")
+    assert error.message.endswith("(the endpoint's owner must fix this)")
 
 
 def test_the_deadline_stops_a_download_with_a_timeout_that_keeps_the_worker(

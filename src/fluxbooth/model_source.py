@@ -33,6 +33,7 @@ from typing import Any
 
 from fluxbooth.disk_space import device_of
 from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.model_refusals import DEFAULT_MODEL_FIELD, base_model_refusal, endpoint_refusal
 from fluxbooth.families import ALL_PIPELINE_FOLDERS, FLUX1, PIPELINE_FILE_KINDS, Family, family_of
 from fluxbooth.hardware import format_bytes, free_disk_bytes
 from fluxbooth.progress import throttled
@@ -199,12 +200,11 @@ def how_to_provide(repo_id: str) -> str:
 
 def not_found_error(repo_id: str, revision: str | None, looks: Sequence[Look], field: str) -> FluxboothError:
     looked = "; ".join(look.describe() for look in looks)
-    return FluxboothError(
-        ErrorCode.INVALID_INPUT,
+    return base_model_refusal(
+        field,
         f"{field}: {describe_model(repo_id, revision)} is not on this worker and downloads are off "
         f"(HF_HUB_OFFLINE=1). Looked in: {looked}. {how_to_provide(repo_id)}",
-        refresh_worker=False,
-        details={"looked_in": [str(look.path) for look in looks]},
+        looked_in=[str(look.path) for look in looks],
     )
 
 
@@ -262,7 +262,7 @@ def hub_error(error: Exception, repo_id: str, revision: str | None, places: Mode
                 f"{field}: the account of HF_TOKEN has no access to the gated model {repo_id}: accept its "
                 f"license at {page} with that account, or set HF_TOKEN to a token of an account that has"
             )
-        return FluxboothError(ErrorCode.INVALID_INPUT, message, refresh_worker=False)
+        return endpoint_refusal(message)
     if isinstance(error, RevisionNotFoundError):
         return FluxboothError(
             ErrorCode.INVALID_INPUT,
@@ -271,17 +271,14 @@ def hub_error(error: Exception, repo_id: str, revision: str | None, places: Mode
             refresh_worker=False,
         )
     if isinstance(error, RepositoryNotFoundError):
-        return FluxboothError(
-            ErrorCode.INVALID_INPUT,
+        return base_model_refusal(
+            field,
             f"{field}: {repo_id} was not found on the Hub ({page}); check the id, and set HF_TOKEN if the "
             "repository is private",
-            refresh_worker=False,
         )
-    return FluxboothError(
-        ErrorCode.INTERNAL,
+    return endpoint_refusal(
         f"{field}: {describe_model(repo_id, revision)} is not on this worker and the Hub at {places.hub_url} "
-        f"could not be asked ({type(error).__name__}: {str(error)[:300]}). {how_to_provide(repo_id)}",
-        refresh_worker=False,
+        f"could not be asked ({type(error).__name__}: {str(error)[:300]}). {how_to_provide(repo_id)}"
     )
 
 
@@ -296,11 +293,9 @@ def cache_error(error: Exception, cache_dir: Path, repo_id: str) -> FluxboothErr
             "space there or point HF_HOME at a bigger volume",
             refresh_worker=False,
         )
-    return FluxboothError(
-        ErrorCode.INTERNAL,
+    return endpoint_refusal(
         f"base_model: the Hugging Face cache {cache_dir} cannot be written ({error.strerror}); point HF_HOME "
-        "at a writable volume",
-        refresh_worker=False,
+        "at a writable volume"
     )
 
 
@@ -575,7 +570,7 @@ def resolve_base_model(requested: str | None, settings: WorkerSettings, revision
     """A local folder for the base model, known before the dataset is fetched: the built-in tiny model, an
     absolute path, or a hub id found in a cache on this worker or (downloads on) pending a download."""
     name = requested or settings.default_base_model
-    field = "input.base_model" if requested else "base_model (the endpoint's default, FLUXBOOTH_BASE_MODEL)"
+    field = "input.base_model" if requested else DEFAULT_MODEL_FIELD
     if revision is not None and (name == TINY_MODEL_NAME or name.startswith("/")):
         raise FluxboothError(
             ErrorCode.INVALID_INPUT,
@@ -586,10 +581,10 @@ def resolve_base_model(requested: str | None, settings: WorkerSettings, revision
         return ResolvedModel(folder=ensure_tiny_model(settings.cache_dir), source="built-in tiny model")
     if name.startswith("/"):
         path = Path(name)
-        if not (path / "transformer" / "config.json").is_file():
-            raise FluxboothError(
-                ErrorCode.INVALID_INPUT,
-                f"{field}: {name} is not a diffusers FLUX folder (no transformer/config.json)",
+        missing = missing_pipeline_files(path) if path.is_dir() else ["the folder itself"]
+        if missing:
+            raise base_model_refusal(
+                field, f"{field}: {name} is not a diffusers FLUX folder (missing {', '.join(missing[:5])})"
             )
         return ResolvedModel(folder=path, source="local folder")
     return resolve_hub_model(name, revision, settings.environ, field)
