@@ -24,6 +24,7 @@ from fluxbooth.errors import ErrorCode, FluxboothError, error_for_the_wire
 from fluxbooth.job import run_job
 from fluxbooth.progress import ProgressBar, ProgressSink
 from fluxbooth.redaction import RedactingFilter, Redactor
+from fluxbooth.runpod_log import keep_jobs_out_of_the_sdk_log, without_url_queries
 from fluxbooth.settings import SECRET_ENV_NAMES, WorkerSettings
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -46,8 +47,9 @@ async def handler(job: Any) -> dict[str, Any]:
     """One job in, its result out in RunPod's wire shape (`error` a JSON string, see `error_for_the_wire`)."""
     result = error_for_the_wire(await _result_for(job))
     if runs_locally():
-        # The SDK's local test mode logs the result cut to 4,096 characters; a result with its plan is longer.
-        logging.getLogger("fluxbooth.result").info("result %s", json.dumps(result, sort_keys=True))
+        # The SDK's own "Job result" line is withheld (fluxbooth.runpod_log); this one, for the local test
+        # mode's user, shows the result whole but for its URLs' query strings (a presigned URL's signature).
+        logging.getLogger("fluxbooth.result").info("result %s", without_url_queries(json.dumps(result, sort_keys=True)))
     return result
 
 
@@ -144,6 +146,7 @@ def settings_for_logging() -> WorkerSettings:
 
 if __name__ == "__main__":
     configure_logging(settings_for_logging())
+    keep_jobs_out_of_the_sdk_log()
     start_check = StartCheck()
     runpod.serverless.register_fitness_check(start_check.run)
     runpod.serverless.start(worker_config(start_check))

@@ -162,12 +162,12 @@ def test_at_info_a_trained_jobs_logs_hold_no_presigned_url_and_no_dataset(
     assert "Handler output:" not in log
 
 
-def test_at_debug_the_sdk_logs_every_result(
+def test_at_debug_the_sdk_logs_no_handler_output(
     worker_process_env: dict[str, str], runpod_queue: RunPodQueue, workers: list[Worker],  # noqa: F811
     s3_bucket_env: dict[str, str], tmp_path: Path,
 ) -> None:
-    """Why the image sets INFO: at the SDK's default, DEBUG, the worker loop prints each handler output
-    (a trained job's presigned URLs among them)."""
+    """At the SDK's default level, DEBUG, its worker loop would print each handler output (a trained job's
+    presigned URLs among them); the worker withholds it (fluxbooth.runpod_log)."""
     job = canary_job("refused-at-debug", steps="many")
     runpod_queue.jobs.append(job)
     worker = start_worker(workers, {**worker_process_env, **s3_bucket_env, "RUNPOD_LOG_LEVEL": "DEBUG"}, tmp_path)
@@ -175,22 +175,32 @@ def test_at_debug_the_sdk_logs_every_result(
     result = runpod_queue.wait_for_result(job["id"], JOB_TIMEOUT_SECONDS)
 
     assert json.loads(result["error"])["code"] == "invalid_input"
-    assert "Handler output: {'error': '{\"code\": \"invalid_input\"" in worker.log
+    assert "Handler output: (job input, output and progress are not logged)" in worker.log
+    assert "input.steps" not in worker.log.split("Handler output:")[1].splitlines()[0]
 
 
 # --- logs in the SDK's local test mode -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("level", "dataset_logged"), [("INFO", False), ("DEBUG", True)])
-def test_local_test_mode_logs_the_dataset_only_at_debug(
-    worker_env: dict[str, str], workers: list[Worker], tmp_path: Path, level: str, dataset_logged: bool
+PRESIGNED_LOOKING_URL = (
+    "https://bucket.s3.amazonaws.com/photo.png?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=canary0123456789abcdef"
+)
+
+
+@pytest.mark.parametrize("level", ["INFO", "DEBUG", None])
+def test_local_test_mode_never_logs_the_dataset_or_a_presigned_url(
+    worker_env: dict[str, str], workers: list[Worker], tmp_path: Path, level: str | None
 ) -> None:
-    job = canary_job("local-canary", steps="many")
-    env = {**worker_env, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)]), "RUNPOD_LOG_LEVEL": level}
+    """`python handler.py --test_input ...` at any RUNPOD_LOG_LEVEL (unset: the SDK's DEBUG): the job's base64
+    photos and any presigned URL in it stay out of stdout and stderr."""
+    job = canary_job("local-canary", steps="many", validation_images=[PRESIGNED_LOOKING_URL])
+    env = {**worker_env, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)])}
+    env = {**env, "RUNPOD_LOG_LEVEL": level} if level else {k: v for k, v in env.items() if k != "RUNPOD_LOG_LEVEL"}
     worker = start_worker(workers, env, tmp_path, "--test_input", json.dumps(job))
     assert worker.wait(START_TIMEOUT_SECONDS) == 1  # the job is refused: the SDK's local mode exits 1
     assert "invalid request: input.steps: Input should be a valid integer" in worker.log
-    assert (dataset_fragment(job) in worker.log) is dataset_logged
+    assert dataset_fragment(job) not in worker.log
+    assert "X-Amz-Signature" not in worker.log and "canary0123456789abcdef" not in worker.log
 
 
 def test_local_test_mode_with_a_number_id_and_a_list_input_prints_the_error_not_a_traceback(
