@@ -9,12 +9,11 @@ entry does not list.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from fluxbooth.errors import CODES_THAT_REFRESH_WORKER, ErrorCode
+from fluxbooth.request_reference import print_or_write_page
 
 ERRORS_PAGE = Path("docs") / "errors.md"
 
@@ -143,16 +142,7 @@ def undocumented_codes() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fluxbooth.errors_reference", description=__doc__)
-    parser.add_argument("--write", type=Path, nargs="?", const=ERRORS_PAGE, default=None,
-                        help="write the page (default docs/errors.md) instead of printing it")
-    arguments = parser.parse_args(argv)
-    page = render_errors_page()
-    if arguments.write is None:
-        sys.stdout.write(page)
-    else:
-        arguments.write.write_text(page)
-    return 0
+    return print_or_write_page("fluxbooth.errors_reference", __doc__, render_errors_page(), ERRORS_PAGE, argv)
 
 
 if __name__ == "__main__":

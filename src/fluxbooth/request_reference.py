@@ -181,17 +181,22 @@ def notes_for_no_field() -> list[str]:
     return [name for name in NOTES if name not in TrainingRequest.model_fields]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fluxbooth.request_reference", description=__doc__)
-    parser.add_argument("--write", type=Path, nargs="?", const=REQUEST_PAGE, default=None,
-                        help="write the page (default docs/request.md) instead of printing it")
+def print_or_write_page(module: str, description: str | None, page: str, default_path: Path,
+                        argv: list[str] | None) -> int:
+    """A generated page's command line: print the page, or with `--write` write it (to `default_path`)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
+    parser.add_argument("--write", type=Path, nargs="?", const=default_path, default=None,
+                        help=f"write the page (default {default_path}) instead of printing it")
     arguments = parser.parse_args(argv)
-    page = render_request_page()
     if arguments.write is None:
         sys.stdout.write(page)
     else:
         arguments.write.write_text(page)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return print_or_write_page("fluxbooth.request_reference", __doc__, render_request_page(), REQUEST_PAGE, argv)
 
 
 if __name__ == "__main__":
