@@ -16,6 +16,7 @@ from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.families import FAMILIES, family_named
 from fluxbooth.job import run_job
 from fluxbooth.jsonfiles import MAX_JSON_DEPTH, JSONBoundError, parse_json
+from fluxbooth.model_source import missing_pipeline_files
 from fluxbooth.sizing import model_size
 from fluxbooth.settings import WorkerSettings
 from fluxbooth.synthetic import preset
@@ -37,6 +38,16 @@ def config_folder(root: Path, preset_name: str = "flux1-dev", **transformer: Any
             (root / component).mkdir()
             (root / component / "config.json").write_text(json.dumps(config))
     return root
+
+
+def with_placeholder_files(folder: Path) -> Path:
+    """The configs-only folder made whole enough for a job (which refuses a folder missing a pipeline file):
+    empty weights and an empty scheduler config, never read before the trainer starts."""
+    for missing in missing_pipeline_files(folder):
+        path = folder / missing.replace("*.safetensors", "diffusion_pytorch_model.safetensors")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}" if path.suffix == ".json" else "")
+    return folder
 
 
 def refusal(folder: Path) -> FluxboothError:
@@ -139,7 +150,7 @@ def test_json_nested_one_level_past_the_bound_is_refused() -> None:
 
 def test_another_coroutine_keeps_running_while_a_large_plan_is_made(worker_env: dict[str, str], tmp_path: Path) -> None:
     # 1,000 + 1,000 blocks, the most the checks allow: sized and planned in seconds, in a thread.
-    folder = config_folder(tmp_path / "model", num_layers=1000, num_single_layers=1000)
+    folder = with_placeholder_files(config_folder(tmp_path / "model", num_layers=1000, num_single_layers=1000))
     job = {
         "model_name": "deep", "base_model": str(folder), "dataset": to_base64(make_dataset_zip(3)),
         "instance_prompt": "a photo of sks dog", "steps": 10, "resolution": 64,
