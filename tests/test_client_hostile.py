@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from fluxbooth.cli import main
 from fluxbooth.client import ExitCode, Submission, submit
+from fluxbooth.client.api import JobApi
 from fluxbooth.client.artifacts import download_artifact
 from fluxbooth.client.errors import ClientError
 from fluxbooth.settings import DatasetLimits
@@ -223,6 +225,13 @@ def test_a_photo_folder_over_the_workers_image_cap_is_refused_before_anything_is
     assert f"error: {folder} holds {cap + 1} photos; the worker accepts at most {cap} (FLUXBOOTH_MAX_IMAGES)" \
         in capsys.readouterr().err
     assert runpod_api.runs == []
+
+
+def test_an_answer_nested_100000_deep_is_an_api_error_not_a_traceback(http_server: LocalHTTPServer) -> None:
+    url = http_server.add("/status/job-1", body=b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(ClientError, match="answered with something other than a JSON object") as raised:
+        JobApi(http_server.url(""))._reply(url, requests.get(url, timeout=10))
+    assert raised.value.exit_code == ExitCode.API
 
 
 # --- 5. a worker's timeout hands over what it kept ------------------------------------------------------------

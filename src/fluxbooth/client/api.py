@@ -158,7 +158,7 @@ class JobApi:
             raise ClientError(f"{url} answered HTTP {response.status_code}: {response.text[:500]}", ExitCode.API)
         try:
             reply = response.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past what Python's parser recurses through
             reply = None
         if not isinstance(reply, dict):
             raise ClientError(f"{url} answered with something other than a JSON object: {response.text[:300]!r}", ExitCode.API)

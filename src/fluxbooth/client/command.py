@@ -88,7 +88,7 @@ def submission_from(arguments: argparse.Namespace, environ: Mapping[str, str]) -
     return Submission(
         photos=arguments.photos, job_input=job_input, out_dir=arguments.out, base_url=base_url, api_key=api_key,
         webhook=arguments.webhook, status_answers_at_once=bool(arguments.endpoint), key_source=key_source,
-        request_path=arguments.request, **polling,
+        **polling,
     )
 
 

@@ -57,10 +57,8 @@ class Submission:
     poll_seconds: float = DEFAULT_POLL_SECONDS
     # RunPod's hosted API answers /status at once; the SDK's local server only when the job is over.
     status_answers_at_once: bool = False
-    # Where api_key came from (named when the server refuses it), and the request file (named in the
-    # resubmission a `timeout` prints).
+    # Where api_key came from: named when the server refuses it, and in the resubmission a `timeout` prints.
     key_source: str = "RUNPOD_API_KEY"
-    request_path: Path | None = None
 
 
 @dataclass
