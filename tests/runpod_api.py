@@ -35,6 +35,8 @@ class RunPodApi:
     runs: list[dict[str, Any]] = field(default_factory=list)
     status_calls: list[str] = field(default_factory=list)
     cancels: list[str] = field(default_factory=list)
+    # Each call's Authorization header (None when it carried none), in order: what a server could learn.
+    authorizations: list[str | None] = field(default_factory=list)
     # Seconds the first /status call waits before answering (a slow or stalled connection).
     first_status_delay_seconds: float = 0.0
     base_url: str = ""
@@ -73,6 +75,8 @@ class RunPodApi:
         return {"id": job_id, "status": "CANCELLED"}
 
     def answer(self, method: str, path: str, authorization: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+        with self._lock:
+            self.authorizations.append(authorization)
         parts = [part for part in urlsplit(path).path.split("/") if part]
         if len(parts) < 3 or parts[0] != "v2":
             return 404, {"error": "not found"}

@@ -57,8 +57,9 @@ def request_file(tmp_path: Path) -> Path:
 
 
 def submit_command(api: RunPodApi, photos: Path | str, request_file: Path, out: Path, *extra: str) -> list[str]:
-    return ["submit", str(photos), "--request", str(request_file), "--url", api.endpoint_url, "--out", str(out),
-            "--poll-seconds", "0.05", *extra]
+    """The stand-in wants RunPod's key, which --url sends only when --url-api-key-env names it."""
+    return ["submit", str(photos), "--request", str(request_file), "--url", api.endpoint_url,
+            "--url-api-key-env", "RUNPOD_API_KEY", "--out", str(out), "--poll-seconds", "0.05", *extra]
 
 
 def run_submit(api: RunPodApi, photos: Path | str, request_file: Path, out: Path, *extra: str,

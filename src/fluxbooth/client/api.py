@@ -15,10 +15,12 @@ again after one. Both servers answer /status by POST.
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
@@ -33,6 +35,23 @@ RETRY_DELAYS_SECONDS = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 
 def endpoint_url(endpoint_id: str, api_base: str = RUNPOD_API_BASE) -> str:
     return f"{api_base.rstrip('/')}/{endpoint_id}"
+
+
+def is_loopback(url: str) -> bool:
+    """True when the URL's host is this machine: `localhost` or an address in 127.0.0.0/8 or ::1."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def key_may_go_to(url: str) -> bool:
+    """An API key travels only encrypted (https), or in plain http to this machine, where nothing can listen in."""
+    scheme = urlsplit(url).scheme
+    return scheme == "https" or (scheme == "http" and is_loopback(url))
 
 
 def _never_arrived(error: requests.RequestException) -> bool:
@@ -52,6 +71,8 @@ class JobApi:
 
     base_url: str
     api_key: str | None = None
+    # Where the key came from, for the message when the server refuses it.
+    key_source: str = "RUNPOD_API_KEY"
     status_timeout_seconds: float | None = None
     status_answers_at_once: bool = False
     call_timeout_seconds: float = CALL_TIMEOUT_SECONDS
@@ -73,6 +94,13 @@ class JobApi:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._call(f"cancel/{job_id}", b"", read_timeout=self.call_timeout_seconds, resend_after_timeout=True)
 
+    def __post_init__(self) -> None:
+        if self.api_key and not key_may_go_to(self.base_url):
+            raise ClientError(
+                f"{self.base_url}: an API key is sent only over https, or over http to this machine (localhost); "
+                "use an https:// URL", ExitCode.USAGE,
+            )
+
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.api_key:
@@ -86,7 +114,8 @@ class JobApi:
         for delay in (*RETRY_DELAYS_SECONDS, None):
             try:
                 response = self.session.post(
-                    url, data=body or b"{}", headers=self._headers(), timeout=(CONNECT_TIMEOUT_SECONDS, read_timeout)
+                    url, data=body or b"{}", headers=self._headers(), timeout=(CONNECT_TIMEOUT_SECONDS, read_timeout),
+                    allow_redirects=False,  # the key goes where it was given, never where an answer points
                 )
             except requests.RequestException as error:
                 timed_out = resend_after_timeout and isinstance(error, requests.ReadTimeout)
@@ -106,10 +135,20 @@ class JobApi:
         return ClientError(f"cannot reach {url}: {type(error).__name__}: {error}", ExitCode.API)
 
     def _reply(self, url: str, response: requests.Response) -> dict[str, Any]:
+        if response.status_code in {401, 403} and not self.api_key:
+            raise ClientError(
+                f"{url} asks for an API key (HTTP {response.status_code}) and none was sent: with --url the client "
+                "sends a key only when --url-api-key-env names the variable holding it", ExitCode.API,
+            )
         if response.status_code in {401, 403}:
             raise ClientError(
-                f"{url} refused the API key (HTTP {response.status_code}): set RUNPOD_API_KEY to a key with access "
-                "to this endpoint", ExitCode.API,
+                f"{url} refused the API key (HTTP {response.status_code}): set {self.key_source} to a key with "
+                "access to this endpoint", ExitCode.API,
+            )
+        if 300 <= response.status_code < 400:
+            raise ClientError(
+                f"{url} answered HTTP {response.status_code} (a redirect to {response.headers.get('Location', '?')!r}); "
+                "the client does not follow it: give the final URL", ExitCode.API,
             )
         if response.status_code == 404:
             raise ClientError(
@@ -119,7 +158,7 @@ class JobApi:
             raise ClientError(f"{url} answered HTTP {response.status_code}: {response.text[:500]}", ExitCode.API)
         try:
             reply = response.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past what Python's parser recurses through
             reply = None
         if not isinstance(reply, dict):
             raise ClientError(f"{url} answered with something other than a JSON object: {response.text[:300]!r}", ExitCode.API)

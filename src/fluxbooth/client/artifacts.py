@@ -1,10 +1,16 @@
 """Fetch a result's artifacts into a folder, each checked against the size and sha256 the worker reported:
-from its presigned `url` (a bucket), or from its `file://` uri (a local worker without a bucket)."""
+from its presigned `url` (a bucket), or from its `file://` uri (a local worker without a bucket).
+
+The result comes from a server, so it is read as untrusted: every artifact must state its name, size and
+sha256; a name must land strictly inside the folder; no download writes more than the size it states; and a
+`file://` uri is read only from a worker on this machine, and only when it is a regular file."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
+import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -16,81 +22,164 @@ from fluxbooth.client.errors import ClientError, ExitCode
 
 CHUNK_BYTES = 1024 * 1024
 DOWNLOAD_TIMEOUT_SECONDS = (15.0, 120.0)
+PART_SUFFIX = ".part"
+# Linux's limits, used when the file system does not say its own (os.pathconf).
+DEFAULT_NAME_MAX = 255
+DEFAULT_PATH_MAX = 4096
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def _refuse(message: str) -> ClientError:
+    return ClientError(message, ExitCode.DOWNLOAD)
+
+
+def checked_artifacts(value: Any, where: str) -> list[dict[str, Any]]:
+    """The result's `artifacts` list, each entry an object with a name, a size in bytes and a sha256; anything
+    else is refused naming the entry, before any download starts."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _refuse(f"the result's {where} is {type(value).__name__}, not a list; the worker's answer is malformed")
+    for index, artifact in enumerate(value):
+        entry = f"{where}[{index}]"
+        if not isinstance(artifact, dict):
+            raise _refuse(f"the result's {entry} is {type(artifact).__name__}, not an object with name, bytes and "
+                          "sha256; the worker's answer is malformed")
+        size, digest = artifact.get("bytes"), artifact.get("sha256")
+        if not isinstance(artifact.get("name"), str):
+            raise _refuse(f"the result's {entry} has no name; the worker's answer is malformed")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise _refuse(f"the result's {entry} ({artifact['name']!r}) states no size in bytes; not downloaded")
+        if not isinstance(digest, str) or not SHA256_HEX.fullmatch(digest):
+            raise _refuse(f"the result's {entry} ({artifact['name']!r}) states no sha256; not downloaded")
+    return value
+
+
+def _limit(folder: Path, name: str, default: int) -> int:
+    """The file system's limit `name` where `folder` (or its nearest existing parent) lives."""
+    for place in (folder, *folder.parents):
+        try:
+            return int(os.pathconf(place, name))
+        except (OSError, ValueError):
+            continue
+    return default
 
 
 def _target(out_dir: Path, name: str) -> Path:
-    """Where an artifact goes; a name that would leave the folder is refused."""
+    """Where an artifact goes: a file strictly inside out_dir whose name (and its .part) the file system takes."""
+    shown = repr(name) if len(name) <= 120 else repr(name[:120]) + f"... ({len(name)} characters)"
     relative = PurePosixPath(name)
-    if not name or relative.is_absolute() or ".." in relative.parts:
-        raise ClientError(f"the result names an artifact {name!r} outside the output folder; not downloaded", ExitCode.DOWNLOAD)
-    return out_dir.joinpath(*relative.parts)
-
-
-def _chunks_from_url(url: str) -> Iterator[bytes]:
+    if "\0" in name:
+        raise _refuse(f"the result names an artifact {shown} with a NUL character; not downloaded")
+    if not relative.parts or relative.is_absolute() or ".." in relative.parts:
+        raise _refuse(f"the result names an artifact {shown} outside the output folder; not downloaded")
+    target = out_dir.absolute().joinpath(*relative.parts)
     try:
-        with requests.get(url, stream=True, timeout=DOWNLOAD_TIMEOUT_SECONDS) as response:
-            if response.status_code != 200:
-                raise ClientError(f"HTTP {response.status_code} from {urlsplit(url).netloc}", ExitCode.DOWNLOAD)
-            yield from response.iter_content(CHUNK_BYTES)
-    except requests.RequestException as error:
-        raise ClientError(f"{type(error).__name__}: {error}", ExitCode.DOWNLOAD) from error
-
-
-def _chunks_from_file(uri: str) -> Iterator[bytes]:
-    path = Path(unquote(urlsplit(uri).path))
-    try:
-        with path.open("rb") as handle:
-            while chunk := handle.read(CHUNK_BYTES):
-                yield chunk
-    except OSError as error:
-        raise ClientError(
-            f"cannot read {path}: {error.strerror or error} (a file:// artifact is readable only on the worker's "
-            "machine; give the worker a bucket to download from anywhere)", ExitCode.DOWNLOAD,
-        ) from error
-
-
-def _source(artifact: Mapping[str, Any]) -> Callable[[], Iterable[bytes]]:
-    url, uri = artifact.get("url"), str(artifact.get("uri") or "")
-    if isinstance(url, str) and url:
-        return lambda: _chunks_from_url(url)
-    if uri.startswith("file://"):
-        return lambda: _chunks_from_file(uri)
-    raise ClientError(f"{artifact.get('name')}: no presigned url and no file:// uri to fetch it from ({uri or 'none'})", ExitCode.DOWNLOAD)
-
-
-def download_artifact(artifact: Mapping[str, Any], out_dir: Path) -> Path:
-    """Write one artifact under out_dir (through a .part file), or raise naming it and what did not match."""
-    name = str(artifact.get("name", ""))
-    target = _target(out_dir, name)
-    partial = target.with_name(target.name + ".part")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    digest, size = hashlib.sha256(), 0
-    try:
-        with partial.open("wb") as handle:
-            for chunk in _source(artifact)():
-                handle.write(chunk)
-                digest.update(chunk)
-                size += len(chunk)
-    except ClientError as error:
-        partial.unlink(missing_ok=True)
-        raise ClientError(f"downloading {name} failed: {error.message}", ExitCode.DOWNLOAD) from error
-    expected_sha, expected_bytes = artifact.get("sha256"), artifact.get("bytes")
-    if digest.hexdigest() != expected_sha or (expected_bytes is not None and size != expected_bytes):
-        partial.unlink(missing_ok=True)
-        raise ClientError(
-            f"{name}: got {size} bytes with sha256 {digest.hexdigest()}, the result says {expected_bytes} bytes with "
-            f"sha256 {expected_sha}; the file was not kept", ExitCode.DOWNLOAD,
-        )
-    os.replace(partial, target)
+        components = [os.fsencode(part) for part in relative.parts]
+        full = os.fsencode(str(target) + PART_SUFFIX)
+    except UnicodeError:
+        raise _refuse(f"the result names an artifact {shown} that is not a valid file name; not downloaded") from None
+    name_max = _limit(out_dir.absolute(), "PC_NAME_MAX", DEFAULT_NAME_MAX)
+    if max(map(len, components[:-1]), default=0) > name_max or len(components[-1] + PART_SUFFIX.encode()) > name_max:
+        raise _refuse(f"the result names an artifact {shown} with a name longer than the file system's "
+                      f"{name_max} bytes; not downloaded")
+    if len(full) >= _limit(out_dir.absolute(), "PC_PATH_MAX", DEFAULT_PATH_MAX):
+        raise _refuse(f"the result names an artifact {shown} whose path is longer than the file system takes; "
+                      "not downloaded (choose a shorter --out)")
     return target
 
 
-def download_all(artifacts: Iterable[Mapping[str, Any]], out_dir: Path, say: Callable[[str], None]) -> list[Path]:
-    """Every artifact, in the result's order; the first one that fails stops the rest."""
+def _chunks_from_url(url: str, limit: int) -> Iterator[bytes]:
+    try:
+        with requests.get(url, stream=True, timeout=DOWNLOAD_TIMEOUT_SECONDS) as response:
+            if response.status_code != 200:
+                raise _refuse(f"HTTP {response.status_code} from {urlsplit(url).netloc}")
+            yield from response.iter_content(min(CHUNK_BYTES, limit + 1))
+    except requests.RequestException as error:
+        raise _refuse(f"{type(error).__name__}: {error}") from error
+
+
+def _chunks_from_file(uri: str, limit: int) -> Iterator[bytes]:
+    path = Path(unquote(urlsplit(uri).path))
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; the type is checked on what was opened.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as error:
+        raise _refuse(
+            f"cannot read {path}: {error.strerror or error} (a file:// artifact is readable only on the worker's "
+            "machine; give the worker a bucket to download from anywhere)"
+        ) from error
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise _refuse(f"{path} is not a regular file; a file:// artifact must be one")
+        while chunk := handle.read(min(CHUNK_BYTES, limit + 1)):
+            yield chunk
+
+
+def _source(artifact: Mapping[str, Any], allow_files: bool) -> Callable[[int], Iterable[bytes]]:
+    url, uri = artifact.get("url"), str(artifact.get("uri") or "")
+    if isinstance(url, str) and url:
+        if urlsplit(url).scheme not in {"http", "https"}:
+            raise _refuse(f"its url {url[:200]!r} is not http(s)")
+        return lambda limit: _chunks_from_url(url, limit)
+    if uri.startswith("file://"):
+        if not allow_files:
+            raise _refuse("it is a file:// uri, read only from a worker on this machine (--url to localhost); "
+                          "give the endpoint a bucket so its artifacts have a url")
+        return lambda limit: _chunks_from_file(uri, limit)
+    raise _refuse(f"no presigned url and no file:// uri to fetch it from ({uri[:200] or 'none'})")
+
+
+def _fetch(artifact: Mapping[str, Any], partial: Path, allow_files: bool) -> tuple[str, int]:
+    """Write the artifact's bytes to `partial`, never more than it states; its sha256 and size."""
+    expected = int(artifact["bytes"])
+    digest, size = hashlib.sha256(), 0
+    with partial.open("wb") as handle:
+        for chunk in _source(artifact, allow_files)(expected):
+            size += len(chunk)
+            if size > expected:
+                raise _refuse(f"the source sent more than the {expected} bytes the result states; stopped there")
+            handle.write(chunk)
+            digest.update(chunk)
+    return digest.hexdigest(), size
+
+
+def download_artifact(artifact: Mapping[str, Any], out_dir: Path, allow_files: bool = False) -> Path:
+    """Write one checked artifact under out_dir (through a .part file), or raise naming it and what did not match.
+    `allow_files`: read `file://` uris (only for a worker on this machine)."""
+    name = str(artifact["name"])
+    target = _target(out_dir, name)
+    partial = target.with_name(target.name + PART_SUFFIX)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.parent.resolve().is_relative_to(out_dir.resolve()):
+            raise _refuse(f"the result names an artifact {name!r} that leads out of the output folder through a link")
+        got_sha, size = _fetch(artifact, partial, allow_files)
+    except (ClientError, OSError) as error:
+        partial.unlink(missing_ok=True)
+        reason = error.message if isinstance(error, ClientError) else f"{error.strerror or error}"
+        raise _refuse(f"downloading {name} failed: {reason}") from error
+    if got_sha != artifact["sha256"] or size != artifact["bytes"]:
+        partial.unlink(missing_ok=True)
+        raise _refuse(
+            f"{name}: got {size} bytes with sha256 {got_sha}, the result says {artifact['bytes']} bytes with "
+            f"sha256 {artifact['sha256']}; the file was not kept"
+        )
+    try:
+        os.replace(partial, target)
+    except OSError as error:
+        partial.unlink(missing_ok=True)
+        raise _refuse(f"downloading {name} failed: cannot write {target}: {error.strerror or error}") from error
+    return target
+
+
+def download_all(
+    artifacts: Iterable[Mapping[str, Any]], out_dir: Path, say: Callable[[str], None], allow_files: bool = False
+) -> list[Path]:
+    """Every artifact (as checked_artifacts returns them), in the result's order; the first failure stops the rest."""
     written = []
     for artifact in artifacts:
-        path = download_artifact(artifact, out_dir)
-        say(f"  {artifact.get('name')}  {artifact.get('bytes')} bytes  sha256 ok")
+        path = download_artifact(artifact, out_dir, allow_files)
+        say(f"  {artifact['name']}  {artifact['bytes']} bytes  sha256 ok")
         written.append(path)
     return written
-

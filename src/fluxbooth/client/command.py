@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
+from urllib.parse import urlsplit
 
 from fluxbooth.client.errors import ClientError, ExitCode
+from fluxbooth.jsonfiles import MAX_REQUEST_BYTES, read_json_file
 
 if TYPE_CHECKING:
     from fluxbooth.client.submission import Submission
 
 API_KEY_VARIABLE = "RUNPOD_API_KEY"
+ENDPOINT_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 # Flags for the request fields people change most; each overrides the request file.
 FIELD_FLAGS = (
     ("--model-name", "model_name", str),
@@ -38,7 +42,14 @@ def add_submit_parser(subparsers: Any) -> None:
     parser.add_argument("--request", type=Path, required=True, help="JSON file: the job's input without its dataset")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--endpoint", help=f"RunPod endpoint ID (reads {API_KEY_VARIABLE})")
-    where.add_argument("--url", help="base URL of a local `python handler.py --rp_serve_api` (http://host:8000)")
+    where.add_argument("--url", help="base URL of a local `python handler.py --rp_serve_api` (http://host:8000); "
+                       f"no API key is sent to it unless --url-api-key-env names one ({API_KEY_VARIABLE} is never "
+                       "sent there by default)")
+    parser.add_argument(
+        "--url-api-key-env", metavar="NAME", default=None,
+        help="with --url: send the key in environment variable NAME to that server (only over https, or http to "
+        "localhost)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="folder the artifacts are downloaded into")
     parser.add_argument("--webhook", default=None, help="URL RunPod POSTs the result to as well")
     parser.add_argument("--poll-seconds", type=float, default=None, help=argparse.SUPPRESS)
@@ -48,11 +59,17 @@ def add_submit_parser(subparsers: Any) -> None:
 
 
 def read_request(path: Path) -> dict[str, Any]:
-    """The job's input: the file's object, or the `input` of `{"input": {...}}`."""
+    """The job's input: the file's object, or the `input` of `{"input": {...}}`; a file that is not UTF-8 JSON
+    within the size and nesting bounds is a one-line usage error."""
     try:
-        document = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ClientError(f"request file {path}: {error}", ExitCode.USAGE) from error
+        document = read_json_file(path, max_bytes=MAX_REQUEST_BYTES)
+    except OSError as error:
+        raise ClientError(f"request file {path}: {error.strerror or error}", ExitCode.USAGE) from None
+    except UnicodeDecodeError as error:
+        raise ClientError(f"request file {path}: not UTF-8 text (byte {error.start}); save it as UTF-8 JSON",
+                          ExitCode.USAGE) from None
+    except ValueError as error:
+        raise ClientError(f"request file {path}: {error}", ExitCode.USAGE) from None
     if isinstance(document, dict) and set(document) == {"input"}:
         document = document["input"]
     if not isinstance(document, dict):
@@ -62,23 +79,52 @@ def read_request(path: Path) -> dict[str, Any]:
 
 def submission_from(arguments: argparse.Namespace, environ: Mapping[str, str]) -> Submission:
     # deferred: every subcommand builds this parser, and only `submit` needs the HTTP client behind these
-    from fluxbooth.client.api import endpoint_url
     from fluxbooth.client.submission import Submission
 
     job_input = read_request(arguments.request)
     job_input.update({name: getattr(arguments, name) for _, name, _ in FIELD_FLAGS if getattr(arguments, name) is not None})
-    if arguments.endpoint:
-        api_key = environ.get(API_KEY_VARIABLE, "").strip()
-        if not api_key:
-            raise ClientError(f"--endpoint needs {API_KEY_VARIABLE} set to a RunPod API key", ExitCode.USAGE)
-        base_url = endpoint_url(arguments.endpoint)
-    else:
-        api_key, base_url = environ.get(API_KEY_VARIABLE, "").strip() or None, arguments.url
+    base_url, api_key, key_source = _destination(arguments, environ)
     polling = {"poll_seconds": arguments.poll_seconds} if arguments.poll_seconds is not None else {}
     return Submission(
         photos=arguments.photos, job_input=job_input, out_dir=arguments.out, base_url=base_url, api_key=api_key,
-        webhook=arguments.webhook, status_answers_at_once=bool(arguments.endpoint), **polling,
+        webhook=arguments.webhook, status_answers_at_once=bool(arguments.endpoint), key_source=key_source,
+        **polling,
     )
+
+
+def _destination(arguments: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, str | None, str]:
+    """Where the job goes, the key sent there (if any) and the variable it came from. RUNPOD_API_KEY goes only to
+    RunPod's API; a --url server gets a key only when --url-api-key-env names one, and only over https or to
+    localhost (JobApi refuses anything else)."""
+    from fluxbooth.client.api import endpoint_url, key_may_go_to  # deferred, as in submission_from
+
+    if arguments.endpoint:
+        if arguments.url_api_key_env:
+            raise ClientError("--url-api-key-env goes with --url; --endpoint reads RUNPOD_API_KEY", ExitCode.USAGE)
+        if not ENDPOINT_ID.fullmatch(arguments.endpoint):
+            raise ClientError(f"--endpoint {arguments.endpoint!r}: an endpoint ID is letters, digits, - and _ "
+                              "(the ID in the console's endpoint URL)", ExitCode.USAGE)
+        api_key = environ.get(API_KEY_VARIABLE, "").strip()
+        if not api_key:
+            raise ClientError(f"--endpoint needs {API_KEY_VARIABLE} set to a RunPod API key", ExitCode.USAGE)
+        return endpoint_url(arguments.endpoint), api_key, API_KEY_VARIABLE
+    url = arguments.url
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        parts = urlsplit("")
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        raise ClientError(f"--url {url!r}: give an http:// or https:// URL with a host", ExitCode.USAGE)
+    name = arguments.url_api_key_env
+    if not name:
+        return url, None, ""
+    api_key = environ.get(name, "").strip()
+    if not api_key:
+        raise ClientError(f"--url-api-key-env {name}: the variable {name} is not set", ExitCode.USAGE)
+    if not key_may_go_to(url):
+        raise ClientError(f"--url {url}: the key in {name} is sent only over https, or over http to this machine "
+                          "(localhost); use an https:// URL", ExitCode.USAGE)
+    return url, api_key, name
 
 
 def run_submit_command(arguments: argparse.Namespace, environ: Mapping[str, str], out: TextIO) -> int:

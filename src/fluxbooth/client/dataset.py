@@ -14,6 +14,7 @@ import os
 import stat
 import uuid
 import zipfile
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,9 @@ import requests
 
 from fluxbooth.client.errors import ClientError, ExitCode
 from fluxbooth.dataset.archive import CAPTION_EXTENSION, IMAGE_EXTENSIONS
+from fluxbooth.dataset.guards import ROLE_FOLDERS
 from fluxbooth.hardware import format_bytes
-from fluxbooth.settings import BucketSettings, bucket_from_environ
+from fluxbooth.settings import BucketSettings, DatasetLimits, bucket_from_environ
 
 # RunPod refuses a /run body over 10 MB; the margin keeps headers and JSON framing out of the question.
 RUNPOD_RUN_BODY_LIMIT_BYTES = 10 * 1000 * 1000
@@ -74,12 +76,30 @@ def _dataset_files(folder: Path) -> list[Path]:
     return kept
 
 
-def pack_folder(folder: Path) -> bytes:
+def _check_image_cap(folder: Path, images: list[Path], max_images: int) -> None:
+    """Refuse a folder the worker would refuse for its image count (its cap per role: the photos, class/,
+    control/), before anything is packed or uploaded."""
+    counts = Counter(
+        parts[0].lower() if len(parts) > 1 and parts[0].lower() in ROLE_FOLDERS else "instance"
+        for parts in (path.relative_to(folder).parts for path in images)
+    )
+    for role, count in sorted(counts.items()):
+        if count > max_images:
+            where = folder if role == "instance" else folder / role
+            raise ClientError(
+                f"{where} holds {count} {'photos' if role == 'instance' else role + ' images'}; the worker accepts at "
+                f"most {max_images} (FLUXBOOTH_MAX_IMAGES): choose your best {max_images}", ExitCode.USAGE,
+            )
+
+
+def pack_folder(folder: Path, max_images: int = DatasetLimits.max_images) -> bytes:
     """The folder's images and `<stem>.txt` captions (and its `class/`, `control/` subfolders) as a zip."""
     files = _dataset_files(folder)
-    if not any(path.suffix.lower() in IMAGE_EXTENSIONS for path in files):
+    images = [path for path in files if path.suffix.lower() in IMAGE_EXTENSIONS]
+    if not images:
         known = ", ".join(sorted(IMAGE_EXTENSIONS))
         raise ClientError(f"no photos in {folder}: put the images ({known}) there, captions beside them as .txt", ExitCode.USAGE)
+    _check_image_cap(folder, images, max_images)
     buffer = io.BytesIO()
     # Photos are compressed already; storing them keeps packing fast and the zip the same size.
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:

@@ -9,6 +9,8 @@ CANCELLED, TIMED_OUT), each with its own exit code. Ctrl-C while following cance
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,10 +19,11 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
-from fluxbooth.client.api import JobApi
-from fluxbooth.client.artifacts import download_all
+from fluxbooth.client.api import RUNPOD_API_BASE, JobApi, is_loopback
+from fluxbooth.client.artifacts import checked_artifacts, download_all
 from fluxbooth.client.dataset import dataset_fields, read_photos, run_body
 from fluxbooth.client.errors import ClientError, ExitCode
+from fluxbooth.errors import ErrorCode
 from fluxbooth.progress import ProgressBar
 from fluxbooth.request import TrainingRequest, describe_validation_error
 
@@ -37,6 +40,7 @@ TERMINAL_EXIT_CODES = {
 DATASET_FIELDS = ("dataset", "dataset_url")
 PLACEHOLDER_DATASET_URL = "https://example.com/dataset.zip"
 RESULT_FILE = "result.json"
+RESUME_REQUEST_FILE = "resume-request.json"
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class Submission:
     poll_seconds: float = DEFAULT_POLL_SECONDS
     # RunPod's hosted API answers /status at once; the SDK's local server only when the job is over.
     status_answers_at_once: bool = False
+    # Where api_key came from: named when the server refuses it, and in the resubmission a `timeout` prints.
+    key_source: str = "RUNPOD_API_KEY"
 
 
 @dataclass
@@ -80,6 +86,16 @@ def check_request(job_input: Mapping[str, Any]) -> None:
         raise ClientError(describe_validation_error(error), ExitCode.USAGE) from None
 
 
+def prepare_out_dir(out_dir: Path) -> None:
+    """Create --out before anything is paid for: a job whose files cannot be saved is not worth sending."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ClientError(f"--out {out_dir}: cannot create it: {error.strerror or error}", ExitCode.USAGE) from None
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise ClientError(f"--out {out_dir}: cannot write there; choose a folder you can write", ExitCode.USAGE)
+
+
 def execution_policy(job_input: Mapping[str, Any]) -> dict[str, int] | None:
     """RunPod's per-job policy: an execution timeout a little beyond the job's own deadline, when it has one."""
     seconds = job_input.get("timeout_seconds")
@@ -88,17 +104,26 @@ def execution_policy(job_input: Mapping[str, Any]) -> dict[str, int] | None:
     return {"executionTimeout": (seconds + EXECUTION_MARGIN_SECONDS) * 1000}
 
 
-def describe_failure(reply: Mapping[str, Any]) -> str:
-    """The worker's error string (JSON with code, message, details) as one readable paragraph."""
+def worker_error(reply: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The worker's error (RunPod carries it as a JSON string: code, message, details), or None when it is not
+    one; `details` is always an object."""
     raw = reply.get("error")
     try:
         error = json.loads(raw) if isinstance(raw, str) else raw
-    except json.JSONDecodeError:
-        return str(raw)
+    except (ValueError, RecursionError):
+        return None
     if not isinstance(error, dict) or "code" not in error:
-        return str(raw)
+        return None
+    return {**error, "details": error.get("details") if isinstance(error.get("details"), dict) else {}}
+
+
+def describe_failure(reply: Mapping[str, Any]) -> str:
+    """The worker's error string (JSON with code, message, details) as one readable paragraph."""
+    error = worker_error(reply)
+    if error is None:
+        return str(reply.get("error"))[:2000]
     text = f"{error['code']}: {error.get('message', '')}"
-    details = error.get("details") or {}
+    details = error["details"]
     for name in ("latest_checkpoint", "kept_at", "exit_status"):
         if name in details:
             text += f"\n  {name}: {details[name]}"
@@ -151,28 +176,82 @@ def _cancel(api: JobApi, job_id: str, say: Callable[[str], None]) -> Outcome:
                    job_id, str(reply.get("status")))
 
 
+def _write_json(path: Path, document: Any) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(document, indent=2) + "\n")
+    except OSError as error:
+        raise ClientError(f"cannot write {path}: {error.strerror or error}", ExitCode.DOWNLOAD) from error
+
+
+def resubmission(submission: Submission) -> str:
+    """The command that resubmits this job from its latest checkpoint, its request saved beside the artifacts."""
+    request = submission.out_dir / RESUME_REQUEST_FILE
+    _write_json(request, {**submission.job_input, "resume_from": "latest"})
+    runpod = f"{RUNPOD_API_BASE}/"
+    if submission.base_url.startswith(runpod):
+        where = ["--endpoint", submission.base_url.removeprefix(runpod)]
+    else:
+        where = ["--url", submission.base_url]
+        where += ["--url-api-key-env", submission.key_source] if submission.api_key else []
+    words = ["python", "-m", "fluxbooth", "submit", submission.photos, "--request", str(request), *where,
+             "--out", str(submission.out_dir)]
+    return shlex.join(words)
+
+
+def _timed_out(error: Mapping[str, Any], submission: Submission, job_id: str, say: Callable[[str], None]) -> Outcome:
+    """The worker's `timeout`: fetch what it kept (the weights so far), and say how to continue from its checkpoint."""
+    details = error["details"]
+    message = f"job {job_id} timed out on the worker: {error['code']}: {error.get('message', '')}"
+    files: list[Path] = []
+    try:
+        artifacts = checked_artifacts(details.get("artifacts"), "error.details.artifacts")
+        if artifacts:
+            say(f"job {job_id} timed out; the worker kept {len(artifacts)} artifact(s): downloading them into "
+                f"{submission.out_dir}")
+            files = download_all(artifacts, submission.out_dir, say, is_loopback(submission.base_url))
+            message += f"\nthe {len(files)} artifact(s) the worker kept are in {submission.out_dir}, each sha256 verified"
+        if details.get("resume_from") == "latest":
+            message += ("\nto train the remaining steps from its checkpoint, resubmit with \"resume_from\": \"latest\" "
+                        f"(and more time):\n  {resubmission(submission)}")
+    except ClientError as failure:
+        return Outcome(failure.exit_code, f"{message}\n{failure.message}", job_id, "FAILED", dict(error), files)
+    return Outcome(ExitCode.TIMED_OUT, message, job_id, "FAILED", dict(error), files)
+
+
+def _completed(output: Any, submission: Submission, job_id: str, say: Callable[[str], None]) -> Outcome:
+    status = "COMPLETED"
+    if not isinstance(output, dict):
+        return Outcome(ExitCode.DOWNLOAD, f"job {job_id} completed, but its result is {type(output).__name__}, not an "
+                       "object with artifacts; the worker's answer is malformed", job_id, status, output)
+    try:
+        artifacts = checked_artifacts(output.get("artifacts"), "artifacts")
+        _write_json(submission.out_dir / RESULT_FILE, output)
+        say(f"job {job_id} completed; downloading {len(artifacts)} artifact(s) into {submission.out_dir}")
+        files = download_all(artifacts, submission.out_dir, say, is_loopback(submission.base_url))
+    except ClientError as error:
+        return Outcome(error.exit_code, error.message, job_id, status, output)
+    warnings = output.get("warnings")
+    for warning in warnings if isinstance(warnings, list) else []:
+        say(f"warning: {str(warning)[:2000]}")
+    return Outcome(ExitCode.COMPLETED, f"done: {len(files)} file(s) in {submission.out_dir}, each sha256 verified",
+                   job_id, status, output, files)
+
+
 def _finish(reply: Mapping[str, Any], submission: Submission, job_id: str, say: Callable[[str], None]) -> Outcome:
     status = str(reply["status"])
     code = TERMINAL_EXIT_CODES[status]
     if status == "FAILED":
+        error = worker_error(reply)
+        if error is not None and error["code"] == ErrorCode.TIMEOUT:
+            return _timed_out(error, submission, job_id, say)
         return Outcome(code, f"job {job_id} failed: {describe_failure(reply)}", job_id, status, reply.get("error"))
     if status == "CANCELLED":
         return Outcome(code, f"job {job_id} was cancelled (from the console, the API or the endpoint)", job_id, status)
     if status == "TIMED_OUT":
         return Outcome(code, f"job {job_id} timed out: RunPod stopped it at the execution timeout; raise the "
                        "endpoint's execution timeout or the request's timeout_seconds", job_id, status)
-    output = reply.get("output")
-    submission.out_dir.mkdir(parents=True, exist_ok=True)
-    (submission.out_dir / RESULT_FILE).write_text(json.dumps(output, indent=2) + "\n")
-    artifacts = output.get("artifacts", []) if isinstance(output, dict) else []
-    say(f"job {job_id} completed; downloading {len(artifacts)} artifact(s) into {submission.out_dir}")
-    try:
-        files = download_all(artifacts, submission.out_dir, say)
-    except ClientError as error:
-        return Outcome(error.exit_code, error.message, job_id, status, output)
-    for warning in (output.get("warnings") or []) if isinstance(output, dict) else []:
-        say(f"warning: {warning}")
-    return Outcome(code, f"done: {len(files)} file(s) in {submission.out_dir}, each sha256 verified", job_id, status, output, files)
+    return _completed(reply.get("output"), submission, job_id, say)
 
 
 def submit(submission: Submission, environ: Mapping[str, str], stream: TextIO | None = None, api: JobApi | None = None) -> Outcome:
@@ -184,13 +263,15 @@ def submit(submission: Submission, environ: Mapping[str, str], stream: TextIO | 
         out.flush()
 
     policy = execution_policy(submission.job_input)
-    client = api or JobApi(
-        submission.base_url, submission.api_key, status_answers_at_once=submission.status_answers_at_once
-    )
-    if policy and client.status_timeout_seconds is None:
-        client.status_timeout_seconds = policy["executionTimeout"] / 1000
     try:
+        client = api or JobApi(
+            submission.base_url, submission.api_key, submission.key_source,
+            status_answers_at_once=submission.status_answers_at_once,
+        )
+        if policy and client.status_timeout_seconds is None:
+            client.status_timeout_seconds = policy["executionTimeout"] / 1000
         check_request(submission.job_input)
+        prepare_out_dir(submission.out_dir)
         source = read_photos(submission.photos)
         extra = {"policy": policy, "webhook": submission.webhook}
         fields, how = dataset_fields(source, submission.job_input, extra, environ)
