@@ -116,7 +116,10 @@ HTTP 200
 
 FOOTER = """
 The client (`python -m fluxbooth submit`) prints `job <id> failed: <code>: <message>`, the latest checkpoint
-and the log tail when the error carries them, and exits with status 1.
+and the log tail when the error carries them, and exits with status 1. A `timeout` exits with status 4
+instead: the client downloads the artifacts the worker kept (`details.artifacts`) into `--out` and, when
+`details.resume_from` is `latest`, writes `resume-request.json` there and prints the `submit` command that
+continues from the checkpoint.
 """
 
 
