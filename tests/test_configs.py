@@ -175,6 +175,17 @@ def test_torch_optimizers_without_offload_leave_deepspeeds_cpu_optimizer_check_a
     assert "zero_force_ds_cpu_optimizer" not in config
 
 
+@pytest.mark.parametrize("name", ["adamw", "adam", "adagrad", "lion", "adafactor", "sgd"])
+@pytest.mark.parametrize("accelerator", ["cuda", "cpu"])
+def test_without_optimizer_offload_no_optimizer_block_so_deepspeed_builds_no_gpu_kernel(name: str, accelerator: str) -> None:
+    # The trainer hands DeepSpeed its own optimizer (torch's fused AdamW, its Lion): DeepSpeed's FusedAdam and
+    # FusedLion are CUDA ops that need nvcc to build, and the image has none.
+    plan = replace(GUIDE_DEFAULT_PLAN, offload_optimizer="none", accelerator=accelerator)
+    config = deepspeed_config(plan, replace(GUIDE_TRAINER, optimizer=name))
+    assert "optimizer" not in config
+    assert "zero_force_ds_cpu_optimizer" not in config
+
+
 def test_deepspeed_optimizers_keep_deepspeeds_cpu_optimizer_check() -> None:
     assert "zero_force_ds_cpu_optimizer" not in deepspeed_config(GUIDE_DEFAULT_PLAN, replace(GUIDE_TRAINER, optimizer="lion"))
 

@@ -291,7 +291,8 @@ def test_nvme_offload_without_an_offload_path_is_refused() -> None:
         ("Adagrad", "cpu", "DeepSpeedCPUAdagrad"),
         ("lion", "nvme", "DeepSpeedCPULion"),
         ("sgd", "cpu", "SGD"),
-        ("adamw", "none", "FusedAdam"),
+        ("adamw", "none", "AdamW"),
+        ("lion", "none", "Lion"),
     ],
 )
 def test_the_plan_names_the_optimizer_class_that_will_step(optimizer: str, offload: str, expected: str) -> None:

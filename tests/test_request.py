@@ -465,10 +465,10 @@ def test_zero_stage_without_deepspeed_is_refused(dataset_b64: str) -> None:
     assert "input.zero_stage: need input.use_deepspeed true" in message
 
 
-def test_lion_without_deepspeed_is_refused_before_launch(dataset_b64: str) -> None:
-    message = refusal(minimal(dataset_b64, use_deepspeed=False, optimizer="Lion"))
+def test_lion_without_deepspeed_is_accepted_it_is_the_trainers_own_torch_optimizer(dataset_b64: str) -> None:
+    request = parse_request(minimal(dataset_b64, use_deepspeed=False, optimizer="Lion"))
 
-    assert "input.optimizer, input.use_deepspeed: 'lion' exists only inside DeepSpeed" in message
+    assert request.optimizer == "lion"
 
 
 def test_offload_without_deepspeed_is_refused(dataset_b64: str) -> None:

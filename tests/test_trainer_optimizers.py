@@ -66,6 +66,17 @@ def test_every_optimizer_trains_under_the_default_plan_with_its_own_implementati
     assert math.isfinite(run.metrics["final_loss"])
 
 
+# Not offloaded (a GPU plan's JSON): no optimizer block, so DeepSpeed builds none of its CUDA kernels; the trainer
+# hands it its own Lion (torch's fused AdamW likewise; tests/test_torch_optimizers.py compares their steps).
+def test_without_optimizer_offload_lion_is_the_trainers_own_handed_to_deepspeed(tiny_base: Path, tmp_path: Path) -> None:
+    run = new_job(tmp_path / "job", tiny_base, plan=make_plan(offload_optimizer="none"), steps=2, optimizer="lion").launch()
+
+    assert_succeeded(run)
+    assert (run.metrics["optimizer"], run.metrics["zero_stage"]) == ("Lion", 2)
+    assert "optimizer" not in read_json(tmp_path / "job" / "config" / "ds_config.json")
+    assert math.isfinite(run.metrics["final_loss"])
+
+
 # DeepSpeed steps the schedule next to its own optimizer (adamw); the trainer steps it next to a torch one (sgd).
 @pytest.mark.parametrize(("name", "implementation"), [("adamw", "DeepSpeedCPUAdam"), ("sgd", "SGD")])
 def test_warmup_under_deepspeed_starts_above_zero_and_rises_to_the_learning_rate(

@@ -113,14 +113,16 @@ def zero_optimization_section(plan: Plan, trainer: TrainerConfig) -> dict[str, A
     return zero
 
 
-def optimizer_section(trainer: TrainerConfig) -> dict[str, Any] | None:
-    """DeepSpeed's block for the requested optimizer, or None for the torch-only ones (adafactor, sgd),
-    which the trainer builds itself and hands to DeepSpeed."""
+def optimizer_section(plan: Plan, trainer: TrainerConfig) -> dict[str, Any] | None:
+    """DeepSpeed's block for the requested optimizer when DeepSpeed offloads it (it then steps its host C++
+    DeepSpeedCPUAdam/CPUAdagrad/CPULion), else None: the trainer builds the optimizer and hands it to DeepSpeed
+    (torch's fused AdamW, its own Lion, ...). Not offloaded, a block would make DeepSpeed build its CUDA
+    kernels, which need nvcc; the torch-only optimizers (adafactor, sgd) never have one."""
     name = normalise_optimizer_name(trainer.optimizer)
     if name not in SUPPORTED_OPTIMIZERS:
         raise ValueError(f"optimizer {trainer.optimizer!r} is not supported; use one of {list(SUPPORTED_OPTIMIZERS)}")
     deepspeed_type = DEEPSPEED_OPTIMIZER_TYPES.get(name)
-    if deepspeed_type is None:
+    if deepspeed_type is None or plan.offload_optimizer == "none":
         return None
     values = {"lr": trainer.learning_rate, **OPTIMIZER_HYPERPARAMETERS[name]}
     accepted = DEEPSPEED_OPTIMIZER_PARAMS[deepspeed_type]
@@ -146,7 +148,7 @@ def deepspeed_config(plan: Plan, trainer: TrainerConfig) -> dict[str, Any]:
         config["bf16"] = {"enabled": True}
     elif plan.mixed_precision == "fp16":
         config["fp16"] = dict(GUIDE_FP16_SECTION)
-    optimizer = optimizer_section(trainer)
+    optimizer = optimizer_section(plan, trainer)
     if optimizer is not None:
         config["optimizer"] = optimizer
     elif plan.offload_optimizer != "none":

@@ -36,7 +36,6 @@ from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.messages import listed, short_name
 from fluxbooth.settings import TINY_MODEL_NAME
 from fluxbooth.contract.names import (
-    DEEPSPEED_ONLY_OPTIMIZERS,
     SUPPORTED_OPTIMIZERS,
     SUPPORTED_TIMESTEP_SAMPLING,
     normalise_optimizer_name,
@@ -434,12 +433,6 @@ class TrainingRequest(BaseModel):
             if forced:
                 problems.append(
                     f"{', '.join(forced)}: need input.use_deepspeed true; leave them 'auto' or enable DeepSpeed"
-                )
-            # `optimizer` is already normalised by its field validator.
-            if self.optimizer in DEEPSPEED_ONLY_OPTIMIZERS:
-                problems.append(
-                    f"input.optimizer, input.use_deepspeed: {self.optimizer!r} exists only "
-                    "inside DeepSpeed; enable DeepSpeed or choose another optimizer"
                 )
         problems += self._fused_pass_problems()
         if self.offload == "nvme" and self.zero_stage in (1, 2):

@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Optimizers the trainer can build, by canonical (lower-case) name: the DeepSpeed optimizer types SimpleTuner's
-# DeepSpeed guide lists that run here, plus two torch ones. Under DeepSpeed, the names in
-# DEEPSPEED_OPTIMIZER_TYPES come from the DeepSpeed JSON's `optimizer` block (offloaded to the CPU they
-# become DeepSpeedCPUAdam / DeepSpeedCPUAdagrad / DeepSpeedCPULion); "adafactor" and "sgd" are torch
-# optimizers handed to DeepSpeed, which needs `zero_force_ds_cpu_optimizer: false` in the JSON when the
-# optimizer is offloaded. SimpleTuner's other names (Lamb, OneBitAdam, OneBitLamb, ZeroOneAdam, MuAdam,
+# DeepSpeed guide lists that run here, plus two torch ones. When DeepSpeed offloads the optimizer, the names in
+# DEEPSPEED_OPTIMIZER_TYPES come from the DeepSpeed JSON's `optimizer` block and step as DeepSpeed's host C++
+# DeepSpeedCPUAdam / DeepSpeedCPUAdagrad / DeepSpeedCPULion. Otherwise the trainer builds them (torch's fused
+# AdamW and Adam, torch's Adagrad, train/lion.py's Lion) and hands them to DeepSpeed: DeepSpeed's own GPU
+# kernels (FusedAdam, FusedLion) are CUDA ops that need nvcc to build. "adafactor" and "sgd" are always torch
+# optimizers, which DeepSpeed takes next to an offload only with `zero_force_ds_cpu_optimizer: false`. SimpleTuner's other names (Lamb, OneBitAdam, OneBitLamb, ZeroOneAdam, MuAdam,
 # MuAdamW, MuSGD, Muon) need CUDA-only kernels or extra packages and are refused, as are the
 # implementation names "cpuadam"/"fusedadam" (SimpleTuner silently swaps those for AdamW).
 SUPPORTED_OPTIMIZERS = ("adamw", "adam", "adagrad", "lion", "adafactor", "sgd")
@@ -40,8 +41,6 @@ OPTIMIZER_HYPERPARAMETERS: dict[str, dict[str, object]] = {
 # docs/fine_tune.md, FLUX.1 with flux_train.py: 1e-5). Its class is what metrics.optimizer reports.
 FUSED_ADAFACTOR_LEARNING_RATE = 1e-5
 FUSED_ADAFACTOR_CLASS = "FusedBackwardAdafactor"
-# Optimizers that exist only as DeepSpeed implementations (no torch class): they need the JSON block.
-DEEPSPEED_ONLY_OPTIMIZERS = ("lion",)
 
 # The layers LoRA adapts when a request names none (diffusers' FLUX LoRA script's set): every attention
 # projection and feed-forward layer of both block kinds. The one definition: the request, the planner and

@@ -34,9 +34,11 @@ OFFLOADED_OPTIMIZER_CLASSES = {
     "adamw": "DeepSpeedCPUAdam", "adam": "DeepSpeedCPUAdam", "adagrad": "DeepSpeedCPUAdagrad",
     "lion": "DeepSpeedCPULion", "sgd": "SGD", "adafactor": "Adafactor",
 }
-# Not offloaded: DeepSpeed builds its fused GPU kernels for its own types; torch's classes otherwise.
-DEEPSPEED_GPU_OPTIMIZER_CLASSES = {"adamw": "FusedAdam", "adam": "FusedAdam", "lion": "FusedLion"}
-TORCH_OPTIMIZER_CLASSES = {"adamw": "AdamW", "adam": "Adam", "adagrad": "Adagrad", "sgd": "SGD", "adafactor": "Adafactor"}
+# Not offloaded, with or without DeepSpeed: the trainer's own (torch's fused AdamW and Adam, train/lion.py's Lion),
+# handed to DeepSpeed as a client optimizer; DeepSpeed's GPU kernels would need nvcc to build.
+TORCH_OPTIMIZER_CLASSES = {
+    "adamw": "AdamW", "adam": "Adam", "adagrad": "Adagrad", "lion": "Lion", "sgd": "SGD", "adafactor": "Adafactor",
+}
 # kohya's FLUX full fine-tune: bf16 weights, Adafactor fused into the backward pass, no DeepSpeed, one process.
 FUSED_STRATEGY = Strategy("full", False, 0, "none", "none", fused_backward_pass=True)
 # The same with the trained blocks in pinned host RAM, streamed in as the passes reach them (kohya's --blocks_to_swap).
@@ -286,6 +288,4 @@ def optimizer_for(strategy: Strategy, optimizer: str = "adamw") -> str:
     name = normalise_optimizer_name(optimizer)
     if strategy.offload_optimizer != "none":
         return OFFLOADED_OPTIMIZER_CLASSES.get(name, name)
-    if strategy.use_deepspeed and name in DEEPSPEED_GPU_OPTIMIZER_CLASSES:
-        return DEEPSPEED_GPU_OPTIMIZER_CLASSES[name]
     return TORCH_OPTIMIZER_CLASSES.get(name, name)

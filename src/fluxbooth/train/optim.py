@@ -1,7 +1,10 @@
 """Optimizer and learning-rate schedule.
 
-The optimizer is DeepSpeed's when its JSON has an `optimizer` block (adamw/adam/adagrad/lion), torch's
-otherwise (adafactor/sgd, or any name without DeepSpeed). The schedule is the trainer's own LambdaLR
+The optimizer is DeepSpeed's when its JSON has an `optimizer` block: launch_files.py writes one only when
+DeepSpeed offloads the optimizer (adamw/adam/adagrad/lion become its host C++ DeepSpeedCPUAdam/CPUAdagrad/
+CPULion). Otherwise it is the trainer's own, handed to DeepSpeed as a client optimizer: torch's fused AdamW/Adam
+(torch ships the kernel; DeepSpeed's FusedAdam would need nvcc to build), Adagrad, SGD, Adafactor, and the Lion
+in train/lion.py. The schedule is the trainer's own LambdaLR
 (`learning_rate_factor`) unless a hand-written DeepSpeed JSON brings a `scheduler` block: DeepSpeed builds
 and steps it next to its own optimizer; next to a torch optimizer the trainer steps it."""
 
@@ -17,8 +20,8 @@ from transformers.optimization import Adafactor
 
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.fused_adafactor import build_fused_adafactor
+from fluxbooth.train.lion import Lion
 from fluxbooth.contract.names import (
-    DEEPSPEED_ONLY_OPTIMIZERS,
     DEEPSPEED_OPTIMIZER_TYPES,
     OPTIMIZER_HYPERPARAMETERS,
     SUPPORTED_LR_SCHEDULERS,
@@ -26,6 +29,11 @@ from fluxbooth.contract.names import (
     normalise_optimizer_name,
 )
 from fluxbooth.contract.trainer_config import TrainerConfig
+
+# Without an optimizer block, an offloaded torch optimizer is replaced by accelerate (map_pytorch_optim_to_deepspeed):
+# AdamW and Adam by DeepSpeedCPUAdam in the matching mode, Adagrad by DeepSpeedCPUAdagrad (the same updates);
+# every other class by DeepSpeedCPUAdam, which would train with another optimizer than the one asked for.
+SWAPPED_FOR_THEIR_DEEPSPEED_CPU_KERNEL = ("adamw", "adam", "adagrad")
 
 
 def validated_optimizer_name(config: TrainerConfig, deepspeed_config: dict[str, Any] | None) -> str:
@@ -35,20 +43,14 @@ def validated_optimizer_name(config: TrainerConfig, deepspeed_config: dict[str, 
             "invalid_config", f"optimizer {config.optimizer!r} is not supported; use one of {list(SUPPORTED_OPTIMIZERS)}"
         )
     block = (deepspeed_config or {}).get("optimizer")
-    if block is None and name in DEEPSPEED_ONLY_OPTIMIZERS:
-        raise TrainerFailure(
-            "invalid_config",
-            f"optimizer {name!r} exists only inside DeepSpeed: run with DeepSpeed and an optimizer block of type "
-            f"{DEEPSPEED_OPTIMIZER_TYPES[name]!r}, or choose one of {[n for n in SUPPORTED_OPTIMIZERS if n not in DEEPSPEED_ONLY_OPTIMIZERS]}",
-        )
-    if block is None and name not in DEEPSPEED_OPTIMIZER_TYPES and _offloads_optimizer(deepspeed_config):
+    if block is None and name not in SWAPPED_FOR_THEIR_DEEPSPEED_CPU_KERNEL and _offloads_optimizer(deepspeed_config):
         if (deepspeed_config or {}).get("zero_force_ds_cpu_optimizer", True) is not False:
             # accelerate would replace the torch optimizer by DeepSpeedCPUAdam without a word.
             raise TrainerFailure(
                 "invalid_config",
                 f"optimizer {name!r} is a torch optimizer and the DeepSpeed JSON offloads the optimizer without "
                 '"zero_force_ds_cpu_optimizer": false, so it would be swapped for DeepSpeedCPUAdam; add that '
-                f"setting to run {name!r} on the CPU, or choose one of {sorted(DEEPSPEED_OPTIMIZER_TYPES)}",
+                f"setting to run {name!r} on the CPU, or choose one of {sorted(SWAPPED_FOR_THEIR_DEEPSPEED_CPU_KERNEL)}",
             )
     if block is not None:
         declared = str(block.get("type", ""))
@@ -76,8 +78,9 @@ def build_optimizer(
     name: str, parameters: Sequence[torch.nn.Parameter], config: TrainerConfig, deepspeed_config: dict[str, Any] | None
 ) -> Any:
     """`accelerate.utils.DummyOptim` when the DeepSpeed JSON has an optimizer block (DeepSpeed then builds
-    it, as DeepSpeedCPUAdam when the optimizer is offloaded), else a torch optimizer; Adafactor fused into
-    the backward pass when train.json asks for it (train/fused_adafactor.py)."""
+    it: DeepSpeedCPUAdam when the optimizer is offloaded), else the trainer's optimizer, which accelerate hands
+    to DeepSpeed as a client optimizer; Adafactor fused into the backward pass when train.json asks for it
+    (train/fused_adafactor.py)."""
     if config.fused_backward_pass:
         return build_fused_adafactor(parameters, config)
     if deepspeed_config is not None and "optimizer" in deepspeed_config:
@@ -87,7 +90,12 @@ def build_optimizer(
     hyperparameters: dict[str, Any] = dict(OPTIMIZER_HYPERPARAMETERS.get(name, {}))
     torch_classes: dict[str, Any] = {
         "adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD,
+        "lion": Lion,
     }
+    if name in ("adamw", "adam"):
+        # torch's one-kernel step (CUDA and CPU): the same update and the same two fp32 states as DeepSpeed's
+        # FusedAdam, without a CUDA op to compile.
+        hyperparameters["fused"] = True
     if name in torch_classes:
         return torch_classes[name](parameters, lr=config.learning_rate, **hyperparameters)
     if name == "adafactor":
