@@ -16,7 +16,6 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
