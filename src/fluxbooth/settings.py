@@ -64,14 +64,19 @@ def _int(environ: Mapping[str, str], name: str, default: int) -> int:
     return default if value is None else int(value)
 
 
-def _deadline_seconds(environ: Mapping[str, str], name: str, default: int) -> int:
-    """Whole seconds, at least one: a deadline of 0, below zero or under a second leaves no job any time."""
+def _at_least(environ: Mapping[str, str], name: str, default: float, minimum: float, expected: str) -> float:
+    """A finite number, `minimum` or more; `expected` completes "must be …"."""
     value = _finite(environ, name)
     if value is None:
         return default
-    if value < 1:
-        raise ValueError(f"environment variable {name}={environ[name]!r} must be 1 second or more")
-    return int(value)
+    if value < minimum:
+        raise ValueError(f"environment variable {name}={environ[name]!r} must be {expected}")
+    return value
+
+
+def _deadline_seconds(environ: Mapping[str, str], name: str, default: int) -> int:
+    """Whole seconds, at least one: a deadline of 0, below zero or under a second leaves no job any time."""
+    return int(_at_least(environ, name, default, 1, "1 second or more"))
 
 
 def _count(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -90,12 +95,7 @@ def _count(environ: Mapping[str, str], name: str, default: int) -> int:
 
 def _ratio(environ: Mapping[str, str], name: str, default: float) -> float:
     """A proportion like "4" or "2.5" (to 1), at least 1."""
-    value = _finite(environ, name)
-    if value is None:
-        return default
-    if value < 1:
-        raise ValueError(f"environment variable {name}={environ[name]!r} must be 1 or more")
-    return value
+    return _at_least(environ, name, default, 1, "1 or more")
 
 
 def _positive_number(environ: Mapping[str, str], name: str, expected: str) -> float | None:

@@ -15,7 +15,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote, urljoin, urlsplit
@@ -288,13 +288,14 @@ def download_dataset(
 
 
 def _response(
-    connection: http.client.HTTPConnection, target: str, url: str, idle_timeout: float
+    connection: http.client.HTTPConnection, target: str, url: str, idle_timeout: float,
+    extra_headers: Mapping[str, str] | None = None,
 ) -> http.client.HTTPResponse:
-    """The GET's status line and headers."""
+    """The GET's status line and headers (`extra_headers`: the dry run's Range)."""
     try:
-        connection.request(
-            "GET", target, headers={"User-Agent": "fluxbooth-worker", "Accept-Encoding": "identity", "Accept": "*/*"}
-        )
+        connection.request("GET", target, headers={
+            "User-Agent": "fluxbooth-worker", "Accept-Encoding": "identity", "Accept": "*/*", **(extra_headers or {}),
+        })
         return connection.getresponse()
     except TimeoutError:
         raise url_error(

@@ -8,7 +8,9 @@ directory by the dataset stage's own rules (archive.count_instance_images), with
   directory when it begins before those bytes. The whole zip is never fetched.
   Every request, its status line and headers included, ends within the count's budget and the job's clock.
 - When the zip cannot be counted that way (a server that ignores ranges, a directory too large to fetch, a
-  damaged or odd zip, a slow server), the job is planned for the worker's cap, as before, and the answer says why.
+  damaged or odd zip, a server too slow for the count's budget), the job is planned for the worker's cap, as
+  before, and the answer says why. A server silent for the download's idle timeout is refused as the download
+  refuses it.
 
 A zip the dataset stage would refuse (not a zip, its names, its counts, a member declaring more than the limits)
 is refused here the same way (`invalid_dataset`); a URL the download would refuse (`invalid_input`) or a server
@@ -34,6 +36,7 @@ from fluxbooth.dataset.fetch import (
     _connect,
     _cut_off_at,
     _resolve_allowed_addresses,
+    _response,
     _status_error,
     decode_base64_dataset,
     display_url,
@@ -201,7 +204,7 @@ def _fetch_range(
         try:
             with _cut_off_at(connection, budget.cut_at) as cut_off:
                 try:
-                    response = _ranged_response(connection, target, byte_range, current, timeout)
+                    response = _response(connection, target, current, timeout, {"Range": f"bytes={byte_range}"})
                     if response.status in (301, 302, 303, 307, 308):
                         location = response.getheader("Location")
                         if not location:
@@ -216,25 +219,6 @@ def _fetch_range(
         finally:
             connection.close()
     raise url_error(f"more than {MAX_REDIRECTS} redirects starting at {display_url(url)}; give the final URL")
-
-
-def _ranged_response(
-    connection: http.client.HTTPConnection, target: str, byte_range: str, url: str, timeout: float
-) -> http.client.HTTPResponse:
-    """The range GET's status line and headers."""
-    try:
-        connection.request("GET", target, headers={
-            "User-Agent": "fluxbooth-worker", "Accept-Encoding": "identity", "Range": f"bytes={byte_range}",
-        })
-        return connection.getresponse()
-    except TimeoutError:
-        raise _NotCounted(
-            f"{display_url(url)} sent nothing for {timeout:g} s (FLUXBOOTH_DOWNLOAD_TIMEOUT_SECONDS)"
-        ) from None
-    except (OSError, http.client.HTTPException) as error:
-        raise url_error(
-            f"{display_url(url)} failed before answering ({type(error).__name__}: {error}); check the URL or try again"
-        ) from None
 
 
 def _range_body(response: http.client.HTTPResponse, first: int | None, length: int, url: str) -> tuple[bytes, int]:
