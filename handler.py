@@ -60,7 +60,7 @@ async def _result_for(job: Any) -> dict[str, Any]:
         settings = WorkerSettings.from_environ()
     except ValueError as error:
         return FluxboothError(
-            ErrorCode.INTERNAL, f"worker configuration: {error}; fix the endpoint's environment variables"
+            ErrorCode.WORKER_UNFIT, f"worker settings: {error}; fix the endpoint's environment variables"
         ).to_result()
     return await run_job(job.get("input"), job_id=job.get("id"), settings=settings, progress=progress_sink_for(job))
 
@@ -74,7 +74,8 @@ class StartCheck:
     """The worker's start check and what it found. Registered as a runpod SDK fitness check, which runs on RunPod
     only (not in the local test or API modes), before the worker takes a job; it never raises, so the SDK keeps the
     worker up instead of exiting (which would leave jobs queued until their TTL with the reason only in the log),
-    and every job is answered `worker_unfit`, naming what failed."""
+    and every job is answered `worker_unfit`, naming what failed, without `refresh_worker`: a replacement worker
+    would start from the same image and settings, so a restart after every job only adds a cold start to each."""
 
     def __init__(self) -> None:
         self.failures: tuple[str, ...] = ()
@@ -87,7 +88,6 @@ class StartCheck:
             ErrorCode.WORKER_UNFIT,
             "this worker cannot train: " + " | ".join(self.failures) + "; fix the endpoint (its image, GPU type or "
             "environment variables) and send the job again",
-            refresh_worker=True,
         ).to_result()
 
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -637,3 +638,15 @@ def test_a_request_file_nested_100000_deep_is_a_clean_invalid_input(cli_env: dic
     )
     assert completed.returncode == EXIT_USAGE
     assert completed.stderr == f"error (invalid_input): --request {request}: nested 100,000 levels deep, over the bound of 64\n"
+
+
+def test_a_request_file_of_400_kb_of_escaped_quotes_is_invalid_input_within_a_second(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    request = tmp_path / "quotes.json"
+    request.write_text('"' + '\\"' * 200_000)
+    started = time.monotonic()
+    code, output = run_cli(["plan", *EIGHT_GIB_CARD, "--request", str(request), "--json"], cli_env)
+    assert time.monotonic() - started < 1.0
+    assert code == EXIT_USAGE
+    assert json.loads(output)["error"]["message"] == f"--request {request}: not a readable JSON file (JSONDecodeError)"

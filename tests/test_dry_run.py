@@ -167,7 +167,7 @@ def test_dry_run_must_be_a_json_boolean(value: object) -> None:
 @pytest.mark.parametrize(
     ("value", "reason"),
     [("cheap", "is not a number"), ("0", "must be a price above 0, like 0.69"), ("-1", "must be a price above 0, like 0.69"),
-     ("nan", "must be a price above 0, like 0.69"), ("inf", "must be a price above 0, like 0.69")],
+     ("nan", "is not a finite number"), ("inf", "is not a finite number")],
 )
 def test_the_price_per_hour_must_be_a_price_above_zero(value: str, reason: str) -> None:
     with pytest.raises(ValueError) as caught:
@@ -176,7 +176,7 @@ def test_the_price_per_hour_must_be_a_price_above_zero(value: str, reason: str) 
     assert str(caught.value) == f"environment variable FLUXBOOTH_PRICE_PER_HOUR={value!r} {reason}"
 
 
-def test_a_worker_with_a_malformed_price_answers_internal_naming_the_variable(
+def test_a_worker_with_a_malformed_price_answers_worker_unfit_naming_the_variable(
     quote_env: dict[str, str], dataset_server: LocalHTTPServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for name, value in {**quote_env, "FLUXBOOTH_PRICE_PER_HOUR": "cheap"}.items():
@@ -185,7 +185,7 @@ def test_a_worker_with_a_malformed_price_answers_internal_naming_the_variable(
     result = asyncio.run(handler({"id": "quote-3", "input": dry_run_input(dataset_server)}))
 
     assert json.loads(result["error"])["message"] == (
-        "worker configuration: environment variable FLUXBOOTH_PRICE_PER_HOUR='cheap' is not a number; "
+        "worker settings: environment variable FLUXBOOTH_PRICE_PER_HOUR='cheap' is not a number; "
         "fix the endpoint's environment variables"
     )
 

@@ -10,18 +10,23 @@ import asyncio
 import io
 import json
 import random
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fluxbooth.cli import main as cli_main
-from fluxbooth.dataset.remote_count import TAIL_BYTES, count_remote_zip
+from fluxbooth.clock import JobClock
+from fluxbooth.dataset.remote_count import COUNT_STAGE, TAIL_BYTES, count_dataset, count_remote_zip
+from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.request import parse_request
 from fluxbooth.job import run_job
 from fluxbooth.settings import TINY_MODEL_NAME, DatasetLimits, WorkerSettings
 from tests.factories import dataset_members, make_dataset_zip, make_zip, to_base64
 from tests.http_fixtures import LocalHTTPServer, http_server  # noqa: F401 - fixture
 from tests.test_hostile_jobs import tiny_model  # noqa: F401 - fixture
+from tests.test_job_clock import LIMITS, HeaderTrickler, trickler  # noqa: F401 - fixture
 
 # A trainer module that cannot even be imported: a real job that got past every check ends at the launch.
 NO_TRAINER = "tests.no_such_trainer_module"
@@ -78,14 +83,43 @@ def test_a_dry_run_refuses_a_zip_with_too_few_images_as_the_job_would(env: dict[
     assert result["error"]["message"] == "dataset: found 1 instance image(s); at least 3 are needed. Add more photos"
 
 
-def test_a_dry_run_of_an_inline_file_that_is_not_a_zip_plans_for_the_cap_and_says_why(env: dict[str, str]) -> None:
-    result = run({**env, "FLUXBOOTH_MAX_IMAGES": "10"}, job_input(dataset=to_base64(b"GIF89a not a zip")))
+def real_and_dry(env: dict[str, str], **fields: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The same job's answers as a real job and as a dry run."""
+    real = asyncio.run(run_job({**job_input(**fields), "dry_run": False}, job_id="real-1",
+                               settings=WorkerSettings.from_environ(env)))
+    return real, run(env, job_input(**fields))
 
-    assert (result["instance_images"], result["instance_images_source"]) == (10, "cap")
-    assert result["instance_images_note"] == (
-        "the dataset's images were not counted (its zip directory cannot be read: File is not a zip file); planned "
-        "for the worker's cap of 10 (FLUXBOOTH_MAX_IMAGES)"
-    )
+
+def test_a_dry_run_of_an_inline_file_that_is_not_a_zip_is_refused_as_the_job_refuses_it(env: dict[str, str]) -> None:
+    real, dry = real_and_dry(env, dataset=to_base64(b"GIF89a not a zip"))
+
+    assert dry["error"] == real["error"] == {
+        "code": "invalid_dataset", "message": "dataset: the upload is not a zip archive; put the images in a .zip",
+    }
+
+
+def test_a_dry_run_refuses_members_declaring_more_than_the_limits_as_the_job_does(env: dict[str, str]) -> None:
+    real, dry = real_and_dry({**env, "FLUXBOOTH_MAX_EXPANDED_BYTES": "1000"}, dataset=to_base64(make_dataset_zip(4)))
+
+    assert dry["error"] == real["error"]
+    assert dry["error"]["code"] == "invalid_dataset"
+    assert dry["error"]["message"].startswith("dataset: the archive declares ")
+    assert "over the 1000 B cap (FLUXBOOTH_MAX_EXPANDED_BYTES)" in dry["error"]["message"]
+
+
+def test_a_dry_run_refuses_a_resume_from_that_finds_nothing_as_the_job_does(env: dict[str, str]) -> None:
+    missing = f"file://{Path(env['FLUXBOOTH_OUTPUT_DIR']).resolve()}/sks-dog/checkpoints/checkpoint-40"
+    real, dry = real_and_dry(env, dataset=to_base64(make_dataset_zip(4)), resume_from=missing)
+
+    assert dry["error"] == real["error"]
+    assert dry["error"]["code"] == "invalid_input"
+    assert dry["error"]["message"].startswith(f"input.resume_from: {missing} is not a complete checkpoint")
+
+
+def test_a_dry_run_resuming_from_latest_with_nothing_stored_says_so_as_the_job_does(env: dict[str, str]) -> None:
+    dry = run(env, job_input(dataset=to_base64(make_dataset_zip(4)), resume_from="latest"))
+
+    assert any(warning.startswith("resume_from 'latest': no complete checkpoint under ") for warning in dry["warnings"])
 
 
 # --- a dataset_url ------------------------------------------------------------------------------------
@@ -246,3 +280,36 @@ def test_plans_instance_images_flag_overrides_the_count(env: dict[str, str], tmp
     report = plan_json(env, tmp_path, "--instance-images", "3", request=request)
 
     assert (report["instance_images"], report["instance_images_source"]) == (3, "--instance-images")
+
+
+# --- the count's requests end by its budget and the job's clock (issue 37, item 8) --------------------------
+
+
+def test_a_server_trickling_its_headers_to_a_dry_run_is_the_jobs_timeout_at_the_deadline(
+    trickler: HeaderTrickler,
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(FluxboothError) as caught:
+        count_remote_zip(trickler.url, LIMITS, JobClock(started, 3.0))
+
+    assert time.monotonic() - started < 5.0
+    assert (caught.value.code, caught.value.details) == (ErrorCode.TIMEOUT, {"stage": COUNT_STAGE})
+    assert caught.value.message.startswith(f"the job deadline of 3 s passed while {COUNT_STAGE}; ")
+
+
+def test_a_server_trickling_its_headers_past_the_counts_budget_gets_the_cap_naming_that_budget(
+    trickler: HeaderTrickler,
+) -> None:
+    request = parse_request(job_input(dataset_url=trickler.url))
+    # One byte a second: no read waits the 2 s idle timeout, and the headers never end.
+    limits = DatasetLimits(allow_private_urls=True, download_timeout_seconds=2, max_images=10)
+    started = time.monotonic()
+
+    count = count_dataset(request, limits, JobClock(started, 600.0))
+
+    assert time.monotonic() - started < 6.0
+    assert (count.instance_images, count.source) == (10, "cap")
+    assert count.note == (
+        f"the dataset's images were not counted ({trickler.url} did not send what a dry run asks for within its "
+        "4 s (2 x FLUXBOOTH_DOWNLOAD_TIMEOUT_SECONDS)); planned for the worker's cap of 10 (FLUXBOOTH_MAX_IMAGES)"
+    )

@@ -15,7 +15,7 @@ import pytest
 from runpod.serverless.modules.rp_scale import JobScaler
 
 from fluxbooth.settings import WorkerSettings
-from handler import configure_logging, handler, one_job_at_a_time, worker_config
+from handler import StartCheck, configure_logging, handler, one_job_at_a_time, settings_for_logging, worker_config
 from tests.fake_trainer_module import reported_pids
 from tests.test_hostile_jobs import (  # noqa: F401 - fixtures
     fake_env,
@@ -60,14 +60,51 @@ def test_a_job_without_input_is_invalid_input(handler_env: dict[str, str]) -> No
     assert "input: expected a JSON object" in wire_error(result)["message"]
 
 
-def test_a_malformed_worker_setting_is_internal_not_an_exception(
+@pytest.mark.parametrize(("raw", "why"), [
+    ("soon", "is not a number"), ("1e400", "is not a finite number"), ("0", "must be 1 second or more"),
+])
+def test_a_malformed_worker_setting_is_worker_unfit_naming_it_without_a_restart(
+    handler_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, raw: str, why: str
+) -> None:
+    monkeypatch.setenv("FLUXBOOTH_JOB_DEADLINE_SECONDS", raw)
+    result = asyncio.run(handler({"id": "bad-3", "input": job_input()}))
+    assert wire_error(result) == {
+        "code": "worker_unfit",
+        "message": f"worker settings: environment variable FLUXBOOTH_JOB_DEADLINE_SECONDS={raw!r} {why}; fix the "
+        "endpoint's environment variables",
+        "refresh_worker": False,
+    }
+    assert result["refresh_worker"] is False
+
+
+def test_an_unfit_worker_answers_each_job_at_once_without_asking_for_a_restart(
     handler_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FLUXBOOTH_JOB_DEADLINE_SECONDS", "soon")
-    result = asyncio.run(handler({"id": "bad-3", "input": job_input()}))
-    assert wire_error(result)["code"] == "internal"
-    assert "FLUXBOOTH_JOB_DEADLINE_SECONDS='soon' is not a number" in wire_error(result)["message"]
-    assert result["refresh_worker"] is True
+    monkeypatch.setenv("FLUXBOOTH_MAX_IMAGES", "inf")
+    start_check = StartCheck()
+    start_check.run()
+    answer = worker_config(start_check)["handler"]
+
+    results = [asyncio.run(answer({"id": f"unfit-{n}", "input": job_input()})) for n in range(2)]
+
+    for result in results:
+        assert wire_error(result) == {
+            "code": "worker_unfit",
+            "message": "this worker cannot train: worker settings: environment variable FLUXBOOTH_MAX_IMAGES='inf' is "
+            "not a finite number; fix the endpoint's environment variables; fix the endpoint (its image, GPU type or "
+            "environment variables) and send the job again",
+            "refresh_worker": False,
+        }
+        assert result["refresh_worker"] is False
+
+
+@pytest.mark.parametrize("raw", ["inf", "1e400", "nan", "-3"])
+def test_logging_settings_never_raise_on_a_setting_that_does_not_parse(
+    monkeypatch: pytest.MonkeyPatch, raw: str
+) -> None:
+    monkeypatch.setenv("FLUXBOOTH_JOB_DEADLINE_SECONDS", raw)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
+    assert settings_for_logging().secret_values == ["hf_secret_value"]
 
 
 def test_a_runpod_worker_without_a_bucket_refuses_the_job_before_any_work(

@@ -2,8 +2,8 @@
 over real HTTP (tests/runpod_queue.py), and the SDK's local test mode (`--test_input`).
 
 - Worker start: the doctor's checks run once, as the SDK's fitness check, and a worker that cannot train stays
-  up and answers each job with `worker_unfit`, naming what failed, and `refresh_worker` (RunPod then replaces
-  it), instead of exiting and leaving the jobs queued.
+  up and answers each job at once with `worker_unfit`, naming what failed, without `refresh_worker` (a fresh worker
+  would come up just as unfit), instead of exiting and leaving the jobs queued.
 - Logs: at RUNPOD_LOG_LEVEL=INFO (the image's setting) they hold no dataset bytes and no presigned URL.
 """
 
@@ -119,7 +119,7 @@ def test_a_worker_with_a_broken_setting_answers_its_job_worker_unfit_naming_the_
         "code": "worker_unfit",
         "message": "this worker cannot train: worker settings: environment variable FLUXBOOTH_JOB_DEADLINE_SECONDS='soon' "
         "is not a number; fix the endpoint's environment variables" + UNFIT_FIX,
-        "refresh_worker": True,
+        "refresh_worker": False,
     }
     assert "answers every job with worker_unfit" in worker.log
 
@@ -134,7 +134,7 @@ def test_a_runpod_worker_without_a_bucket_answers_its_job_worker_unfit(
     result = runpod_queue.wait_for_result("answered-unfit", JOB_TIMEOUT_SECONDS)
 
     error = json.loads(result["error"])
-    assert (error["code"], error["refresh_worker"]) == ("worker_unfit", True)
+    assert (error["code"], error["refresh_worker"]) == ("worker_unfit", False)
     assert "object storage: no bucket is configured, and this worker runs on RunPod" in error["message"]
 
 

@@ -159,6 +159,58 @@ def test_visible_devices_stop_at_the_first_entry_cuda_cannot_use() -> None:
     assert visible_gpus(gpus, ["MIG-cccc"], MIG_LISTING) == []
 
 
+# ---- CUDA_VISIBLE_DEVICES read as CUDA reads it (issue 37, item 9) ----------------------------------------
+
+
+@pytest.mark.parametrize(("visible", "indices"), [
+    ("0,1", [0, 1]),
+    ("1, 0", [1, 0]),
+    ("1gpu,0", [1, 0]),  # strtoul: the leading digits
+    ("0,GPU-9b7d5e4c", [0]),  # indices then a UUID: CUDA stops at the first entry of the other kind
+    ("GPU-9b7d5e4c,1", [1]),
+    ("\u0661", []),  # ARABIC-INDIC DIGIT ONE: not an index to CUDA
+    ("0,\u0661", [0]),
+    ("1,-1,0", [1]),
+])
+def test_visible_devices_are_read_as_cuda_reads_them(tmp_path: Path, visible: str, indices: list[int]) -> None:
+    script = make_fake_nvidia_smi(tmp_path / "bin", UUID_ROWS)
+    gpus, _ = probe_gpus({"PATH": path_with(script), "CUDA_VISIBLE_DEVICES": visible})
+    assert [gpu.index for gpu in gpus] == indices
+
+
+@pytest.mark.parametrize("visible", ["0,0", "1,01", "GPU-9b7d,GPU-9b7d", "GPU-ffff", "", "7"])
+def test_a_repeated_or_unknown_device_leaves_no_gpu_with_a_note_naming_the_variable(
+    tmp_path: Path, visible: str
+) -> None:
+    script = make_fake_nvidia_smi(tmp_path / "bin", UUID_ROWS)
+    gpus, note = probe_gpus({"PATH": path_with(script), "CUDA_VISIBLE_DEVICES": visible})
+    assert gpus == []
+    assert note == (
+        f"CUDA_VISIBLE_DEVICES={visible!r} leaves CUDA none of the machine's 2 GPUs (an empty, unknown or repeated "
+        "entry); list each GPU once, by index or UUID"
+    )
+
+
+def test_an_index_and_the_uuid_of_the_same_gpu_leave_no_gpu() -> None:
+    gpus = parse_nvidia_smi_csv(UUID_ROWS)
+    assert visible_gpus(gpus, ["GPU-9b7d", "GPU-9b7d5e4c"], "") == []
+
+
+def test_only_the_first_of_two_mig_slices_is_visible(tmp_path: Path) -> None:
+    script = make_fake_nvidia_smi_with_listing(tmp_path / "bin", UUID_ROWS, MIG_LISTING)
+    gpus, note = probe_gpus({
+        "PATH": path_with(script),
+        "CUDA_VISIBLE_DEVICES": "MIG-bbbb2222-0000-4000-8000-000000000000,MIG-aaaa1111-0000-4000-8000-000000000000",
+    })
+    assert note is None
+    assert [(gpu.name, gpu.total_bytes) for gpu in gpus] == [("NVIDIA H100 80GB HBM3 MIG 2g.20gb", 20 * 1000**3)]
+
+
+def test_an_ambiguous_uuid_prefix_names_no_gpu() -> None:
+    gpus = parse_nvidia_smi_csv(UUID_ROWS)
+    assert visible_gpus(gpus, ["GPU-"], "") == []
+
+
 def test_the_pcie_link_is_read_through_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     class FakeNvml:
         """nvidia-ml-py's calls the probe makes, for a card in a gen4 x8 slot (no driver on this machine)."""

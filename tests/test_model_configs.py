@@ -15,7 +15,7 @@ import pytest
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.families import FAMILIES, family_named
 from fluxbooth.job import run_job
-from fluxbooth.jsonfiles import MAX_JSON_DEPTH, JSONBoundError, parse_json
+from fluxbooth.jsonfiles import MAX_JSON_DEPTH, JSONBoundError, nesting_depth, parse_json
 from fluxbooth.model_source import missing_pipeline_files
 from fluxbooth.sizing import model_size
 from fluxbooth.settings import WorkerSettings
@@ -137,6 +137,28 @@ def test_a_deep_transformer_config_is_invalid_input(tmp_path: Path) -> None:
 
 def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
     assert parse_json(json.dumps({"name": "[" * 10_000 + '\\"{'})) == {"name": "[" * 10_000 + '\\"{'}
+
+
+# 400 KB of escaped quotes in one unterminated string: the old pre-scan backtracked from every quote (minutes).
+ESCAPED_QUOTES = '"' + '\\"' * 200_000
+
+
+def test_400_kb_of_escaped_quotes_in_a_model_config_is_refused_within_a_second(tmp_path: Path) -> None:
+    folder = config_folder(tmp_path)
+    (folder / "model_index.json").write_text(ESCAPED_QUOTES)
+    started = time.monotonic()
+    error = refusal(folder)
+    assert time.monotonic() - started < 1.0
+    assert (error.code, error.message) == (
+        ErrorCode.INVALID_INPUT,
+        f"base_model: {folder / 'model_index.json'} is not readable JSON (JSONDecodeError); give a diffusers FLUX model",
+    )
+
+
+def test_escaped_quotes_and_brackets_inside_strings_keep_the_depth_count_exact() -> None:
+    text = json.dumps({"a": ['\\"[', '\\', '"{{'], "b": {"c": "]]"}})
+    assert nesting_depth(text) == 2
+    assert parse_json(text) == {"a": ['\\"[', '\\', '"{{'], "b": {"c": "]]"}}
 
 
 def test_json_nested_one_level_past_the_bound_is_refused() -> None:

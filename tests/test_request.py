@@ -681,3 +681,40 @@ def test_a_learning_check_that_is_not_a_boolean_names_the_field(dataset_b64: str
     with pytest.raises(FluxboothError) as raised:
         parse_request(minimal(dataset_b64, learning_check="sometimes"))
     assert raised.value.code == ErrorCode.INVALID_INPUT and "learning_check" in raised.value.message
+
+
+# ---- validation_images that can never be fetched are refused when the request is read (issue 37, item 13) -------
+
+
+def with_validation_image(dataset_b64: str, image: str) -> dict[str, Any]:
+    return minimal(dataset_b64, validation_prompts=["sks dog in the snow"], validation_images=[image])
+
+
+@pytest.mark.parametrize(("image", "why"), [
+    ("file:///etc/passwd", "only http:// and https:// URLs are accepted"),
+    ("FILE:/etc/passwd", "only http:// and https:// URLs are accepted"),
+    ("ftp://example.com/control.png", "only http:// and https:// URLs are accepted"),
+    ("http://169.254.169.254/latest/meta-data/", "names 169.254.169.254, a link-local (the cloud metadata range) "
+     "address; the worker only downloads from public addresses"),
+    ("http://[::ffff:169.254.169.254]/x.png", "names ::ffff:a9fe:a9fe, a link-local (the cloud metadata range) "
+     "address; the worker only downloads from public addresses"),
+    ("http://0.0.0.0:8080/x.png", "names 0.0.0.0, a unspecified address; the worker only downloads from public "
+     "addresses"),
+    ("https://user:pw@example.com/x.png", "must not carry credentials (user:password@); use a presigned URL instead"),
+    ("/home/me/control.png", "is neither base64 image data (a `data:` prefix allowed) nor an http(s) URL"),
+    ("C:\\photos\\control.png", "is neither base64 image data (a `data:` prefix allowed) nor an http(s) URL"),
+])
+def test_a_validation_image_that_can_never_be_fetched_is_invalid_input_naming_it(
+    dataset_b64: str, image: str, why: str
+) -> None:
+    message = refusal(with_validation_image(dataset_b64, image))
+
+    assert message == f"invalid request: input.validation_images: [0] {why}"
+
+
+@pytest.mark.parametrize("image", [
+    "iVBORw0KGgo=", "data:image/png;base64,iVBORw0K\nGgo=", "https://example.com/control.png",
+    "http://127.0.0.1:8000/control.png",  # loopback: allowed or refused by FLUXBOOTH_ALLOW_PRIVATE_URLS when fetched
+])
+def test_a_validation_image_that_may_be_fetched_is_accepted(dataset_b64: str, image: str) -> None:
+    assert parse_request(with_validation_image(dataset_b64, image)).validation_images == [image.strip()]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from fluxbooth.doctor import FAIL, worker_start_checks
 from fluxbooth.settings import WorkerSettings, mount_points, persistent_volume
 from tests.conftest import mounted_tmpfs
 
@@ -86,3 +87,43 @@ def test_mount_points_are_read_with_the_kernels_escapes_undone() -> None:
     )
 
     assert mount_points(mountinfo) == {"/runpod-volume", "/mnt/my volume"}
+
+
+# ---- numbers that overflow, and deadlines that leave no time (issue 37, item 7) --------------------------
+
+NUMERIC_VARIABLES = (
+    "FLUXBOOTH_JOB_DEADLINE_SECONDS", "FLUXBOOTH_MAX_IMAGES", "FLUXBOOTH_MAX_IMAGE_ASPECT_RATIO",
+    "FLUXBOOTH_PRICE_PER_HOUR", "FLUXBOOTH_DOWNLOAD_BYTES_PER_SECOND",
+)
+
+
+@pytest.mark.parametrize("raw", ["inf", "-inf", "1e400", "nan", "Infinity"])
+@pytest.mark.parametrize("name", NUMERIC_VARIABLES)
+def test_a_number_that_is_not_finite_is_refused_naming_the_variable(name: str, raw: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        WorkerSettings.from_environ({name: raw})
+
+    assert str(caught.value) == f"environment variable {name}={raw!r} is not a finite number"
+
+
+@pytest.mark.parametrize("raw", ["0", "-30", "0.5", "-1e400"])
+def test_a_deadline_under_one_second_is_refused(raw: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        WorkerSettings.from_environ({"FLUXBOOTH_JOB_DEADLINE_SECONDS": raw})
+
+    expected = "is not a finite number" if raw == "-1e400" else "must be 1 second or more"
+    assert str(caught.value) == f"environment variable FLUXBOOTH_JOB_DEADLINE_SECONDS={raw!r} {expected}"
+
+
+def test_a_one_second_deadline_is_accepted() -> None:
+    assert WorkerSettings.from_environ({"FLUXBOOTH_JOB_DEADLINE_SECONDS": "1"}).job_deadline_seconds == 1
+
+
+def test_the_start_check_reports_an_overflowing_setting_as_its_one_failure() -> None:
+    results = worker_start_checks({"FLUXBOOTH_MAX_IMAGES": "1e400"})
+
+    assert [(result.name, result.status, result.detail) for result in results] == [(
+        "worker settings", FAIL,
+        "environment variable FLUXBOOTH_MAX_IMAGES='1e400' is not a finite number; fix the endpoint's environment "
+        "variables",
+    )]

@@ -23,10 +23,10 @@ class ErrorCode(StrEnum):
     WORKER_UNFIT = "worker_unfit"  # the worker's start check failed: it answers every job with this
 
 
-# Failures after which the GPU, the process table or host memory may be left in a bad state.
+# Failures after which the GPU, the process table or host memory may be left in a bad state. Not `worker_unfit`:
+# a fresh worker comes up from the same image and settings, so a restart would only add a cold start to each job.
 CODES_THAT_REFRESH_WORKER = frozenset(
-    {ErrorCode.CUDA_OOM, ErrorCode.HOST_OOM, ErrorCode.TRAINER_FAILED, ErrorCode.TIMEOUT, ErrorCode.INTERNAL,
-     ErrorCode.WORKER_UNFIT}
+    {ErrorCode.CUDA_OOM, ErrorCode.HOST_OOM, ErrorCode.TRAINER_FAILED, ErrorCode.TIMEOUT, ErrorCode.INTERNAL}
 )
 
 

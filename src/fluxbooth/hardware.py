@@ -163,23 +163,39 @@ def format_bytes(count: int | float) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+# How CUDA reads CUDA_VISIBLE_DEVICES (CUDA C++ Programming Guide, "CUDA Environment Variables"; NVIDIA's MIG user
+# guide, "CUDA Device Enumeration"; torch.cuda._parse_visible_devices, which mirrors the driver for its device count):
+# - entries are indices or GPU-/MIG- UUIDs (or a unique prefix); the list's first entry says which kind it is, and
+#   the devices from the first entry CUDA cannot use on are not visible ("0,2,-1,1" shows 0 and 2; "0,GPU-…" shows 0);
+# - an index is read as strtoul reads it: its leading ASCII digits ("1gpu" is 1; "١" is no index at all);
+# - a repeated device makes enumeration fail: no GPU is visible;
+# - one process enumerates only one MIG instance: the first listed.
+_ORDINAL = re.compile(r"\+?([0-9]+)")
+
+
 def _visible_devices(environ: Mapping[str, str]) -> list[str] | None:
-    """CUDA_VISIBLE_DEVICES as a list of indices or UUIDs (GPU-..., MIG-...), in order; None when every GPU
-    is visible. CUDA stops at the first entry it cannot use (-1 hides every GPU)."""
+    """CUDA_VISIBLE_DEVICES as CUDA reads it (see above): indices (as ASCII digits) or UUIDs, in order; None when
+    every GPU is visible, [] when none is."""
     raw = environ.get("CUDA_VISIBLE_DEVICES")
     if raw is None:
         return None
-    devices = []
-    for item in (item.strip() for item in raw.split(",")):
-        if not item or item == "-1":
+    entries = [item.strip() for item in raw.split(",")]
+    prefix = next((kind for kind in ("GPU-", "MIG-") if entries[0].startswith(kind)), None)
+    devices: list[str] = []
+    for item in entries:
+        ordinal = _ORDINAL.match(item)
+        entry = (item if item.startswith(prefix) else None) if prefix else (str(int(ordinal[1])) if ordinal else None)
+        if entry is None:
             break
-        devices.append(item)
-    return devices
+        if entry in devices:
+            return []
+        devices.append(entry)
+    return devices[:1] if prefix == "MIG-" else devices
 
 
 def _names_gpu(entry: str, gpu: GpuInfo) -> bool:
     """Whether a CUDA_VISIBLE_DEVICES entry names `gpu`: its index, or its UUID (CUDA accepts a unique prefix)."""
-    if entry.isdigit():
+    if entry.isascii() and entry.isdigit():
         return int(entry) == gpu.index
     return gpu.uuid is not None and entry.startswith("GPU-") and gpu.uuid.startswith(entry)
 
@@ -218,10 +234,12 @@ def visible_gpus(gpus: Sequence[GpuInfo], visible: Sequence[str], mig_listing: s
     instances = parse_mig_listing(mig_listing) if any(entry.startswith("MIG-") for entry in visible) else {}
     chosen: list[GpuInfo] = []
     for entry in visible:
-        gpu = _mig_gpu(entry, gpus, instances) if entry.startswith("MIG-") else next((gpu for gpu in gpus if _names_gpu(entry, gpu)), None)
-        if gpu is None:
-            break  # as CUDA does: the devices after an entry it cannot use are not visible
-        chosen.append(gpu)
+        named = [_mig_gpu(entry, gpus, instances)] if entry.startswith("MIG-") else [gpu for gpu in gpus if _names_gpu(entry, gpu)]
+        if len(named) != 1 or named[0] is None:
+            break  # as CUDA does: the devices from an entry it cannot use (unknown, an ambiguous prefix) are not visible
+        if named[0] in chosen:
+            return []  # two entries naming one GPU (its index and its UUID): CUDA's enumeration fails
+        chosen.append(named[0])
     return chosen
 
 
@@ -281,7 +299,12 @@ def probe_gpus(environ: Mapping[str, str], nvidia_smi: str | None = None) -> tup
     visible = _visible_devices(environ)
     if visible is not None:
         listing = _run_quietly([executable, "-L"], environ) if any(entry.startswith("MIG-") for entry in visible) else ""
+        seen = len(gpus)
         gpus = visible_gpus(gpus, visible, listing)
+        if seen and not gpus:
+            shown = environ["CUDA_VISIBLE_DEVICES"][:80]
+            return [], (f"CUDA_VISIBLE_DEVICES={shown!r} leaves CUDA none of the machine's {seen} GPUs (an empty, "
+                        "unknown or repeated entry); list each GPU once, by index or UUID")
     return [with_pcie_link(gpu) for gpu in gpus], None
 
 

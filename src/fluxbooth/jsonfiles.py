@@ -14,8 +14,9 @@ MAX_JSON_DEPTH = 64
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 MAX_REQUEST_BYTES = 512 * 1024 * 1024
 
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_BRACKET = re.compile(r"[\[\]{}]")
+# One pass, each match starting where the last ended: an escape pair, a quote or a bracket. A regex that matched whole
+# strings backtracked over an unterminated one from every quote in it, quadratic in a run of escaped quotes.
+_TOKEN = re.compile(r'\\.|["\[\]{}]', re.DOTALL)
 
 
 class JSONBoundError(ValueError):
@@ -25,8 +26,14 @@ class JSONBoundError(ValueError):
 def nesting_depth(text: str) -> int:
     """The deepest nesting of arrays and objects in `text`, brackets inside strings not counted."""
     depth = deepest = 0
-    for match in _BRACKET.finditer(_STRING.sub('""', text)):
-        if match.group() in "[{":
+    in_string = False
+    for match in _TOKEN.finditer(text):
+        token = match.group()
+        if token == '"':
+            in_string = not in_string
+        elif in_string or token[0] == "\\":
+            continue
+        elif token in "[{":
             depth += 1
             deepest = max(deepest, depth)
         else:

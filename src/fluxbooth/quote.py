@@ -5,10 +5,13 @@ endpoint sets a price per hour, the predicted cost. One owner for the CLI and th
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from fluxbooth.checkpoints import find_resume_checkpoint
+from fluxbooth.clock import JobClock
 from fluxbooth.dataset.remote_count import DatasetCount, count_dataset
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import Hardware, format_bytes, probe_hardware
@@ -145,14 +148,23 @@ def dry_run_answer(
     return {"model_name": spec.model_name, "dry_run": True, **report}
 
 
-def quote_job(request: TrainingRequest, settings: WorkerSettings, job_dir: Path) -> dict[str, Any]:
+def quote_job(
+    request: TrainingRequest, settings: WorkerSettings, job_dir: Path, started: float | None = None
+) -> dict[str, Any]:
     """A dry run's answer: planned from the base model's configs on this machine and the images the
-    dataset's zip lists (its directory only), before anything else is fetched or launched."""
+    dataset's zip lists (its directory only), before anything else is fetched or launched. It refuses what the
+    real job refuses before training (the resume point it names, the dataset's zip), by the same checks, and its
+    requests end by the job's deadline, counted from `started` (time.monotonic(); default: now)."""
+    started = time.monotonic() if started is None else started
     model = resolve_base_model(request.base_model, settings, request.base_model_revision)
-    dataset = count_dataset(request, settings.dataset_limits)
-    job_dir.mkdir(parents=True, exist_ok=True)
     size = model_size(str(model.folder))
+    spec = resolve_job_spec(request, size, settings)
+    if request.resume_from:
+        _, resume_warnings = find_resume_checkpoint(request.resume_from, settings, request.model_name)
+        spec = replace(spec, warnings=(*spec.warnings, *resume_warnings))
+    dataset = count_dataset(request, settings.dataset_limits, JobClock(started, spec.deadline_seconds))
+    job_dir.mkdir(parents=True, exist_ok=True)
     return dry_run_answer(
-        resolve_job_spec(request, size, settings), settings, hardware=probe_hardware(job_dir, settings.environ),
+        spec, settings, hardware=probe_hardware(job_dir, settings.environ),
         model=size, dataset=dataset, download_bytes=pending_download_bytes(model),
     )

@@ -16,7 +16,6 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -30,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from fluxbooth.addresses import http_url_problem, literal_address_reason
 from fluxbooth.contract.buckets import BUCKET_MULTIPLE, Resolution
 from fluxbooth.contract.captions import MAX_TRIGGER_CHARS, contains_word
 from fluxbooth.errors import ErrorCode, FluxboothError
@@ -74,6 +74,10 @@ _PROMPT_CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _FIXED_RESOLUTION_TEXT = re.compile(r"^\s*(\d{1,5})\s*[xX×]\s*(\d{1,5})\s*$")
 _SIZES_TEXT = re.compile(r"^\s*\d{1,5}\s*(?:,\s*\d{1,5}\s*)*$")
 _DATA_URI_PREFIX = re.compile(r"^data:[^,]{0,200};base64,", re.IGNORECASE)
+# Any scheme, any case: `ftp://` is a URL to refuse, not base64 to decode.
+_URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# The standard and URL-safe alphabets, '=' padding and whitespace (line-wrapped base64), nothing else.
+_BASE64_TEXT = re.compile(r"[A-Za-z0-9+/=_\-\s]+")
 
 Prompt = Annotated[str, StringConstraints(max_length=MAX_PROMPT_CHARS)]
 LoraModuleName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.]+$")]
@@ -82,6 +86,20 @@ ValidationImage = Annotated[str, StringConstraints(min_length=1, max_length=64 *
 DatasetCheckMode = Literal["warn", "strict"]
 OutputFormat = Literal["diffusers", "single_file", "comfyui"]
 LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_dropout")
+
+
+def _validation_image_problem(value: str) -> str | None:
+    """Why a validation image can never be fetched, or None: a URL that is not http(s) (file://, ftp://) or names
+    an address the worker never connects to (cloud metadata, link-local; loopback and private ones are checked
+    against FLUXBOOTH_ALLOW_PRIVATE_URLS when fetched), or text that is not base64."""
+    if _URL_SCHEME.match(value) or value.lower().startswith("file:"):
+        problem = http_url_problem(value)
+        if problem is None and (address := literal_address_reason(value, allow_private=True)) is not None:
+            problem = f"names {address}; the worker only downloads from public addresses"
+        return problem
+    if not _BASE64_TEXT.fullmatch(_DATA_URI_PREFIX.sub("", value, count=1)):
+        return "is neither base64 image data (a `data:` prefix allowed) nor an http(s) URL"
+    return None
 
 
 class RequestProblems(ValueError):
@@ -277,20 +295,19 @@ class TrainingRequest(BaseModel):
         if value is None:
             return None
         value = value.strip()
-        try:
-            parts = urlsplit(value)
-            parts.port  # noqa: B018 - raises ValueError on a malformed port
-        except ValueError:
-            raise ValueError("is not a valid URL") from None
-        if parts.scheme.lower() not in {"http", "https"}:
-            raise ValueError("only http:// and https:// URLs are accepted")
-        if not parts.hostname:
-            raise ValueError("has no host name")
-        if parts.username is not None or parts.password is not None:
-            raise ValueError("must not carry credentials (user:password@); use a presigned URL instead")
-        if _CONTROL_CHARACTERS.search(value) or " " in value:
-            raise ValueError("contains spaces or control characters; percent-encode them")
+        problem = http_url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
+
+    @field_validator("validation_images")
+    @classmethod
+    def _validation_images_can_be_fetched(cls, values: list[str]) -> list[str]:
+        problems = [f"[{index}] {problem}" for index, value in enumerate(values)
+                    if (problem := _validation_image_problem(value)) is not None]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return values
 
     @field_validator("model_name")
     @classmethod

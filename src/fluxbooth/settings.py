@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tempfile
@@ -43,14 +44,39 @@ def _flag(value: str | None) -> bool:
     return (value or "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+def _finite(environ: Mapping[str, str], name: str) -> float | None:
+    """A finite number like "2", "2.5" or "100e6"; None when unset. `inf`, `nan` and values that overflow a float
+    ("1e400") are a ValueError naming the variable, never an OverflowError out of int()."""
     raw = environ.get(name)
     if raw is None or raw.strip() == "":
-        return default
+        return None
     try:
-        return int(float(raw))
+        value = float(raw)
     except ValueError as error:
         raise ValueError(f"environment variable {name}={raw!r} is not a number") from error
+    if not math.isfinite(value):
+        raise ValueError(f"environment variable {name}={raw!r} is not a finite number")
+    return value
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    value = _finite(environ, name)
+    return default if value is None else int(value)
+
+
+def _at_least(environ: Mapping[str, str], name: str, default: float, minimum: float, expected: str) -> float:
+    """A finite number, `minimum` or more; `expected` completes "must be …"."""
+    value = _finite(environ, name)
+    if value is None:
+        return default
+    if value < minimum:
+        raise ValueError(f"environment variable {name}={environ[name]!r} must be {expected}")
+    return value
+
+
+def _deadline_seconds(environ: Mapping[str, str], name: str, default: int) -> int:
+    """Whole seconds, at least one: a deadline of 0, below zero or under a second leaves no job any time."""
+    return int(_at_least(environ, name, default, 1, "1 second or more"))
 
 
 def _count(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -69,29 +95,14 @@ def _count(environ: Mapping[str, str], name: str, default: int) -> int:
 
 def _ratio(environ: Mapping[str, str], name: str, default: float) -> float:
     """A proportion like "4" or "2.5" (to 1), at least 1."""
-    raw = environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError as error:
-        raise ValueError(f"environment variable {name}={raw!r} is not a number") from error
-    if not value >= 1:
-        raise ValueError(f"environment variable {name}={raw!r} must be 1 or more")
-    return value
+    return _at_least(environ, name, default, 1, "1 or more")
 
 
 def _positive_number(environ: Mapping[str, str], name: str, expected: str) -> float | None:
     """A finite number above 0, like "0.69" or "100e6"; None when unset. `expected` completes "must be …"."""
-    raw = environ.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError as error:
-        raise ValueError(f"environment variable {name}={raw!r} is not a number") from error
-    if not 0 < value < float("inf"):
-        raise ValueError(f"environment variable {name}={raw!r} must be {expected}")
+    value = _finite(environ, name)
+    if value is not None and value <= 0:
+        raise ValueError(f"environment variable {name}={environ[name]!r} must be {expected}")
     return value
 
 
@@ -355,7 +366,7 @@ class WorkerSettings:
             cache_dir=Path(env.get("FLUXBOOTH_CACHE_DIR") or cache_home / "fluxbooth"),
             default_base_model=env.get("FLUXBOOTH_BASE_MODEL") or DEFAULT_BASE_MODEL,
             bucket=bucket,
-            job_deadline_seconds=_int(env, "FLUXBOOTH_JOB_DEADLINE_SECONDS", DEFAULT_JOB_DEADLINE_SECONDS),
+            job_deadline_seconds=_deadline_seconds(env, "FLUXBOOTH_JOB_DEADLINE_SECONDS", DEFAULT_JOB_DEADLINE_SECONDS),
             volume_dir=persistent_volume(env),
             trainer_module=env.get("FLUXBOOTH_TRAINER_MODULE") or "fluxbooth.train",
             checkpoints_keep=_count(env, "FLUXBOOTH_CHECKPOINTS_KEEP", 2),

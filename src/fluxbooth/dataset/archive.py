@@ -82,9 +82,8 @@ class ExtractedArchive:
 
 
 
-def _describe_non_zip(path: Path) -> str:
-    with path.open("rb") as source:
-        head = source.read(512)
+def describe_non_zip(head: bytes) -> str:
+    """Why a file whose first 512 bytes are `head` is no zip, in the user's terms."""
     if not head:
         return "the archive is empty"
     if head.startswith(b"PK\x03\x04"):
@@ -337,13 +336,15 @@ def _check_member_count(infos: list[zipfile.ZipInfo], limits: DatasetLimits) -> 
         )
 
 
-def count_instance_images(infos: list[zipfile.ZipInfo], limits: DatasetLimits) -> int:
-    """The instance images this stage would extract from a zip whose central directory lists `infos`, by the
-    same rules (names, types, skipped files, the wrapper folder, the image counts), without a byte of member
-    data: what a dry run plans for. A directory the stage would refuse is refused the same way."""
+def count_instance_images(infos: list[zipfile.ZipInfo], limits: DatasetLimits, archive_bytes: int) -> int:
+    """The instance images this stage would extract from a zip of `archive_bytes` whose central directory lists
+    `infos`, by the same rules (names, types, skipped files, the wrapper folder, the image counts, the sizes the
+    members declare), without a byte of member data: what a dry run plans for. A directory the stage would
+    refuse is refused the same way."""
     _check_member_count(infos, limits)
     planned, skipped = _plan_extraction(infos)
     _check_counts(planned, skipped, limits)
+    _check_declared_sizes(planned, limits, archive_bytes)
     return sum(1 for member in planned if member.role == "instance")
 
 
@@ -414,7 +415,8 @@ def extract_archive(archive_path: Path, destination: Path, limits: DatasetLimits
     try:
         archive = zipfile.ZipFile(archive_path)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, NotImplementedError):
-        raise dataset_error(_describe_non_zip(archive_path)) from None
+        with archive_path.open("rb") as source:
+            raise dataset_error(describe_non_zip(source.read(512))) from None
     with archive:
         infos = archive.infolist()
         _check_member_count(infos, limits)

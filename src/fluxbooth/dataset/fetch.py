@@ -15,11 +15,12 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote, urljoin, urlsplit
 
+from fluxbooth.addresses import forbidden_address_reason
 from fluxbooth.clock import JobClock
 from fluxbooth.dataset.guards import (
     CHUNK_BYTES,
@@ -40,9 +41,6 @@ TOTAL_TIMEOUT_FACTOR = 30
 
 _DATA_URI_PREFIX = re.compile(rb"^data:[^,]{0,200};base64,", re.IGNORECASE)
 _BASE64_WHITESPACE = b" \t\r\n\v\f"
-
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-
 
 # ----------------------------------------------------------------------------------------------- base64
 
@@ -78,37 +76,6 @@ def decode_base64_dataset(
 
 
 # ------------------------------------------------------------------------------------------------- URLs
-
-
-def forbidden_address_reason(address: Address, *, allow_private: bool) -> str | None:
-    """Why the worker must not connect to `address`, or None.
-
-    Link-local (cloud metadata), multicast and unspecified addresses are refused even when private
-    addresses are allowed for local testing.
-    """
-    if isinstance(address, ipaddress.IPv6Address):
-        embedded = address.ipv4_mapped or address.sixtofour
-        if embedded is not None:
-            return forbidden_address_reason(embedded, allow_private=allow_private)
-        if address.teredo is not None:
-            return "a Teredo tunnel address"
-    if address.is_link_local:
-        return "link-local (the cloud metadata range)"
-    if address.is_multicast:
-        return "multicast"
-    if address.is_unspecified:
-        return "unspecified"
-    if allow_private:
-        return None
-    if address.is_loopback:
-        return "loopback"
-    if address.is_private:
-        return "private"
-    if address.is_reserved:
-        return "reserved"
-    if not address.is_global:
-        return "not publicly routable"
-    return None
 
 
 def _resolve_allowed_addresses(host: str, port: int, limits: DatasetLimits) -> list[str]:
@@ -321,13 +288,14 @@ def download_dataset(
 
 
 def _response(
-    connection: http.client.HTTPConnection, target: str, url: str, idle_timeout: float
+    connection: http.client.HTTPConnection, target: str, url: str, idle_timeout: float,
+    extra_headers: Mapping[str, str] | None = None,
 ) -> http.client.HTTPResponse:
-    """The GET's status line and headers."""
+    """The GET's status line and headers (`extra_headers`: the dry run's Range)."""
     try:
-        connection.request(
-            "GET", target, headers={"User-Agent": "fluxbooth-worker", "Accept-Encoding": "identity", "Accept": "*/*"}
-        )
+        connection.request("GET", target, headers={
+            "User-Agent": "fluxbooth-worker", "Accept-Encoding": "identity", "Accept": "*/*", **(extra_headers or {}),
+        })
         return connection.getresponse()
     except TimeoutError:
         raise url_error(
