@@ -41,7 +41,7 @@ from fluxbooth.model_source import (
     download_base_model, ensure_room_to_download, pending_download_bytes, resolve_base_model,
 )
 from fluxbooth.plan import choose_plan, model_size
-from fluxbooth.planned_job import PlannedJob, replan_for_dataset, with_job_swap_dir
+from fluxbooth.planned_job import PlannedJob, replan_for_dataset, require_time_to_stop, with_job_swap_dir
 from fluxbooth.progress import ProgressReporter, ProgressSink
 from fluxbooth.quote import quote_job
 from fluxbooth.redaction import Redactor
@@ -132,6 +132,8 @@ async def _trainer_config(
     if job.resume_checkpoint is not None:
         stages.reporter.stage("resume", checkpoint=job.resume_checkpoint.uri)
         resume_folder = str(await in_thread(download_checkpoint, job.resume_checkpoint, trainer_checkpoint_root(trainer)))
+    # The base model's download and the checkpoint's took their time too: never a launch already due to stop.
+    require_time_to_stop(job)
     # The trainer only ever sees a local folder: the request's URI or `latest` is resolved above. It checkpoints
     # as the plan says (the request's checkpointing_steps, or the planner's for a run near its deadline).
     return dataclasses.replace(
