@@ -22,8 +22,8 @@ from fluxbooth.attempts import (
     JobAttempt, attempt_is_live, claim_attempt_dir, remove_stale_attempt_dirs, remove_stale_swap_dirs, safe_job_id,
 )
 from fluxbooth.checkpoints import (
-    CheckpointUploader, StoredCheckpoint, checkpoint_uploader, download_checkpoint, find_resume_checkpoint,
-    trainer_checkpoint_root, with_resume_hint,
+    CheckpointUploader, StoredCheckpoint, check_resume_checkpoint, checkpoint_uploader, download_checkpoint,
+    find_resume_checkpoint, job_checkpoint_record, trainer_checkpoint_root, with_resume_hint,
 )
 from fluxbooth.clock import JobClock
 from fluxbooth.contract.events import TrainerEvent, WarningEvent
@@ -100,6 +100,11 @@ async def _plan_job(
         # Sizing and planning take a while for a big model (its configs are bounded first): off the event loop.
         size = await in_thread(model_size, str(model.folder))
         spec = resolve_job_spec(request, size, settings)
+        if resume_checkpoint is not None:
+            # Another base, another LoRA shape or a step past `steps`: refused before any download or GPU time.
+            warnings.extend(await in_thread(
+                check_resume_checkpoint, resume_checkpoint, job_checkpoint_record(spec, size.family), spec.steps
+            ))
         deadline = float(spec.deadline_seconds)
         # Before the dataset is fetched its size is unknown: planned for the fewest images a dataset may hold, so
         # only a job that no dataset could make fit is refused here. replan_for_dataset sizes it for the real one.
