@@ -499,8 +499,7 @@ def estimate_memory(
         "report": REPORT_HOST_BYTES,
     }
     fixed = sum(fixed_host.values())
-    # The breakdown shows each phase's own figure; the fixed costs are listed once beside them. (Subtracting them
-    # back out of the totals gave a phase that does not run, whose total is 0, a negative figure.)
+    # The breakdown's phase figures leave out the fixed costs it lists (never negative, as for a phase that never runs).
     own_phase_host = phase_host
     phase_host = _with_fixed_costs(phase_host, fixed, job)
     exported_files = exported * (2 if job.ema else 1)
