@@ -18,7 +18,8 @@ import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from fluxbooth.artifacts import sha256_file
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from fluxbooth.spec import JobSpec
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 LATEST = "latest"
 
@@ -263,16 +265,19 @@ def find_resume_checkpoint(
     return checkpoint, []
 
 
-def _read_index(checkpoint: StoredCheckpoint, index_path: Path) -> CompleteIndex:
-    """The checkpoint's COMPLETE index, downloaded to `index_path`: a sound one for this very checkpoint, else
-    `invalid_input` naming resume_from (never a crash on a negative, huge or fractional number)."""
-    checkpoint.store.download(f"{checkpoint_folder_name(checkpoint.step)}/{COMPLETE_MARKER}", index_path)
+def _read_stored(checkpoint: StoredCheckpoint, name: str, local: Path, what: str, parse: Callable[[str], T]) -> T:
+    """The checkpoint's file `name`, downloaded to `local` and parsed; `invalid_input` naming resume_from when
+    `parse` finds it unsound (never a crash on a negative, huge or fractional number)."""
+    checkpoint.store.download(f"{checkpoint_folder_name(checkpoint.step)}/{name}", local)
     try:
-        index = CompleteIndex.from_json(index_path.read_text(encoding="utf-8"))
+        return parse(local.read_text(encoding="utf-8"))
     except (ValueError, RecursionError) as error:
-        raise _invalid_resume(
-            f"the {COMPLETE_MARKER} index of {checkpoint.uri} is unreadable ({error}); pass another checkpoint"
-        ) from error
+        raise _invalid_resume(f"the {what} of {checkpoint.uri} is unreadable ({error}); pass another checkpoint") from error
+
+
+def _read_index(checkpoint: StoredCheckpoint, index_path: Path) -> CompleteIndex:
+    """The checkpoint's COMPLETE index, downloaded to `index_path`: a sound one for this very checkpoint."""
+    index = _read_stored(checkpoint, COMPLETE_MARKER, index_path, f"{COMPLETE_MARKER} index", CompleteIndex.from_json)
     if index.step != checkpoint.step:
         raise _invalid_resume(
             f"the {COMPLETE_MARKER} index of {checkpoint.uri} says step {index.step}, not {checkpoint.step}; "
@@ -305,14 +310,10 @@ def check_resume_checkpoint(checkpoint: StoredCheckpoint, job: CheckpointRecord,
                 f"resume_from: {checkpoint.uri} was made before checkpoints recorded their base model, so it is assumed "
                 f"to be trained on {job.base_model!r}; if it was not, the run fails or trains the wrong model"
             ]
-        record_path = Path(scratch) / CHECKPOINT_RECORD_NAME
-        checkpoint.store.download(f"{checkpoint_folder_name(checkpoint.step)}/{CHECKPOINT_RECORD_NAME}", record_path)
-        try:
-            record = CheckpointRecord.from_json(record_path.read_text(encoding="utf-8"))
-        except (ValueError, RecursionError) as error:
-            raise _invalid_resume(
-                f"the {CHECKPOINT_RECORD_NAME} of {checkpoint.uri} is unreadable ({error}); pass another checkpoint"
-            ) from error
+        record = _read_stored(
+            checkpoint, CHECKPOINT_RECORD_NAME, Path(scratch) / CHECKPOINT_RECORD_NAME, CHECKPOINT_RECORD_NAME,
+            CheckpointRecord.from_json,
+        )
     differences = record.differences(job)
     if differences:
         raise _invalid_resume(
