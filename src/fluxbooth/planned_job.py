@@ -97,8 +97,9 @@ def replan_for_dataset(job: PlannedJob, dataset: PreparedDataset, job_dir: Path)
     """The plan made again with the prepared images, in the time left, before the base model is downloaded and
     the trainer starts: a 4-image job is sized for 4 images, and a job the real dataset cannot fit is refused
     with its numbers while no GPU time has been spent (`does_not_fit` when the run itself is too long for the time
-    left, `timeout` when the time left cannot hold the reserves for stopping the trainer cleanly). The job as first planned is left as it was."""
-    left = job.deadline - (time.monotonic() - job.started)
+    left, `timeout` when the time left cannot hold the reserves for stopping the trainer cleanly). The job as first
+    planned is left as it was."""
+    left = seconds_left(job)
     plan = choose_plan(
         job.spec, job.hardware, job.size, deadline_seconds=left, instance_images=dataset.instance_images,
         bucket_mix=dataset.bucket_mix, download_bytes=pending_download_bytes(job.model), transfer_rates=job.transfer_rates,
