@@ -345,7 +345,7 @@ def test_at_the_workers_default_deadline_the_guides_basic_request_is_refused_wit
     cli_env: dict[str, str], tmp_path: Path
 ) -> None:
     code, report = plan_json(
-        ["--request", str(guide_request(tmp_path, False)), *FLUX_DEV, *RUNPOD_TIERS["24 GiB RTX 4090"]],
+        ["--request", str(guide_request(tmp_path, False)), *FLUX_DEV, *RUNPOD_TIERS["24 GiB RTX 4090"], "--cached"],
         cli_env,
     )
     assert code == EXIT_FAILED
@@ -422,7 +422,7 @@ def test_an_8_gib_card_at_1024_and_the_default_deadline_is_refused_naming_steps_
     cli_env: dict[str, str],
 ) -> None:
     code, report = plan_json(
-        [*FLUX_DEV, *EIGHT_GIB_A4000, "--training-type", "lora", "--resolution", "1024"], cli_env
+        [*FLUX_DEV, *EIGHT_GIB_A4000, "--training-type", "lora", "--resolution", "1024", "--cached"], cli_env
     )
     assert code == EXIT_FAILED
     assert report["error"]["message"] == (
@@ -531,7 +531,8 @@ def test_the_default_request_on_an_rtx_4090_gets_the_answer_the_worker_gives(cli
 
     # An endpoint set up for hour-long jobs: at the default 540 s the request is refused (the test above).
     env = {**cli_env, "FLUXBOOTH_JOB_DEADLINE_SECONDS": "3300"}
-    code, report = plan_json(TIER_4090, env)
+    # The worker's plan here is for a base model already cached.
+    code, report = plan_json([*TIER_4090, "--cached"], env)
     settings = WorkerSettings.from_environ(env)
     card = hypothetical_hardware(gpus=1, gpu_memory_bytes=24 * GIB, host_memory_bytes=62 * GIB, disk_bytes=200 * GIB,
                                  cpu_count=16, gpu_name="NVIDIA GeForce RTX 4090")

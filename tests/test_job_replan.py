@@ -89,3 +89,22 @@ def test_a_dataset_too_large_for_the_deadline_is_refused_before_launch(
 
     assert refused.value.code is ErrorCode.DOES_NOT_FIT
     assert "(caching ≈3 min)" in refused.value.message and "beyond the job deadline" in refused.value.message
+
+
+def test_a_job_whose_stop_time_has_passed_when_its_dataset_is_ready_is_timeout_before_launch(
+    settings: WorkerSettings, tmp_path: Path
+) -> None:
+    planned = plan_stage(tiny_lora_job(timeout_seconds=60), settings, tmp_path)
+    # 20 s left: the tiny run itself fits, the reserves kept for stopping it cleanly (a tenth of the deadline for
+    # the uploads, the trainer's 30 s teardown) do not.
+    planned = dataclasses.replace(planned, started=time.monotonic() - 40)
+
+    with pytest.raises(FluxboothError) as refused:
+        replan_for_dataset(planned, prepared(4, tmp_path), tmp_path / "job")
+
+    assert refused.value.code is ErrorCode.TIMEOUT
+    message = refused.value.message
+    assert message.startswith("the job deadline of 60 s leaves ≈20 s after the stages before training")
+    assert "the trainer would start with its stop time already past" in message
+    assert "teardown 30 s" in message and "uploads 6 s" in message
+    assert refused.value.details["seconds_left"] == pytest.approx(20, abs=2)

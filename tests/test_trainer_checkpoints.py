@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from fluxbooth.contract.checkpoint_record import CHECKPOINT_RECORD_NAME, CheckpointRecord
 from tests.trainer_jobs import (
     TrainerRun,
     assert_succeeded,
@@ -111,6 +112,16 @@ def test_lora_checkpoint_holds_only_the_adapter(lora_resume: tuple[TrainerRun, T
     (checkpoint,) = [Path(event["path"]) for event in uninterrupted.of_kind("checkpoint")]
     module_state = torch.load(checkpoint / "pytorch_model" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
     assert module_state and all(".lora_" in name for name in module_state)
+
+
+def test_a_lora_checkpoint_records_its_base_model_family_and_lora_shape(lora_resume: tuple[TrainerRun, TrainerRun]) -> None:
+    uninterrupted, _ = lora_resume
+    (checkpoint,) = [Path(event["path"]) for event in uninterrupted.of_kind("checkpoint")]
+    config = uninterrupted.config
+    assert CheckpointRecord.from_json((checkpoint / CHECKPOINT_RECORD_NAME).read_text()) == CheckpointRecord(
+        base_model=config.base_model_name or config.base_model, family="flux1", training_type="lora",
+        lora_rank=config.lora.rank, lora_alpha=config.lora.alpha, lora_targets=config.lora.target_modules,
+    )
 
 
 def test_checkpoint_event_names_a_complete_folder(full_resume: tuple[TrainerRun, TrainerRun]) -> None:

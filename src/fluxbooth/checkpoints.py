@@ -11,18 +11,22 @@ against it. After each upload, older checkpoints are pruned (`prune_checkpoints`
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import shutil
+import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from fluxbooth.artifacts import sha256_file
 from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.contract.checkpoint_record import (
+    CHECKPOINT_RECORD_NAME, COMPLETE_MARKER, CheckpointRecord, CompleteIndex, checkpoint_record,
+)
 from fluxbooth.contract.events import CheckpointEvent, TrainerEvent
 from fluxbooth.settings import WorkerSettings
 from fluxbooth.contract.layout import checkpoint_folder_name, checkpoint_root, step_of_folder
@@ -34,9 +38,12 @@ from fluxbooth.storage import (
     open_checkpoint_store,
 )
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from fluxbooth.spec import JobSpec
 
-COMPLETE_MARKER = "COMPLETE"
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
 LATEST = "latest"
 
 
@@ -47,13 +54,13 @@ def upload_checkpoint(store: ReadableStore, folder: Path, step: int) -> str:
     """Upload every file of `folder` under `checkpoint-<step>/`, then the COMPLETE index; return its URI."""
     name = checkpoint_folder_name(step)
     files = sorted(path for path in folder.rglob("*") if path.is_file() and path.name != COMPLETE_MARKER)
-    index: list[dict[str, Any]] = []
+    index = CompleteIndex(step=step, files={})
     for path in files:
         relative = path.relative_to(folder).as_posix()
         stored = store.upload(path, f"{name}/{relative}", sha256=sha256_file(path))
-        index.append({"name": relative, "bytes": stored.bytes, "sha256": stored.sha256})
+        index.files[relative] = (stored.bytes, stored.sha256)
     marker = folder / COMPLETE_MARKER
-    marker.write_text(json.dumps({"step": step, "files": index}, indent=2, sort_keys=True) + "\n")
+    marker.write_text(index.to_json())
     store.upload(marker, f"{name}/{COMPLETE_MARKER}", sha256=sha256_file(marker))
     return f"{store.describe()}/{name}"
 
@@ -258,22 +265,73 @@ def find_resume_checkpoint(
     return checkpoint, []
 
 
+def _read_stored(checkpoint: StoredCheckpoint, name: str, local: Path, what: str, parse: Callable[[str], T]) -> T:
+    """The checkpoint's file `name`, downloaded to `local` and parsed; `invalid_input` naming resume_from when
+    `parse` finds it unsound (never a crash on a negative, huge or fractional number)."""
+    checkpoint.store.download(f"{checkpoint_folder_name(checkpoint.step)}/{name}", local)
+    try:
+        return parse(local.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as error:
+        raise _invalid_resume(f"the {what} of {checkpoint.uri} is unreadable ({error}); pass another checkpoint") from error
+
+
+def _read_index(checkpoint: StoredCheckpoint, index_path: Path) -> CompleteIndex:
+    """The checkpoint's COMPLETE index, downloaded to `index_path`: a sound one for this very checkpoint."""
+    index = _read_stored(checkpoint, COMPLETE_MARKER, index_path, f"{COMPLETE_MARKER} index", CompleteIndex.from_json)
+    if index.step != checkpoint.step:
+        raise _invalid_resume(
+            f"the {COMPLETE_MARKER} index of {checkpoint.uri} says step {index.step}, not {checkpoint.step}; "
+            "pass another checkpoint"
+        )
+    return index
+
+
+def job_checkpoint_record(spec: JobSpec, family: str) -> CheckpointRecord:
+    """What a checkpoint of this job records (the trainer writes the same from its config)."""
+    return checkpoint_record(
+        spec.base_model_name, family, spec.training_type, spec.lora.rank, spec.lora.alpha, spec.lora.target_modules
+    )
+
+
+def check_resume_checkpoint(checkpoint: StoredCheckpoint, job: CheckpointRecord, steps: int) -> list[str]:
+    """Before launch: refuse (`invalid_input` naming resume_from) a checkpoint at or past the requested `steps`,
+    or one made on another base model, family, training type or LoRA shape; return warnings. A checkpoint from
+    before checkpoints recorded their base is accepted with a warning: the trainer still checks the training type,
+    ZeRO stage and process count, but whether its base is this job's cannot be told."""
+    with tempfile.TemporaryDirectory(prefix="fluxbooth-resume-") as scratch:
+        index = _read_index(checkpoint, Path(scratch) / COMPLETE_MARKER)
+        if index.step >= steps:
+            raise _invalid_resume(
+                f"{checkpoint.uri} is at step {index.step}, not before this job's steps={steps}: steps is the total, "
+                f"so raise it above {index.step} to train further, or pass another checkpoint"
+            )
+        if CHECKPOINT_RECORD_NAME not in index.files:
+            return [
+                f"resume_from: {checkpoint.uri} was made before checkpoints recorded their base model, so it is assumed "
+                f"to be trained on {job.base_model!r}; if it was not, the run fails or trains the wrong model"
+            ]
+        record = _read_stored(
+            checkpoint, CHECKPOINT_RECORD_NAME, Path(scratch) / CHECKPOINT_RECORD_NAME, CHECKPOINT_RECORD_NAME,
+            CheckpointRecord.from_json,
+        )
+    differences = record.differences(job)
+    if differences:
+        raise _invalid_resume(
+            f"{checkpoint.uri} was trained on base_model {record.base_model!r}, this job's is {job.base_model!r}; "
+            f"it differs in {', '.join(differences)}. Resume with the checkpoint's base model and LoRA settings, "
+            "or pass another checkpoint (or another model_name to start a new run)"
+        )
+    return []
+
+
 def download_checkpoint(checkpoint: StoredCheckpoint, checkpoint_root: Path) -> Path:
     """Fetch the checkpoint into `<checkpoint_root>/checkpoint-N/`, each file checked against COMPLETE."""
     name = checkpoint_folder_name(checkpoint.step)
     target = checkpoint_root / name
     shutil.rmtree(target, ignore_errors=True)
     index_path = target / COMPLETE_MARKER
-    checkpoint.store.download(f"{name}/{COMPLETE_MARKER}", index_path)
-    try:
-        files = json.loads(index_path.read_text())["files"]
-        expected = {str(entry["name"]): (int(entry["bytes"]), str(entry["sha256"])) for entry in files}
-    except (ValueError, KeyError, TypeError) as error:
-        raise FluxboothError(
-            ErrorCode.INVALID_INPUT,
-            f"input.resume_from: the {COMPLETE_MARKER} index of {checkpoint.uri} is unreadable "
-            f"({type(error).__name__}); pass another checkpoint",
-        ) from error
+    index_path.parent.mkdir(parents=True, exist_ok=True)
+    expected = _read_index(checkpoint, index_path).files
     for relative, (size, sha256) in expected.items():
         local = target / relative
         if not local.resolve().is_relative_to(target.resolve()):

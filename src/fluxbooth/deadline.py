@@ -8,34 +8,22 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.planned_job import PlannedJob, seconds_left, stop_reserves, upload_reserve
 
 if TYPE_CHECKING:
     from fluxbooth.checkpoints import CheckpointUploader
-    from fluxbooth.planned_job import PlannedJob
-
-# After a run stopped by its deadline, the trainer's own tail outside the plan's phases: the checkpoint's and the
-# export's fixed costs, accelerate's and DeepSpeed's teardown, the launcher's exit.
-TRAINER_TEARDOWN_SECONDS = 30.0
 
 
 def trainer_stop_time(job: PlannedJob) -> float:
     """When the trainer stops at a step boundary (seconds since the epoch): early enough that the step in flight,
     the checkpoint, the export, the report and the uploads the plan predicts, and the trainer's own teardown, fit
     before the trainer is killed (`trainer_deadline`)."""
-    kill_in = job.deadline - (time.monotonic() - job.started) - upload_reserve(job)
-    # The stop is checked between steps: the step in flight when the stop time comes finishes first.
-    in_flight = job.plan.predicted_seconds_per_step or 0.0
-    reserve = (job.plan.predicted_stop_reserve_seconds or 0.0) + in_flight + TRAINER_TEARDOWN_SECONDS
-    return time.time() + kill_in - reserve
-
-
-def upload_reserve(job: PlannedJob) -> float:
-    return min(300.0, 0.1 * job.deadline)
+    return time.time() + seconds_left(job) - sum(stop_reserves(job).values())
 
 
 def trainer_deadline(job: PlannedJob) -> float:
     """What is left of the deadline for the trainer, keeping time to verify and upload afterwards."""
-    left = job.deadline - (time.monotonic() - job.started) - upload_reserve(job)
+    left = seconds_left(job) - upload_reserve(job)
     if left <= 0:
         raise FluxboothError(
             ErrorCode.TIMEOUT,

@@ -22,8 +22,8 @@ from fluxbooth.attempts import (
     JobAttempt, attempt_is_live, claim_attempt_dir, remove_stale_attempt_dirs, remove_stale_swap_dirs, safe_job_id,
 )
 from fluxbooth.checkpoints import (
-    CheckpointUploader, StoredCheckpoint, checkpoint_uploader, download_checkpoint, find_resume_checkpoint,
-    trainer_checkpoint_root, with_resume_hint,
+    CheckpointUploader, StoredCheckpoint, check_resume_checkpoint, checkpoint_uploader, download_checkpoint,
+    find_resume_checkpoint, job_checkpoint_record, trainer_checkpoint_root, with_resume_hint,
 )
 from fluxbooth.clock import JobClock
 from fluxbooth.contract.events import TrainerEvent, WarningEvent
@@ -41,7 +41,7 @@ from fluxbooth.model_source import (
     download_base_model, ensure_room_to_download, pending_download_bytes, resolve_base_model,
 )
 from fluxbooth.plan import choose_plan, model_size
-from fluxbooth.planned_job import PlannedJob, replan_for_dataset, with_job_swap_dir
+from fluxbooth.planned_job import PlannedJob, replan_for_dataset, require_time_to_stop, with_job_swap_dir
 from fluxbooth.progress import ProgressReporter, ProgressSink
 from fluxbooth.quote import quote_job
 from fluxbooth.redaction import Redactor
@@ -100,6 +100,11 @@ async def _plan_job(
         # Sizing and planning take a while for a big model (its configs are bounded first): off the event loop.
         size = await in_thread(model_size, str(model.folder))
         spec = resolve_job_spec(request, size, settings)
+        if resume_checkpoint is not None:
+            # Another base, another LoRA shape or a step past `steps`: refused before any download or GPU time.
+            warnings.extend(await in_thread(
+                check_resume_checkpoint, resume_checkpoint, job_checkpoint_record(spec, size.family), spec.steps
+            ))
         deadline = float(spec.deadline_seconds)
         # Before the dataset is fetched its size is unknown: planned for the fewest images a dataset may hold, so
         # only a job that no dataset could make fit is refused here. replan_for_dataset sizes it for the real one.
@@ -132,6 +137,8 @@ async def _trainer_config(
     if job.resume_checkpoint is not None:
         stages.reporter.stage("resume", checkpoint=job.resume_checkpoint.uri)
         resume_folder = str(await in_thread(download_checkpoint, job.resume_checkpoint, trainer_checkpoint_root(trainer)))
+    # The base model's download and the checkpoint's took their time too: never a launch already due to stop.
+    require_time_to_stop(job)
     # The trainer only ever sees a local folder: the request's URI or `latest` is resolved above. It checkpoints
     # as the plan says (the request's checkpointing_steps, or the planner's for a run near its deadline).
     return dataclasses.replace(

@@ -102,6 +102,7 @@ def plan_report(
         "instance_images_source": dataset.source,
         "deadline_seconds": spec.deadline_seconds,
         "deadline_source": deadline_source,
+        "base_model_download_bytes": download_bytes,
         "candidates": [candidate.to_dict() for candidate in candidates],
         "warnings": list(spec.warnings),
     }

@@ -499,13 +499,15 @@ def estimate_memory(
         "report": REPORT_HOST_BYTES,
     }
     fixed = sum(fixed_host.values())
+    # The breakdown's phase figures leave out the fixed costs it lists (never negative, as for a phase that never runs).
+    own_phase_host = phase_host
     phase_host = _with_fixed_costs(phase_host, fixed, job)
     exported_files = exported * (2 if job.ema else 1)
     disk_work = _work_disk(exported_files, cached_bytes(model, job, width), trainable, width, state, job)
     nvme = sum(disk.values())
     breakdown = {**{f"gpu.{k}": v for k, v in device.items()}, **{f"host.{k}": v for k, v in host.items()}}
     breakdown.update({f"host.{k}": v for k, v in fixed_host.items()})
-    breakdown.update({f"host.phase_{k}": v - (0 if k in AFTER_TRAINER_PHASES else fixed) for k, v in phase_host.items()})
+    breakdown.update({f"host.phase_{k}": v for k, v in own_phase_host.items()})
     breakdown.update({f"disk.{k}": v for k, v in disk.items()})
     breakdown["disk.exported_weights_and_cache"] = disk_work
     breakdown["trainable_params"] = trainable

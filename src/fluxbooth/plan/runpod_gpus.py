@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
+from fluxbooth.messages import short_name
 
 GIB = 1024**3
 # The container disk a Hub deploy gets (.runpod/hub.json containerDiskInGb); --disk overrides it.
@@ -115,7 +116,7 @@ def preset_for(typed: str, *, gpus_flag: int | None = None) -> RunpodGpu:
     if gpu is None:
         raise FluxboothError(
             ErrorCode.INVALID_INPUT,
-            f"--runpod-gpu {typed!r} is no RunPod serverless GPU type the planner knows; known: {known_names()} "
+            f"--runpod-gpu '{short_name(typed)}' is no RunPod serverless GPU type the planner knows; known: {known_names()} "
             "(--runpod-gpu list shows their numbers)",
         )
     if gpus_flag == 0:
@@ -129,12 +130,20 @@ def worker_flags(gpu: RunpodGpu) -> dict[str, Any]:
             "disk": RUNPOD_CONTAINER_DISK_GB * 10**9, "gpu_name": gpu.gpu_id}
 
 
-def quote_price(gpu: RunpodGpu | None, endpoint_price_per_hour: float | None) -> tuple[float | None, str]:
-    """The price per hour a quote uses and where it came from: the RunPod GPU type's, else the endpoint's
-    (FLUXBOOTH_PRICE_PER_HOUR)."""
+def quote_price(
+    gpu: RunpodGpu | None, endpoint_price_per_hour: float | None, gpus: int = 1
+) -> tuple[float | None, str]:
+    """The price per hour a quote uses and where it came from: the RunPod GPU type's for `gpus` cards (a worker
+    with N cards is billed N times the card's rate), else the endpoint's (FLUXBOOTH_PRICE_PER_HOUR)."""
     if gpu is not None and gpu.price_per_second is not None:
-        return gpu.price_per_second * 3600, f"RunPod's flex price for {gpu.name}, {gpu.price_per_second:g} USD/s"
+        cards = f"{gpus} x {gpu.name}" if gpus > 1 else gpu.name
+        return gpu.price_per_second * 3600 * gpus, f"RunPod's flex price for {cards}, {gpu.price_per_second * gpus:g} USD/s"
     return endpoint_price_per_hour, "FLUXBOOTH_PRICE_PER_HOUR"
+
+
+def preset_list() -> list[dict[str, Any]]:
+    """What `plan --runpod-gpu list --json` prints: every preset with its numbers."""
+    return [{**gpu.to_dict(), "memory_gib": gpu.memory_gib, "aliases": list(gpu.aliases)} for gpu in RUNPOD_GPUS]
 
 
 def preset_table() -> str:

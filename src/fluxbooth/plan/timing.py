@@ -71,6 +71,11 @@ VAE_DECODE_FLOPS_PER_PIXEL = 9e6
 # 1.4 s whatever the run (matplotlib, the loss curve, empty sheets); 36 to 66 ns per pixel of each image it decodes
 # and scales (the contact sheet's images, the shown renders) in two runs under load, the slower one used; 75 us
 # of CPU per step (history and event file).
+# learning_check: the trainer's loss at fixed noise (train/loop.py fixed_noise_loss), 4 images at 3 sigmas before
+# training and again after it: no-grad forward passes of one sample, each about a third of one sample's training
+# (a backward costs about two forwards).
+LEARNING_CHECK_FORWARD_PASSES = 2 * 4 * 3
+FORWARD_SHARE_OF_TRAINING = 1 / 3
 REPORT_FIXED_SECONDS = 1.5
 REPORT_SECONDS_PER_PIXEL = 66e-9
 REPORT_SECONDS_PER_STEP = 1e-4
@@ -275,7 +280,7 @@ def phase_seconds(
     """Seconds of every phase of the job (docs/memory.md, "Phases")."""
     width = compute_dtype_bytes(job.mixed_precision)
     flops = sustained_flops(hardware)
-    stored = (model.transformer_params + model.encoder_params) * 2  # FLUX.1 ships bf16
+    stored = stored_model_bytes(model)
     images = job.num_instance_images + job.num_class_images
     # Each instance sample is encoded in its shape; class images in every shape (prior preservation pairs them).
     shapes = job.training_mix
@@ -289,7 +294,7 @@ def phase_seconds(
         "caching": (pixels * VAE_ENCODE_FLOPS_PER_PIXEL + text) / flops,
         "class_images": job.num_class_images
         * render_seconds(strategy, model, job, hardware, trainable, job.class_image_inference_steps),
-        "training": job.steps * step_seconds,
+        "training": job.steps * step_seconds + learning_check_seconds(job, step_seconds),
         "validation": job.validation_rounds
         * job.validation_prompts
         * render_seconds(strategy, model, job, hardware, trainable, job.validation_inference_steps),
@@ -298,6 +303,19 @@ def phase_seconds(
         "report": report_seconds(job),
         **transfer_phase_seconds(strategy, model, job, trainable),
     }
+
+
+def learning_check_seconds(job: JobShape, step_seconds: float) -> float:
+    """The learning check's forward passes, timed from one optimizer step's samples; 0 without it."""
+    if not job.learning_check:
+        return 0.0
+    samples_per_step = job.samples_per_micro_step * job.gradient_accumulation_steps
+    return LEARNING_CHECK_FORWARD_PASSES * FORWARD_SHARE_OF_TRAINING * step_seconds / samples_per_step
+
+
+def stored_model_bytes(model: ModelSize) -> int:
+    """Bytes of the base model's files: the transformer and the encoders in bf16, as FLUX ships them."""
+    return (model.transformer_params + model.encoder_params) * 2
 
 
 def report_seconds(job: JobShape) -> float:

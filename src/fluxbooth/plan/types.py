@@ -129,6 +129,8 @@ class JobShape:
     # Bytes of the base model still to download before training (0: cached on the worker), and the worker's rates.
     download_bytes: int = 0
     transfer_rates: TransferRates = TransferRates()
+    # The request's learning_check: the loss at fixed noise measured before and after training (extra forward passes).
+    learning_check: bool = False
 
     @classmethod
     def from_spec(
@@ -168,6 +170,7 @@ class JobShape:
             validation_inference_steps=spec.sampling.inference_steps,
             class_image_inference_steps=spec.sampling.inference_steps,
             ema=spec.ema_decay is not None,
+            learning_check=spec.measure_fixed_noise_loss,
         )
 
     @property

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from fluxbooth.contract.checkpoint_record import CHECKPOINT_RECORD_NAME, checkpoint_record
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.contract.layout import (
     CHECKPOINT_STATE_NAME,
@@ -66,6 +67,13 @@ def _write_trainer_state(session: Session, run: TrainingRun, step: int, folder: 
         torch.save(run.ema.state_dict(), folder / EMA_STATE_NAME)
         state["ema"] = EMA_STATE_NAME
     (folder / CHECKPOINT_STATE_NAME).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    # What it was trained on: the worker refuses to resume it on another base or LoRA shape, before launch.
+    config = session.config
+    record = checkpoint_record(
+        config.base_model_name or config.base_model, session.base.ops.family.name, config.training_type,
+        config.lora.rank, config.lora.alpha, config.lora.target_modules,
+    )
+    (folder / CHECKPOINT_RECORD_NAME).write_text(record.to_json())
 
 
 def prune_checkpoints(root: Path, keep: int) -> None:

@@ -111,4 +111,9 @@ def add_plan_parser(subparsers: Any) -> None:
         help="the job's deadline in seconds, as the request's timeout_seconds (default: the worker's, "
         "FLUXBOOTH_JOB_DEADLINE_SECONDS)",
     )
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    job.add_argument(
+        "--cached", action="store_true",
+        help="the base model is already in the worker's cache or on its volume: its download is not counted "
+        "(default: counted, at FLUXBOOTH_DOWNLOAD_BYTES_PER_SECOND; a local folder never is)",
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output (also with --runpod-gpu list)")

@@ -13,8 +13,10 @@ from fluxbooth.dataset.remote_count import SOURCE_CAP, DatasetCount, count_datas
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.jsonfiles import MAX_REQUEST_BYTES, JSONBoundError, read_json_file
 from fluxbooth.model_source import ensure_tiny_model
+from fluxbooth.plan.timing import stored_model_bytes
 from fluxbooth.request import TrainingRequest, parse_request
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
+from fluxbooth.sizing import ModelSize
 from fluxbooth.spec import JobSpec
 
 # The plan flags that are request fields, as (flag, field): the request validates them, as the worker does.
@@ -60,6 +62,10 @@ def _request_fields(arguments: argparse.Namespace) -> tuple[dict[str, Any], dict
     """The request to plan (the file's fields, or stand-ins for what sizing does not read, with the flags
     over them), and the flag that set each field."""
     fields = _read_request_file(arguments.request) if arguments.request is not None else dict(SIZING_STAND_INS)
+    if not fields.get("dataset") and not fields.get("dataset_url"):
+        # A request written before its photos are: planned for --instance-images or the cap (`instance_images`).
+        fields.pop("dataset", None)
+        fields["dataset_url"] = SIZING_STAND_INS["dataset_url"]
     from_flags: dict[str, str] = {}
     for flag, name in REQUEST_FLAGS:
         value = getattr(arguments, flag[2:].replace("-", "_"))
@@ -99,6 +105,12 @@ def instance_images(arguments: argparse.Namespace, request: TrainingRequest, set
     if count is None:
         if arguments.request is None:
             return DatasetCount(limits.max_images, SOURCE_CAP)
+        if request.dataset is None and request.dataset_url == SIZING_STAND_INS["dataset_url"]:
+            return DatasetCount(
+                limits.max_images, SOURCE_CAP,
+                f"the request has no dataset or dataset_url; planned for the worker's cap of {limits.max_images} "
+                "(FLUXBOOTH_MAX_IMAGES): give --instance-images to plan for your photos",
+            )
         try:
             return count_dataset(request, limits)
         except FluxboothError as error:
@@ -115,6 +127,13 @@ def instance_images(arguments: argparse.Namespace, request: TrainingRequest, set
             "(FLUXBOOTH_MIN_IMAGES, FLUXBOOTH_MAX_IMAGES)",
         )
     return DatasetCount(count, INSTANCE_IMAGES_FLAG)
+
+
+def download_bytes(arguments: argparse.Namespace, base_model: str, model: ModelSize) -> int:
+    """The base model's bytes a worker downloads before training: none for a local folder or with --cached."""
+    if arguments.cached or Path(base_model).is_dir():
+        return 0
+    return stored_model_bytes(model)
 
 
 def base_model_from(request: TrainingRequest, settings: WorkerSettings) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import Hardware, hypothetical_hardware, probe_hardware
+from fluxbooth.messages import short_name
 from fluxbooth.plan.gpus import GPU_TABLE, gpu_spec
 from fluxbooth.plan.runpod_gpus import preset_for, worker_flags
 from fluxbooth.settings import WorkerSettings
@@ -27,7 +28,7 @@ def matched_gpu_name(typed: str) -> str:
         known = ", ".join(row.name for _, row in GPU_TABLE)
         raise FluxboothError(
             ErrorCode.INVALID_INPUT,
-            f"--gpu-name {typed!r} matches no card the planner knows ({known}); leave --gpu-name out to time "
+            f"--gpu-name '{short_name(typed)}' matches no card the planner knows ({known}); leave --gpu-name out to time "
             "the job as an unknown card",
         )
     return spec.name
