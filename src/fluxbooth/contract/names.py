@@ -116,3 +116,9 @@ def normalise_optimizer_name(name: str) -> str:
     """`"AdamW"`, `"adam-w"`, `"adam_w"` → `"adamw"`, `"Ada-Factor"` → `"adafactor"`: case, `-` and `_` ignored;
     unknown names are returned normalised (callers refuse them)."""
     return name.strip().lower().replace("-", "").replace("_", "")
+
+
+# The learning check (the request's `learning_check`): the loss at fixed noise on this many instance images at these
+# sigmas, measured before training and again after it. The trainer runs it; the planner times its forward passes.
+FIXED_NOISE_IMAGES = 4
+FIXED_NOISE_SIGMAS: tuple[float, ...] = (0.25, 0.5, 0.75)

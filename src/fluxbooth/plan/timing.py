@@ -11,6 +11,7 @@ import math
 from dataclasses import replace
 
 from fluxbooth.hardware import Hardware
+from fluxbooth.contract.names import FIXED_NOISE_IMAGES, FIXED_NOISE_SIGMAS
 from fluxbooth.contract.precision import is_quantised_layer
 from fluxbooth.sizing import ModelSize, linear_stream
 from fluxbooth.plan.ema import ema_update_seconds
@@ -74,7 +75,7 @@ VAE_DECODE_FLOPS_PER_PIXEL = 9e6
 # learning_check: the trainer's loss at fixed noise (train/loop.py fixed_noise_loss), 4 images at 3 sigmas before
 # training and again after it: no-grad forward passes of one sample, each about a third of one sample's training
 # (a backward costs about two forwards).
-LEARNING_CHECK_FORWARD_PASSES = 2 * 4 * 3
+LEARNING_CHECK_FORWARD_PASSES = 2 * FIXED_NOISE_IMAGES * len(FIXED_NOISE_SIGMAS)
 FORWARD_SHARE_OF_TRAINING = 1 / 3
 REPORT_FIXED_SECONDS = 1.5
 REPORT_SECONDS_PER_PIXEL = 66e-9

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
+from fluxbooth.contract.names import FIXED_NOISE_IMAGES, FIXED_NOISE_SIGMAS
 from fluxbooth.train.batches import first_samples, micro_batch
 from fluxbooth.train.blockswap import release_swapped_blocks
 from fluxbooth.train.checkpointing import resume, save_checkpoint
@@ -34,9 +35,6 @@ from fluxbooth.train.state import (
     seed_for,
 )
 from fluxbooth.train.validation import render_during_training
-
-FIXED_NOISE_IMAGES = 4
-FIXED_NOISE_SIGMAS = (0.25, 0.5, 0.75)
 
 
 def start_training(session: Session, data: CachedData, transformer: Any) -> TrainingRun:
