@@ -530,7 +530,7 @@ def test_a_broken_validation_image_is_refused_before_the_base_model_is_downloade
 ) -> None:
     hub.add_repo(pipeline_repo(tiny_kontext))
     progress: list[dict[str, Any]] = []
-    raw_input = job_input(validation_prompts=["a photo of sks dog"], validation_images=["not*base64"])
+    raw_input = job_input(validation_prompts=["a photo of sks dog"], validation_images=["abc"])
 
     result = run(online(model_env), raw_input, progress)
 

@@ -59,7 +59,7 @@ CODE_DOCS: dict[ErrorCode, CodeDoc] = {
         "a step boundary and the weights so far and a checkpoint are stored", CALLER,
         "resubmit with `\"resume_from\": \"latest\"` and more time ([checkpoints.md](checkpoints.md))",
         ("stage", "step", "steps", "last_step", "artifacts", "checkpoints", "latest_checkpoint", "resume_from",
-         "warnings"),
+         "warnings", "deadline_seconds", "seconds_left", "stop_reserve_seconds"),
         "false when the deadline passes before or at a step boundary (the worker is sound)"),
     ErrorCode.CANCELLED: CodeDoc("the job was cancelled", CALLER, "—"),
     ErrorCode.UPLOAD_FAILED: CodeDoc(
