@@ -1,10 +1,11 @@
-"""Build the worker image's CPU variant from the Dockerfile without a Docker daemon, and run commands in it.
+"""Build the worker image from the Dockerfile without a Docker daemon, and run commands in it.
 
-    python builder/cpu_image.py build                 # base root file system, then the image (cached)
-    python builder/cpu_image.py run -- COMMAND ...    # COMMAND in the image's working directory (/app)
+    python builder/image.py build                 # base root file system, then the image (cached)
+    python builder/image.py run -- COMMAND ...    # COMMAND in the image's working directory (/app)
 
-The same Dockerfile as the CUDA image, with TORCH_VARIANT=cpu and both stages on a Debian bookworm base that
-mmdebstrap makes from Debian's packages (`--variant=apt`: apt and nothing else), imported with podman and
+The Dockerfile's default build, the image RunPod pulls (CUDA torch from PyPI; a CUDA torch runs on a CPU,
+where torch.cuda.is_available() is false), with both stages on a Debian bookworm base that mmdebstrap makes
+from Debian's packages (`--variant=apt`: apt and nothing else), imported with podman and
 built with `buildah bud --isolation chroot` (no daemon, no user namespaces: it runs as root in a container
 too). Needs root and Debian's buildah, podman and mmdebstrap.
 
@@ -30,7 +31,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BASE_IMAGE = "localhost/fluxbooth-base:bookworm-apt"
-CPU_IMAGE = "localhost/fluxbooth:cpu"
+IMAGE = "localhost/fluxbooth:ci"
 SUITE = "bookworm"
 REQUIRED_TOOLS = ("mmdebstrap", "podman", "buildah")
 # The pip settings the build's pip takes from this machine's (where packages come from, and how to trust them).
@@ -137,12 +138,12 @@ def bud_command(settings_file: Path, pip: PipSettings, base: str, tag: str, cont
     return [
         "buildah", "bud", "--isolation", "chroot", "--network", "host", "--layers",
         "--build-arg", f"BUILD_BASE={base}", "--build-arg", f"RUNTIME_BASE={base}",
-        "--build-arg", "TORCH_VARIANT=cpu", *mounts, "--tag", tag, "--file", str(context / "Dockerfile"), str(context),
+        *mounts, "--tag", tag, "--file", str(context / "Dockerfile"), str(context),
     ]
 
 
-def build(context: Path = REPO_ROOT, tag: str = CPU_IMAGE, log: Path | None = None) -> str:
-    """The CPU image from the Dockerfile in `context`; returns its name."""
+def build(context: Path = REPO_ROOT, tag: str = IMAGE, log: Path | None = None) -> str:
+    """The image from the Dockerfile in `context`; returns its name."""
     missing = missing_tools()
     if missing:
         raise RuntimeError(f"missing {', '.join(missing)}: apt-get install buildah podman mmdebstrap (as root)")
@@ -181,7 +182,7 @@ def run_command(container: str, command: Sequence[str], environ: dict[str, str] 
 def main(arguments: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="build localhost/fluxbooth:cpu from the Dockerfile")
+    sub.add_parser("build", help=f"build {IMAGE} from the Dockerfile")
     runner = sub.add_parser("run", help="run a command in a fresh container of the built image")
     runner.add_argument("argv", nargs=argparse.REMAINDER)
     options = parser.parse_args(arguments)
@@ -189,7 +190,7 @@ def main(arguments: list[str]) -> int:
         print(build())
         return 0
     command = options.argv[1:] if options.argv[:1] == ["--"] else options.argv
-    with working_container(CPU_IMAGE) as container:
+    with working_container(IMAGE) as container:
         return subprocess.run(run_command(container, command)).returncode
 
 
