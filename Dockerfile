@@ -62,6 +62,16 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     && env $(python builder/verify_ds_ops.py accelerator-env) ds_report > /tmp/ds_report.txt \
     && python builder/verify_ds_ops.py check /tmp/ds_report.txt
 
+# The same host ops for DeepSpeed's CPU accelerator (the one it selects on a machine without a GPU: CI runs the
+# demo job in this image on a CPU), JIT-built once here into TORCH_EXTENSIONS_DIR, where a job's op load finds
+# them up to date instead of compiling them. Through the same portable compiler, kept in the image at the
+# same path (the runtime's CXX), so the op load sees the same build command and rebuilds nothing.
+COPY builder/prebuild_ops.py ./builder/
+RUN cp builder/portable-cxx /opt/venv/bin/portable-cxx \
+    && DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=/opt/torch_extensions CXX=/opt/venv/bin/portable-cxx MAX_JOBS=2 \
+        python builder/prebuild_ops.py \
+    && find /opt/torch_extensions -name lock -delete
+
 # Every other pinned dependency, but not the project itself (its source is copied last, into the final
 # stage). torch==2.13.0 in requirements.txt is already met by the torch installed above, and DeepSpeed's
 # pins by the layer above; the check proves nothing replaced torch.
@@ -78,12 +88,14 @@ ARG DEBIAN_FRONTEND=noninteractive
 # Python of the same release as the build stage (the virtualenv links to it). libaio-dev, gcc and libc6-dev:
 # DeepSpeed's async_io decides whether NVMe offload works by compiling and linking a probe against the
 # unversioned libaio.so (AsyncIOBuilder.is_compatible), which libaio1 alone does not ship. gcc and the
-# Python headers are also what Triton compiles its small launcher with at run time.
+# Python headers are also what Triton compiles its small launcher with at run time; g++ lets an op that is
+# not prebuilt (another DeepSpeed accelerator) still build, on the CPU, without nvcc.
 RUN apt-get update && apt-get install -y --no-install-recommends \
-        ca-certificates python3 python3-dev libaio-dev gcc libc6-dev \
+        ca-certificates python3 python3-dev libaio-dev gcc g++ libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 
 COPY --from=build /opt/venv /opt/venv
+COPY --from=build /opt/torch_extensions /opt/torch_extensions
 
 # Hugging Face's cache on the network volume, where RunPod puts an endpoint's cached model
 # (/runpod-volume/huggingface-cache/hub) and where a download survives the worker. Whether that folder is
@@ -104,6 +116,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     HF_HUB_CACHE=/runpod-volume/huggingface-cache/hub \
     HF_HUB_DISABLE_TELEMETRY=1 \
     TORCH_EXTENSIONS_DIR=/opt/torch_extensions \
+    CXX=/opt/venv/bin/portable-cxx \
     FLUXBOOTH_CACHE_DIR=/opt/fluxbooth-cache \
     FLUXBOOTH_WORK_DIR=/tmp/fluxbooth-jobs
 WORKDIR /app

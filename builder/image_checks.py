@@ -8,12 +8,27 @@ instead of the first job on a GPU. tests/test_image.py runs the same check insid
 
 from __future__ import annotations
 
+import re
 import sys
 
 TORCH_VERSION = "2.13.0"
 CUDA_MAJOR = "13"
 # Ampere (A100; A40, A6000, RTX 3090), Ada (L4, L40S, RTX 4090), Hopper (H100, H200), Blackwell (B200; RTX 5090).
 RUNPOD_GPU_ARCHITECTURES = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
+_ARCH = re.compile(r"sm_(?P<major>\d+?)(?P<minor>\d)[a-z]?")
+
+
+def runs_on(architecture: str, kernels: list[str]) -> bool:
+    """Whether kernels built for `kernels` run on a GPU of `architecture`: a cubin for sm_XY runs on every GPU
+    of the same major X and a minor at least Y (CUDA's binary compatibility), so torch's sm_86 kernels serve
+    Ada's sm_89, which PyPI's torch does not build for separately."""
+    wanted = _ARCH.fullmatch(architecture)
+    assert wanted is not None
+    for kernel in kernels:
+        built = _ARCH.fullmatch(kernel)
+        if built and built["major"] == wanted["major"] and int(built["minor"]) <= int(wanted["minor"]):
+            return True
+    return False
 
 
 def torch_problems(installed: str, cuda: str | None, architectures: list[str]) -> list[str]:
@@ -24,7 +39,7 @@ def torch_problems(installed: str, cuda: str | None, architectures: list[str]) -
         problems.append(f"torch {installed} is installed, expected {TORCH_VERSION} built for CUDA {CUDA_MAJOR}.x")
     if cuda is None or cuda.split(".")[0] != CUDA_MAJOR:
         problems.append(f"torch's CUDA is {cuda}, expected {CUDA_MAJOR}.x")
-    missing = [arch for arch in RUNPOD_GPU_ARCHITECTURES if arch not in architectures]
+    missing = [arch for arch in RUNPOD_GPU_ARCHITECTURES if not runs_on(arch, architectures)]
     if missing:
         problems.append(f"torch has no kernels for {', '.join(missing)} (has {', '.join(architectures) or 'none'})")
     return problems
