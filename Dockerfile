@@ -62,14 +62,15 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     && env $(python builder/verify_ds_ops.py accelerator-env) ds_report > /tmp/ds_report.txt \
     && python builder/verify_ds_ops.py check /tmp/ds_report.txt
 
-# The same host ops for DeepSpeed's CPU accelerator (the one it selects on a machine without a GPU: CI runs the
-# demo job in this image on a CPU), JIT-built once here into TORCH_EXTENSIONS_DIR, where a job's op load finds
-# them up to date instead of compiling them. Through the same portable compiler, kept in the image at the
-# same path (the runtime's CXX), so the op load sees the same build command and rebuilds nothing.
+# The ops the demo job loads on DeepSpeed's CPU accelerator (the one it selects on a machine without a GPU:
+# CI runs the demo in this image on a CPU): CPU Adam and the shared-memory collectives, JIT-built once here
+# into TORCH_EXTENSIONS_DIR, where a job's op load finds them up to date instead of compiling them. Through
+# the same portable compiler, kept in the image at the same path (the runtime's CXX), so the op load sees the
+# same build command and rebuilds nothing. The lock files of a finished build go too.
 COPY builder/prebuild_ops.py ./builder/
 RUN cp builder/portable-cxx /opt/venv/bin/portable-cxx \
     && DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=/opt/torch_extensions CXX=/opt/venv/bin/portable-cxx MAX_JOBS=2 \
-        python builder/prebuild_ops.py \
+        python builder/prebuild_ops.py CPUAdamBuilder ShareMemCommBuilder \
     && find /opt/torch_extensions -name lock -delete
 
 # Every other pinned dependency, but not the project itself (its source is copied last, into the final

@@ -18,6 +18,7 @@ CA bundle, a local wheel folder or index) are mounted into the build, never copi
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import shlex
 import subprocess
@@ -147,13 +148,19 @@ def build(context: Path = REPO_ROOT, tag: str = IMAGE, log: Path | None = None) 
     missing = missing_tools()
     if missing:
         raise RuntimeError(f"missing {', '.join(missing)}: apt-get install buildah podman mmdebstrap (as root)")
-    base = import_base(base_rootfs(cache_dir(dict(os.environ)), log), log)
-    pip = this_machines_pip_settings()
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="fluxbooth-pip-") as folder:
-        settings_file = Path(folder) / "pip.conf"
-        settings_file.write_text(pip.config_text())
-        run(bud_command(settings_file, pip, base, tag, context), log)
+    cache = cache_dir(dict(os.environ))
+    cache.mkdir(parents=True, exist_ok=True)
+    # One build at a time on this machine: CI starts one in the background and the image tests' own call then
+    # waits for it and finds every layer cached. flock's lock goes with its process, so a killed build leaves none.
+    with (cache / "build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        base = import_base(base_rootfs(cache, log), log)
+        pip = this_machines_pip_settings()
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="fluxbooth-pip-") as folder:
+            settings_file = Path(folder) / "pip.conf"
+            settings_file.write_text(pip.config_text())
+            run(bud_command(settings_file, pip, base, tag, context), log)
     print(f"built {tag} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     return tag
 
