@@ -207,8 +207,15 @@ def test_the_torch_check_refuses_a_cpu_build() -> None:
 def test_the_torch_check_refuses_another_cuda_or_missing_kernels() -> None:
     assert image_checks.torch_problems("2.13.0+cu126", "12.6", ["sm_80"]) == [
         "torch's CUDA is 12.6, expected 13.x",
-        "torch has no kernels for sm_86, sm_89, sm_90, sm_100, sm_120 (has sm_80)",
+        "torch has no kernels for sm_90, sm_100, sm_120 (has sm_80)",
     ]
+
+
+def test_torch_kernels_of_an_older_minor_serve_a_newer_gpu_of_the_same_major() -> None:
+    # PyPI's torch 2.13.0+cu130 ships sm_75, sm_80, sm_86, sm_90, sm_100 and sm_120: Ada (sm_89) runs the sm_86
+    # kernels; nothing serves a newer major.
+    assert image_checks.runs_on("sm_89", ["sm_80", "sm_86"]) and image_checks.runs_on("sm_90", ["sm_90a"])
+    assert not image_checks.runs_on("sm_120", ["sm_100"]) and not image_checks.runs_on("sm_86", ["sm_89"])
 
 
 def test_the_torch_check_takes_no_variant(capsys: pytest.CaptureFixture[str]) -> None:
@@ -250,7 +257,7 @@ def test_dependencies_come_before_the_source(stages: list[list[Instruction]]) ->
     assert "src" not in copied_in_build.split() and "handler.py" not in copied_in_build
     copy_source = index_of(final, "COPY", "src ./src")
     copy_handler = index_of(final, "COPY", "handler.py")
-    copy_venv = index_of(final, "COPY", "--from=build")
+    copy_venv = index_of(final, "COPY", "--from=build /opt/venv")
     bake_model = index_of(final, "RUN", "builder/fetch_model.py")
     assert copy_venv < bake_model < copy_handler < copy_source
     assert [item.keyword for item in final[copy_source + 1 :]] == ["RUN", "CMD"], "only a smoke check after the source"
@@ -317,6 +324,20 @@ def test_ds_report_checks_the_ops_in_the_same_layer(stages: list[list[Instructio
     assert "python builder/verify_ds_ops.py check /tmp/ds_report.txt" in arguments
 
 
+def test_the_demos_cpu_accelerator_ops_are_prebuilt_where_and_how_the_worker_loads_them(
+    stages: list[list[Instruction]],
+) -> None:
+    # torch's JIT load reruns ninja in every new process: the build command (CXX, flags) and the folder must be
+    # the runtime's, or the first job rebuilds the op.
+    build, final = stages[1], stages[2]
+    step = build[index_of(build, "RUN", "builder/prebuild_ops.py")].arguments
+    runtime = env_of(final)
+    assert f"TORCH_EXTENSIONS_DIR={runtime['TORCH_EXTENSIONS_DIR']} CXX={runtime['CXX']}" in step
+    assert "DS_ACCELERATOR=cpu" in step and "prebuild_ops.py CPUAdamBuilder ShareMemCommBuilder" in step
+    assert step.endswith("find /opt/torch_extensions -name lock -delete")
+    index_of(final, "COPY", f"--from=build {runtime['TORCH_EXTENSIONS_DIR']} {runtime['TORCH_EXTENSIONS_DIR']}")
+
+
 def test_no_build_step_asks_for_the_build_hosts_cpu(stages: list[list[Instruction]]) -> None:
     assert not [item for stage in stages for item in stage if "-march=native" in item.arguments]
 
@@ -348,6 +369,10 @@ def test_portable_cxx_replaces_the_native_march_and_avx512() -> None:
     assert run_portable_cxx("-O3", "-march=native", "-fopenmp", "-D__AVX512__", "cpu_adam.cpp") == [
         "-O3", "-march=x86-64-v3", "-fopenmp", "-D__AVX256__", "cpu_adam.cpp"
     ]
+
+
+def test_portable_cxx_drops_debug_information() -> None:
+    assert run_portable_cxx("-O3", "-g", "-Wno-reorder", "cpu_adam.cpp") == ["-O3", "-Wno-reorder", "cpu_adam.cpp"]
 
 
 def test_portable_cxx_passes_every_other_flag_through() -> None:
