@@ -1,32 +1,33 @@
 # syntax=docker/dockerfile:1.7
-# fluxbooth worker image for RunPod serverless.
+# fluxbooth worker image for RunPod serverless: the image RunPod pulls (docs/image.md).
 #
-# Two stages: `build` compiles DeepSpeed's ops into the virtualenv; the final image is the runtime base plus
-# that virtualenv. Layers run from the slowest-changing to the fastest: system packages, torch, the other
-# pinned dependencies, DeepSpeed with its ops, an optional baked model, and the source last, so a code
-# change rebuilds seconds of image, not the multi-GB dependency layers.
+# Two stages: `build` installs torch and compiles DeepSpeed's host ops into the virtualenv; the final image is
+# the runtime base plus that virtualenv. Everything comes from a plain Debian base and PyPI: torch 2.13.0 from
+# PyPI is the CUDA 13.0 build, whose nvidia-* wheels are the image's only CUDA libraries. No CUDA toolkit and
+# no nvcc: the GPU optimizers are torch's own (fused AdamW, a torch Lion), and DeepSpeed's ops the trainer
+# loads (CPU Adam, Adagrad and Lion for optimizer offload, async_io for NVMe offload) are host C++.
+# Layers run from the slowest-changing to the fastest: system packages, torch, DeepSpeed with its ops, the
+# other pinned dependencies, an optional baked model, and the source last, so a code change rebuilds seconds
+# of image, not the multi-GB dependency layers.
 #
-# Build arguments (README, "Building the image"):
-#   BUILD_BASE, RUNTIME_BASE  the two stages' images: CUDA 13.0's devel and base images by default. Any
-#                             Debian or Ubuntu image with apt works for both (this file installs Python
-#                             itself); use the same distribution release for both stages.
-#   TORCH_VARIANT             cuda (default): torch 2.13.0+cu130 and DeepSpeed's CUDA and CPU ops;
-#                             cpu: torch 2.13.0+cpu and DeepSpeed's CPU ops only (no CUDA op is built).
+# Build arguments (docs/image.md):
+#   BUILD_BASE, RUNTIME_BASE  the two stages' images: Debian 12 (bookworm, Python 3.11) by default. Any Debian
+#                             or Ubuntu image with apt works (this file installs Python itself); use the same
+#                             release for both stages.
 #
 #   docker build -t fluxbooth .
 #   docker build --secret id=hf_token,src=token.txt --build-arg BASE_MODEL=black-forest-labs/FLUX.1-dev -t fluxbooth .
-#   python builder/cpu_image.py build     # the CPU variant from a Debian bookworm base, with buildah (no daemon)
+#   python builder/image.py build     # the same image from an mmdebstrap-made bookworm base, with buildah (no daemon)
 
-ARG BUILD_BASE=nvidia/cuda:13.0.2-devel-ubuntu24.04
-ARG RUNTIME_BASE=nvidia/cuda:13.0.2-base-ubuntu24.04
+ARG BUILD_BASE=debian:bookworm-slim
+ARG RUNTIME_BASE=debian:bookworm-slim
 
 # ------------------------------------------------------------------------------------------------------------
 FROM ${BUILD_BASE} AS build
 
-ARG TORCH_VARIANT=cuda
 ARG DEBIAN_FRONTEND=noninteractive
-# The distribution's own Python (3.12 on Ubuntu 24.04, 3.11 on Debian 12): no third-party archive to reach.
-# libaio-dev for DeepSpeed's async_io op (NVMe offload).
+# The distribution's own Python (3.11 on Debian 12): no third-party archive to reach. libaio-dev for
+# DeepSpeed's async_io op (NVMe offload); g++ for DeepSpeed's host ops.
 RUN apt-get update && apt-get install -y --no-install-recommends \
         ca-certificates python3 python3-venv python3-dev build-essential libaio-dev \
     && rm -rf /var/lib/apt/lists/*
@@ -37,40 +38,49 @@ ENV VIRTUAL_ENV=/opt/venv \
 RUN python3 -m venv $VIRTUAL_ENV
 WORKDIR /build
 
-# torch first, pinned per variant, and checked: a wrong wheel fails the build here, not a job on a GPU.
+# torch first, pinned, and checked: a CPU-only or wrong wheel fails the build here, not a job on a GPU.
 # pip's downloads stay in a build cache between builds (no layer keeps them).
-COPY requirements-torch-cuda.txt requirements-torch-cpu.txt ./
+COPY requirements-torch-cuda.txt ./
 COPY builder/image_checks.py ./builder/
 RUN --mount=type=cache,target=/root/.cache/pip \
-    python builder/image_checks.py variant "$TORCH_VARIANT" \
-    && pip install -r "requirements-torch-$TORCH_VARIANT.txt" \
-    && python builder/image_checks.py torch "$TORCH_VARIANT"
+    pip install -r requirements-torch-cuda.txt \
+    && python builder/image_checks.py torch
 
-# DeepSpeed with its ops compiled into the package (ds_report: installed [YES]), so no cold start compiles
-# them: the CPU optimizers for offload and async_io for NVMe offload, plus, for cuda, the fused GPU
-# optimizers for every GPU generation RunPod rents (Ampere 8.0/8.6, Ada 8.9, Hopper 9.0, Blackwell
-# 10.0/12.0; nvcc 13.0 builds them all without a GPU). builder/portable-cxx replaces DeepSpeed's hard-coded
-# -march=native (and the build host's AVX-512) with portable x86-64-v3 flags. Before the other dependencies,
-# from a requirements file of its own: changing any other pin does not recompile the ops.
+# DeepSpeed with its host ops compiled into the package (ds_report: installed [YES]), recorded for the CUDA
+# accelerator a GPU worker runs with, so no worker JIT-builds them: with no CUDA toolkit in the build,
+# DeepSpeed builds them as C++ extensions (builder/verify_ds_ops.py says why that is the worker's op).
+# builder/portable-cxx replaces DeepSpeed's hard-coded -march=native (and the build host's AVX-512) with
+# portable x86-64-v3 flags. Before the other dependencies, from a requirements file of its own: changing
+# any other pin does not recompile the ops.
 COPY requirements-deepspeed.txt ./
 COPY builder/portable-cxx builder/verify_ds_ops.py ./builder/
-ENV TORCH_CUDA_ARCH_LIST="8.0;8.6;8.9;9.0;10.0;12.0"
 RUN --mount=type=cache,target=/root/.cache/pip \
     grep -v '^deepspeed==' requirements-deepspeed.txt > deepspeed-needs.txt \
     && pip install -r deepspeed-needs.txt \
-    && env $(python builder/verify_ds_ops.py build-env "$TORCH_VARIANT") CXX=/build/builder/portable-cxx MAX_JOBS=4 \
+    && env $(python builder/verify_ds_ops.py build-env) CXX=/build/builder/portable-cxx MAX_JOBS=2 \
         pip install --no-build-isolation --no-deps "$(grep '^deepspeed==' requirements-deepspeed.txt)" \
-    && env $(python builder/verify_ds_ops.py accelerator-env "$TORCH_VARIANT") ds_report > /tmp/ds_report.txt \
-    && python builder/verify_ds_ops.py check "$TORCH_VARIANT" /tmp/ds_report.txt
+    && env $(python builder/verify_ds_ops.py accelerator-env) ds_report > /tmp/ds_report.txt \
+    && python builder/verify_ds_ops.py check /tmp/ds_report.txt
+
+# The ops the demo job loads on DeepSpeed's CPU accelerator (the one it selects on a machine without a GPU:
+# CI runs the demo in this image on a CPU): CPU Adam and the shared-memory collectives, JIT-built once here
+# into TORCH_EXTENSIONS_DIR, where a job's op load finds them up to date instead of compiling them. Through
+# the same portable compiler, kept in the image at the same path (the runtime's CXX), so the op load sees the
+# same build command and rebuilds nothing. The lock files of a finished build go too.
+COPY builder/prebuild_ops.py ./builder/
+RUN cp builder/portable-cxx /opt/venv/bin/portable-cxx \
+    && DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=/opt/torch_extensions CXX=/opt/venv/bin/portable-cxx MAX_JOBS=2 \
+        python builder/prebuild_ops.py CPUAdamBuilder ShareMemCommBuilder \
+    && find /opt/torch_extensions -name lock -delete
 
 # Every other pinned dependency, but not the project itself (its source is copied last, into the final
-# stage). torch==2.13.0 in requirements.txt is already met by the variant's 2.13.0+<label>, and DeepSpeed's
+# stage). torch==2.13.0 in requirements.txt is already met by the torch installed above, and DeepSpeed's
 # pins by the layer above; the check proves nothing replaced torch.
 COPY requirements.txt ./
 RUN --mount=type=cache,target=/root/.cache/pip \
     grep -v '^-e ' requirements.txt > requirements-image.txt \
     && pip install -r requirements-image.txt \
-    && python builder/image_checks.py torch "$TORCH_VARIANT"
+    && python builder/image_checks.py torch
 
 # ------------------------------------------------------------------------------------------------------------
 FROM ${RUNTIME_BASE}
@@ -79,12 +89,14 @@ ARG DEBIAN_FRONTEND=noninteractive
 # Python of the same release as the build stage (the virtualenv links to it). libaio-dev, gcc and libc6-dev:
 # DeepSpeed's async_io decides whether NVMe offload works by compiling and linking a probe against the
 # unversioned libaio.so (AsyncIOBuilder.is_compatible), which libaio1 alone does not ship. gcc and the
-# Python headers are also what Triton compiles its small launcher with at run time.
+# Python headers are also what Triton compiles its small launcher with at run time; g++ lets an op that is
+# not prebuilt (another DeepSpeed accelerator) still build, on the CPU, without nvcc.
 RUN apt-get update && apt-get install -y --no-install-recommends \
-        ca-certificates python3 python3-dev libaio-dev gcc libc6-dev \
+        ca-certificates python3 python3-dev libaio-dev gcc g++ libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 
 COPY --from=build /opt/venv /opt/venv
+COPY --from=build /opt/torch_extensions /opt/torch_extensions
 
 # Hugging Face's cache on the network volume, where RunPod puts an endpoint's cached model
 # (/runpod-volume/huggingface-cache/hub) and where a download survives the worker. Whether that folder is
@@ -105,6 +117,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     HF_HUB_CACHE=/runpod-volume/huggingface-cache/hub \
     HF_HUB_DISABLE_TELEMETRY=1 \
     TORCH_EXTENSIONS_DIR=/opt/torch_extensions \
+    CXX=/opt/venv/bin/portable-cxx \
     FLUXBOOTH_CACHE_DIR=/opt/fluxbooth-cache \
     FLUXBOOTH_WORK_DIR=/tmp/fluxbooth-jobs
 WORKDIR /app

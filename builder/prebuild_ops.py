@@ -4,8 +4,9 @@ is installed) and, on DeepSpeed's CPU accelerator, its shared-memory collectives
 
 The ops are JIT-built for the accelerator DeepSpeed selects (DS_ACCELERATOR) into TORCH_EXTENSIONS_DIR, the
 folder the worker passes to the trainer: CI builds the CPU ones in the background while the fast tests run.
-The Docker image does not use this: it compiles the ops into DeepSpeed's package at install time
-(DS_BUILD_*=1), which needs no GPU, and checks them with builder/verify_ds_ops.py.
+The Docker image compiles the ops a GPU worker loads into DeepSpeed's package at install time (DS_BUILD_*=1,
+checked by builder/verify_ds_ops.py) and uses this only for the ops the demo job loads on DeepSpeed's CPU
+accelerator (`prebuild_ops.py CPUAdamBuilder ShareMemCommBuilder`): naming builders builds those alone.
 """
 
 from __future__ import annotations
@@ -14,6 +15,15 @@ import os
 import sys
 
 OPTIMIZER_OPS = ("CPUAdamBuilder", "CPUAdagradBuilder", "CPULionBuilder")
+
+
+def build_named_ops(names: list[str]) -> list[str]:
+    """Build the named op builders for the accelerator DeepSpeed selects; returns the names built."""
+    from deepspeed.accelerator import get_accelerator
+
+    for name in names:
+        get_accelerator().create_op_builder(name).load()
+    return names
 
 
 def build_ops() -> list[str]:
@@ -38,5 +48,5 @@ def build_ops() -> list[str]:
 
 
 if __name__ == "__main__":
-    built = build_ops()
+    built = build_named_ops(sys.argv[1:]) if sys.argv[1:] else build_ops()
     print(f"DeepSpeed ops {built} built into {os.environ.get('TORCH_EXTENSIONS_DIR', '<torch default>')}", file=sys.stderr)

@@ -1,12 +1,23 @@
-"""DeepSpeed's prebuilt ops in the image: which ones each torch variant builds, and the build's check.
+"""DeepSpeed's prebuilt ops in the image, and the build's check of them.
 
-    python builder/verify_ds_ops.py build-env VARIANT        the DS_* variables for `pip install deepspeed`
-    python builder/verify_ds_ops.py accelerator-env VARIANT  DS_ACCELERATOR for ds_report
-    python builder/verify_ds_ops.py check VARIANT REPORT     fail unless REPORT lists every op as installed
+    python builder/verify_ds_ops.py build-env        the DS_* variables for `pip install deepspeed`
+    python builder/verify_ds_ops.py accelerator-env  DS_ACCELERATOR for ds_report
+    python builder/verify_ds_ops.py check REPORT     fail unless REPORT lists every op as installed, no fused
+                                                     GPU op is, and the ops are recorded for CUDA
 
 REPORT is what `ds_report` printed in the build. Each op it lists as installed ([YES]) was compiled into
-DeepSpeed's package at `pip install` time (DS_BUILD_*=1), so no job compiles it (minutes, nvcc for the GPU
-ones) at a cold start; an op listed [NO] would be JIT-compiled by the first job that needs it.
+DeepSpeed's package at `pip install` time (DS_BUILD_*=1), so no job compiles it at a cold start; an op listed
+[NO] would be JIT-compiled by the first job that needs it.
+
+Why these are the ops a GPU worker loads (DeepSpeed 0.19.8's source): DeepSpeed records the ops it built and
+the accelerator it built them for (deepspeed/git_version_info_installed.py: installed_ops, accelerator_name);
+an op builder loads the prebuilt module only when accelerator_name is the accelerator running
+(op_builder/builder.py, OpBuilder.load), else it JIT-builds. So the ops are built with DS_ACCELERATOR=cuda, the
+accelerator a GPU worker selects. For cuda, CPU Adam, Adagrad and Lion come from op_builder/cpu
+(accelerator/cuda_accelerator.py, _lazy_init_class_dict), CPUOpBuilder, a torch CppExtension; async_io and
+pin_memory are CUDAOpBuilders, which build a CppExtension when no CUDA toolkit is found
+(CUDAOpBuilder.builder: MissingCUDAException sets build_for_cpu). The image has no CUDA toolkit, so all are
+host C++ and no nvcc is needed. DeepSpeed's fused GPU optimizers are not built: the trainer uses torch's.
 """
 
 from __future__ import annotations
@@ -16,45 +27,35 @@ import sys
 from pathlib import Path
 
 # The accelerator DeepSpeed builds for. It is named, never detected: the build machine has no GPU.
-ACCELERATORS = {"cuda": "cuda", "cpu": "cpu"}
+ACCELERATOR = "cuda"
 
-# What the trainer may load, per variant, with the DS_BUILD_* variable DeepSpeed's own builder reads
-# (tests/test_dockerfile.py checks each name against DeepSpeed). cuda: the fused GPU optimizers, the
-# offloaded CPU ones and async_io for NVMe offload. cpu: the CPU optimizers, async_io, and the shared-memory
-# collectives DeepSpeed's CPU accelerator initialises its process group with.
-REQUIRED_OPS: dict[str, dict[str, str]] = {
-    "cuda": {
-        "fused_adam": "DS_BUILD_FUSED_ADAM",
-        "fused_lion": "DS_BUILD_FUSED_LION",
-        "cpu_adam": "DS_BUILD_CPU_ADAM",
-        "cpu_adagrad": "DS_BUILD_CPU_ADAGRAD",
-        "cpu_lion": "DS_BUILD_CPU_LION",
-        "async_io": "DS_BUILD_AIO",
-    },
-    "cpu": {
-        "cpu_adam": "DS_BUILD_CPU_ADAM",
-        "cpu_adagrad": "DS_BUILD_CPU_ADAGRAD",
-        "cpu_lion": "DS_BUILD_CPU_LION",
-        "async_io": "DS_BUILD_AIO",
-        "deepspeed_shm_comm": "DS_BUILD_SHM_COMM",
-    },
+# What the trainer may load, with the DS_BUILD_* variable DeepSpeed's own builder reads (tests/test_dockerfile.py
+# checks each name against DeepSpeed): the offloaded CPU optimizers and async_io for NVMe offload (DeepSpeed
+# adds pin_memory, which async_io loads).
+REQUIRED_OPS = {
+    "cpu_adam": "DS_BUILD_CPU_ADAM",
+    "cpu_adagrad": "DS_BUILD_CPU_ADAGRAD",
+    "cpu_lion": "DS_BUILD_CPU_LION",
+    "async_io": "DS_BUILD_AIO",
 }
+# DeepSpeed's GPU optimizers, which need nvcc: never in the image.
+FORBIDDEN_OPS = ("fused_adam", "fused_lion")
 
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 _OP_LINE = re.compile(r"^(?P<op>[a-z0-9_]+) \.+ \[(?P<installed>YES|NO)\]")
 
 
-def accelerator_env(variant: str) -> list[str]:
-    return [f"DS_ACCELERATOR={ACCELERATORS[variant]}"]
+def accelerator_env() -> list[str]:
+    return [f"DS_ACCELERATOR={ACCELERATOR}"]
 
 
-def build_env(variant: str) -> list[str]:
-    """`DS_ACCELERATOR=… DS_BUILD_OPS=0 DS_BUILD_<op>=1 …`: only the listed ops, for the named accelerator."""
-    return [*accelerator_env(variant), "DS_BUILD_OPS=0", *(f"{name}=1" for name in REQUIRED_OPS[variant].values())]
+def build_env() -> list[str]:
+    """`DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_<op>=1 …`: only the listed ops."""
+    return [*accelerator_env(), "DS_BUILD_OPS=0", *(f"{name}=1" for name in REQUIRED_OPS.values())]
 
 
 def installed_ops(report: str) -> dict[str, bool]:
-    """Each op line of a ds_report (`fused_adam ..... [YES] ...... [OKAY]`), as installed or not."""
+    """Each op line of a ds_report (`cpu_adam ..... [YES] ...... [OKAY]`), as installed or not."""
     found: dict[str, bool] = {}
     for line in _ANSI_ESCAPE.sub("", report).splitlines():
         if match := _OP_LINE.match(line.strip()):
@@ -62,35 +63,41 @@ def installed_ops(report: str) -> dict[str, bool]:
     return found
 
 
-def ops_not_prebuilt(report: str, required: tuple[str, ...]) -> list[str]:
+def report_problems(report: str, accelerator: str) -> list[str]:
+    """What is wrong with a build's ops: one not prebuilt, a fused GPU op built, or another accelerator."""
     listed = installed_ops(report)
-    return [op for op in required if not listed.get(op)]
+    problems = []
+    if missing := [op for op in REQUIRED_OPS if not listed.get(op)]:
+        problems.append(f"DeepSpeed ops not prebuilt: {', '.join(missing)}; check the DS_BUILD_* build log above")
+    if built := [op for op in FORBIDDEN_OPS if listed.get(op)]:
+        problems.append(f"DeepSpeed GPU ops built (they need nvcc): {', '.join(built)}")
+    if accelerator != ACCELERATOR:
+        problems.append(f"DeepSpeed's ops are recorded for {accelerator!r}, a GPU worker runs {ACCELERATOR!r}")
+    return problems
 
 
-def check(variant: str, report: str) -> int:
+def check(report: str) -> int:
+    from deepspeed import git_version_info
+
     print(report)
-    required = tuple(REQUIRED_OPS[variant])
-    missing = ops_not_prebuilt(report, required)
-    if missing:
-        print(f"DeepSpeed ops not prebuilt: {', '.join(missing)}; check the DS_BUILD_* build log above", file=sys.stderr)
+    problems = report_problems(report, git_version_info.accelerator_name)
+    if problems:
+        print("; ".join(problems), file=sys.stderr)
         return 1
-    print(f"DeepSpeed ops prebuilt: {', '.join(required)}")
+    print(f"DeepSpeed ops prebuilt for {ACCELERATOR}: {', '.join(REQUIRED_OPS)}")
     return 0
 
 
 def main(arguments: list[str]) -> int:
-    usage = "usage: verify_ds_ops.py build-env|accelerator-env VARIANT | check VARIANT DS_REPORT_OUTPUT"
-    command, variant = (arguments + ["", ""])[:2]
-    if variant not in REQUIRED_OPS or command not in ("build-env", "accelerator-env", "check"):
-        print(usage, file=sys.stderr)
-        return 2
-    if command == "check":
-        if len(arguments) != 3:
-            print(usage, file=sys.stderr)
-            return 2
-        return check(variant, Path(arguments[2]).read_text(errors="replace"))
-    print(" ".join(build_env(variant) if command == "build-env" else accelerator_env(variant)))
-    return 0
+    usage = "usage: verify_ds_ops.py build-env | accelerator-env | check DS_REPORT_OUTPUT"
+    command = arguments[0] if arguments else ""
+    if command == "check" and len(arguments) == 2:
+        return check(Path(arguments[1]).read_text(errors="replace"))
+    if command in ("build-env", "accelerator-env") and len(arguments) == 1:
+        print(" ".join(build_env() if command == "build-env" else accelerator_env()))
+        return 0
+    print(usage, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

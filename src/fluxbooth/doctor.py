@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,9 @@ RUNTIME_PROBE_TIMEOUT_SECONDS = 300
 MIN_HOST_BYTES = 2 * GIB
 MIN_DISK_BYTES = 2 * GIB
 BUCKET_TIMEOUT_SECONDS = 10.0
+# An op build's lock (torch.utils.file_baton) older than this was left by a build that was killed: building
+# every host op DeepSpeed loads takes minutes on two cores, and every later load waits on a lock forever.
+STALE_OP_LOCK_SECONDS = 30 * 60
 
 
 @dataclass(frozen=True)
@@ -448,6 +452,23 @@ def check_bucket(settings: WorkerSettings) -> CheckResult:
     return CheckResult("object storage", OK, f"HEAD {where}: reachable")
 
 
+def clear_stale_op_locks(extensions: Path, now: float) -> CheckResult:
+    """Remove the op-build locks (`<TORCH_EXTENSIONS_DIR>/<op>/lock`) older than STALE_OP_LOCK_SECONDS, naming
+    each: a build killed mid-way leaves one, and every later load of that op would wait on it forever."""
+    locks = sorted({*extensions.glob("*/lock"), *extensions.glob("*/*/lock")})
+    stale = [lock for lock in locks if now - lock.stat().st_mtime > STALE_OP_LOCK_SECONDS]
+    if not stale:
+        return CheckResult("op build locks", OK, f"no lock older than {STALE_OP_LOCK_SECONDS // 60} min in {extensions}")
+    try:
+        for lock in stale:
+            lock.unlink(missing_ok=True)
+    except OSError as error:
+        return CheckResult("op build locks", FAIL, f"cannot remove the stale op-build lock {error.filename}: "
+                           f"{error.strerror}; delete it or point TORCH_EXTENSIONS_DIR at a writable folder")
+    return CheckResult("op build locks", WARN, f"removed {len(stale)} op-build lock(s) older than "
+                       f"{STALE_OP_LOCK_SECONDS // 60} min, left by a killed build: {', '.join(map(str, stale))}")
+
+
 # =================================================================================================
 # Entry point
 # =================================================================================================
@@ -476,6 +497,8 @@ def run_doctor(
             f"parameters {plan.offload_param}, {plan.mixed_precision}, accelerator {plan.accelerator}",
         )
     ]
+    # Before the probe, which loads the ops and would wait on a stale lock.
+    results.append(clear_stale_op_locks(extensions, time.time()))
     with tempfile.TemporaryDirectory(prefix="fluxbooth-doctor-") as temporary:
         job_dir = Path(temporary)
         results.append(write_and_reread_configs(plan, job_dir, work_dir))

@@ -1,10 +1,11 @@
-"""Build the worker image's CPU variant from the Dockerfile without a Docker daemon, and run commands in it.
+"""Build the worker image from the Dockerfile without a Docker daemon, and run commands in it.
 
-    python builder/cpu_image.py build                 # base root file system, then the image (cached)
-    python builder/cpu_image.py run -- COMMAND ...    # COMMAND in the image's working directory (/app)
+    python builder/image.py build                 # base root file system, then the image (cached)
+    python builder/image.py run -- COMMAND ...    # COMMAND in the image's working directory (/app)
 
-The same Dockerfile as the CUDA image, with TORCH_VARIANT=cpu and both stages on a Debian bookworm base that
-mmdebstrap makes from Debian's packages (`--variant=apt`: apt and nothing else), imported with podman and
+The Dockerfile's default build, the image RunPod pulls (CUDA torch from PyPI; a CUDA torch runs on a CPU,
+where torch.cuda.is_available() is false), with both stages on a Debian bookworm base that mmdebstrap makes
+from Debian's packages (`--variant=apt`: apt and nothing else), imported with podman and
 built with `buildah bud --isolation chroot` (no daemon, no user namespaces: it runs as root in a container
 too). Needs root and Debian's buildah, podman and mmdebstrap.
 
@@ -17,6 +18,7 @@ CA bundle, a local wheel folder or index) are mounted into the build, never copi
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import shlex
 import subprocess
@@ -30,7 +32,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BASE_IMAGE = "localhost/fluxbooth-base:bookworm-apt"
-CPU_IMAGE = "localhost/fluxbooth:cpu"
+IMAGE = "localhost/fluxbooth:ci"
 SUITE = "bookworm"
 REQUIRED_TOOLS = ("mmdebstrap", "podman", "buildah")
 # The pip settings the build's pip takes from this machine's (where packages come from, and how to trust them).
@@ -137,22 +139,28 @@ def bud_command(settings_file: Path, pip: PipSettings, base: str, tag: str, cont
     return [
         "buildah", "bud", "--isolation", "chroot", "--network", "host", "--layers",
         "--build-arg", f"BUILD_BASE={base}", "--build-arg", f"RUNTIME_BASE={base}",
-        "--build-arg", "TORCH_VARIANT=cpu", *mounts, "--tag", tag, "--file", str(context / "Dockerfile"), str(context),
+        *mounts, "--tag", tag, "--file", str(context / "Dockerfile"), str(context),
     ]
 
 
-def build(context: Path = REPO_ROOT, tag: str = CPU_IMAGE, log: Path | None = None) -> str:
-    """The CPU image from the Dockerfile in `context`; returns its name."""
+def build(context: Path = REPO_ROOT, tag: str = IMAGE, log: Path | None = None) -> str:
+    """The image from the Dockerfile in `context`; returns its name."""
     missing = missing_tools()
     if missing:
         raise RuntimeError(f"missing {', '.join(missing)}: apt-get install buildah podman mmdebstrap (as root)")
-    base = import_base(base_rootfs(cache_dir(dict(os.environ)), log), log)
-    pip = this_machines_pip_settings()
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="fluxbooth-pip-") as folder:
-        settings_file = Path(folder) / "pip.conf"
-        settings_file.write_text(pip.config_text())
-        run(bud_command(settings_file, pip, base, tag, context), log)
+    cache = cache_dir(dict(os.environ))
+    cache.mkdir(parents=True, exist_ok=True)
+    # One build at a time on this machine: CI starts one in the background and the image tests' own call then
+    # waits for it and finds every layer cached. flock's lock goes with its process, so a killed build leaves none.
+    with (cache / "build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        base = import_base(base_rootfs(cache, log), log)
+        pip = this_machines_pip_settings()
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="fluxbooth-pip-") as folder:
+            settings_file = Path(folder) / "pip.conf"
+            settings_file.write_text(pip.config_text())
+            run(bud_command(settings_file, pip, base, tag, context), log)
     print(f"built {tag} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     return tag
 
@@ -181,7 +189,7 @@ def run_command(container: str, command: Sequence[str], environ: dict[str, str] 
 def main(arguments: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="build localhost/fluxbooth:cpu from the Dockerfile")
+    sub.add_parser("build", help=f"build {IMAGE} from the Dockerfile")
     runner = sub.add_parser("run", help="run a command in a fresh container of the built image")
     runner.add_argument("argv", nargs=argparse.REMAINDER)
     options = parser.parse_args(arguments)
@@ -189,7 +197,7 @@ def main(arguments: list[str]) -> int:
         print(build())
         return 0
     command = options.argv[1:] if options.argv[:1] == ["--"] else options.argv
-    with working_container(CPU_IMAGE) as container:
+    with working_container(IMAGE) as container:
         return subprocess.run(run_command(container, command)).returncode
 
 
