@@ -15,7 +15,8 @@ from tests.conftest import REPO_ROOT
 AGREEING_PAGES = ("README.md", "docs/deploy.md", "docs/environment.md")
 HUB_JSON = REPO_ROOT / ".runpod" / "hub.json"
 OLDEST_CUDA = "13.0"
-CUDA_WORDS = "13.0 and newer (host driver 580 or newer)"
+# What the pages say: exactly the versions .runpod/hub.json allows (RunPod's API lists none newer than 13.0).
+CUDA_WORDS = "13.0 (host driver 580 or newer)"
 
 
 def page_text(name: str) -> str:
@@ -28,7 +29,7 @@ def hub_config() -> dict:
 
 
 @pytest.mark.parametrize("name", AGREEING_PAGES)
-def test_every_mention_of_the_allowed_cuda_versions_says_13_0_and_newer_with_driver_580(name: str) -> None:
+def test_every_mention_of_the_allowed_cuda_versions_says_13_0_with_driver_580(name: str) -> None:
     text = page_text(name)
     mentions = re.findall(r"Allowed CUDA versions:?\**:? (.{%d})" % len(CUDA_WORDS), text)
     assert all(mention.startswith(CUDA_WORDS) for mention in mentions), mentions
@@ -39,9 +40,8 @@ def test_the_readme_and_the_deploy_page_state_the_cuda_versions() -> None:
                for name in ("README.md", "docs/deploy.md"))
 
 
-def test_the_hub_allows_nothing_older_than_cuda_13_0() -> None:
-    versions = hub_config()["allowedCudaVersions"]
-    assert min(versions, key=lambda version: tuple(int(part) for part in version.split("."))) == OLDEST_CUDA
+def test_the_hub_allows_exactly_the_cuda_version_the_pages_state() -> None:
+    assert hub_config()["allowedCudaVersions"] == [OLDEST_CUDA]
 
 
 @pytest.mark.parametrize("name", AGREEING_PAGES)

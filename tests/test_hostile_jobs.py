@@ -27,6 +27,7 @@ import pytest
 from botocore.client import BaseClient
 
 from fluxbooth import job as job_module
+from fluxbooth import planned_job
 from fluxbooth.deadline import trainer_deadline
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import format_bytes
@@ -87,6 +88,13 @@ def job_input(prompt: str = "a photo of sks dog", **overrides: Any) -> dict[str,
         "seed": SEED,
         **overrides,
     }
+
+
+@pytest.fixture()
+def no_teardown_reserve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hung trainer is killed at the deadline whatever the stop reserves; without this, the 30 s kept for
+    accelerate's and DeepSpeed's teardown would make a deadline short enough for a quick test refuse to launch."""
+    monkeypatch.setattr(planned_job, "TRAINER_TEARDOWN_SECONDS", 0.0)
 
 
 def run(env: dict[str, str], raw_input: Any, job_id: str = "job-1", progress: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -297,7 +305,7 @@ def test_the_request_timeout_overrides_the_environment_deadline(fake_env: dict[s
 
 @pytest.mark.slow
 def test_a_hang_past_the_deadline_is_timeout_and_leaves_no_process(
-    fake_env: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+    fake_env: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture, no_teardown_reserve: None
 ) -> None:
     caplog.set_level(logging.INFO)
     result = run({**fake_env, "FLUXBOOTH_JOB_DEADLINE_SECONDS": HANG_DEADLINE_SECONDS}, job_input("x fault:hang"))
@@ -311,7 +319,7 @@ def test_a_hang_past_the_deadline_is_timeout_and_leaves_no_process(
 
 @pytest.mark.slow
 def test_a_hang_that_ignores_sigterm_is_killed_outside_the_launchers_process_group(
-    fake_env: dict[str, str], caplog: pytest.LogCaptureFixture
+    fake_env: dict[str, str], caplog: pytest.LogCaptureFixture, no_teardown_reserve: None
 ) -> None:
     # torch's elastic agent starts the trainer in a session of its own, beyond the launcher's group;
     # here the trainer and its child also ignore SIGTERM, so only the worker's own SIGKILL can end them.
@@ -589,7 +597,7 @@ def live_descendants() -> set[tuple[int, float]]:
 @pytest.mark.slow
 def test_twenty_mixed_jobs_back_to_back_leave_nothing_behind(
     fake_env: dict[str, str], s3_bucket_env: dict[str, str], s3_client: BaseClient, tmp_path: Path,
-    orphans_come_home: None,
+    orphans_come_home: None, no_teardown_reserve: None,
 ) -> None:
     work_root = tmp_path / "work"
     hang_env = {**fake_env, "FLUXBOOTH_JOB_DEADLINE_SECONDS": HANG_DEADLINE_SECONDS}
