@@ -63,16 +63,16 @@ TRANSFORMER_CONFIG: dict[str, Any] = {
     "axes_dims_rope": ROPE_AXES,
 }
 
-# FLUX.1-dev's VAE (its normalisation constants above all, so the trainer's latent normalisation path is the
-# real one), narrowed.
-VAE_CONFIG: dict[str, Any] = {
-    **FLUX1_VAE,
+# How every tiny VAE narrows its family's published one (the tiny FLUX.2 preset reads it too).
+TINY_VAE_NARROWING: dict[str, Any] = {
     "block_out_channels": [8, 8, 16, 16],
     "layers_per_block": 1,
-    "latent_channels": LATENT_CHANNELS,
     "norm_num_groups": 4,
     "sample_size": 64,
 }
+# FLUX.1-dev's VAE (its normalisation constants above all, so the trainer's latent normalisation path is the
+# real one), narrowed.
+VAE_CONFIG: dict[str, Any] = {**FLUX1_VAE, **TINY_VAE_NARROWING, "latent_channels": LATENT_CHANNELS}
 
 # The text encoders' shapes; vocabulary sizes and special token ids come from the tokenizers.
 CLIP_TEXT_CONFIG: dict[str, Any] = {

@@ -40,14 +40,7 @@ TINY_FLUX2_TRANSFORMER: dict[str, Any] = {
     "timestep_guidance_channels": 32,
     "axes_dims_rope": [4, 4, 4, 4],
 }
-TINY_FLUX2_VAE: dict[str, Any] = {
-    **FLUX2_VAE,
-    "block_out_channels": [8, 8, 16, 16],
-    "layers_per_block": 1,
-    "latent_channels": TINY_FLUX2_LATENT_CHANNELS,
-    "norm_num_groups": 4,
-    "sample_size": 64,
-}
+TINY_FLUX2_VAE: dict[str, Any] = {**FLUX2_VAE, **tiny.TINY_VAE_NARROWING, "latent_channels": TINY_FLUX2_LATENT_CHANNELS}
 TINY_QWEN3: dict[str, Any] = {
     **QWEN3_COMMON,
     "hidden_size": TINY_TEXT_WIDTH,
