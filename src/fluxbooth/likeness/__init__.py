@@ -1,0 +1,6 @@
+"""Likeness: does a LoRA's validation render look like the subject, follow its prompt, and not copy a photo?
+
+Scored after training in a process of its own (`python -m fluxbooth.likeness`), never in the worker process and
+outside the trainer's memory plan. `interface` (standard library only) is what the worker and that process agree
+on; the worker imports nothing else of this package.
+"""
