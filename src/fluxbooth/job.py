@@ -48,6 +48,7 @@ from fluxbooth.redaction import Redactor
 from fluxbooth.report import ReportInputs, make_report, report_artifacts, sheet_images
 from fluxbooth.request import TrainingRequest, parse_request
 from fluxbooth.result import JobResult
+from fluxbooth.scoring_stage import scoring_stage
 from fluxbooth.settings import WorkerSettings
 from fluxbooth.spec import resolve_job_spec
 from fluxbooth.storage import local_output_warning, require_usable_storage
@@ -237,6 +238,8 @@ async def _run(
             )
     trainer = await _trainer_config(job, settings, stages, job_dir, dataset, str(job.model.folder), validation_images)
     outcome, uploader = await _train(job, trainer, settings, stages, job_dir)
+    trainer_metrics = dict(outcome.done.metrics)
+    likeness, announced = await scoring_stage(job, trainer, settings, job_dir, outcome.done, stages.stage)
 
     with stages.stage("report"):
         report = await in_thread(make_report, ReportInputs(
@@ -246,7 +249,7 @@ async def _run(
         job.warnings.extend(report.warnings)
 
     with stages.stage("upload"):
-        artifacts = await in_thread(collect_artifacts, Path(trainer.output_dir), outcome.done.artifacts)
+        artifacts = await in_thread(collect_artifacts, Path(trainer.output_dir), announced)
         artifacts += report_artifacts(report, Path(trainer.output_dir))
         stored = await in_thread(upload_artifacts, artifacts, settings, job.request.model_name, job_id)
     stages.seconds["total"] = _elapsed(job.started)
@@ -254,7 +257,6 @@ async def _run(
         logger.warning("job %s: %s", job_id, disk_warning)
         job.warnings.append(disk_warning)
 
-    trainer_metrics = dict(outcome.done.metrics)
     if trainer_metrics.get("stopped_for_deadline"):
         raise stopped_for_deadline(job, trainer_metrics, stored, uploader)
     trainer_warnings = [event.message for event in outcome.events if isinstance(event, WarningEvent)]
@@ -262,7 +264,7 @@ async def _run(
         model_name=job.request.model_name, artifacts=stored, plan=job.plan, export_formats=trainer.export_formats,
         trainer_metrics=trainer_metrics, stage_seconds=stages.seconds, dataset=dataset.summary(),
         checks=checks.to_dict(), checkpoints=uploader.uploaded if uploader is not None else [],
-        warnings=job.warnings + trainer_warnings,
+        warnings=job.warnings + trainer_warnings, likeness=likeness,
     ).to_dict()
 
 

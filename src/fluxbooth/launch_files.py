@@ -31,6 +31,7 @@ from fluxbooth.contract.names import (
     normalise_optimizer_name,
 )
 from fluxbooth.contract.trainer_config import TrainerConfig
+from fluxbooth.likeness.interface import STEP_LORAS_FOLDER
 from fluxbooth.spec import JobSpec
 
 # Parent-environment variables the trainer may inherit. Everything else (bucket keys above
@@ -282,13 +283,14 @@ def trainer_config_for(
     """The trainer's input for the job `spec` run as `plan` decides, from the local `base_model` folder;
     generated class images are kept in `class_image_cache_dir` (outside the job) for the next job with the
     same recipe."""
+    output_dir = job_dir / "output"
     return TrainerConfig(
         base_model=base_model,
         instance_dir=str(instance_dir),
         class_dir=str(class_dir) if class_dir else None,
         control_dir=str(control_dir) if control_dir else None,
         validation_images=tuple(str(path) for path in validation_images),
-        output_dir=str(job_dir / "output"),
+        output_dir=str(output_dir),
         cache_dir=str(job_dir / "cache"),
         instance_prompt=spec.instance_prompt,
         class_prompt=spec.class_prompt,
@@ -323,6 +325,8 @@ def trainer_config_for(
         resume_from=spec.resume_from,
         validation_prompts=spec.validation_prompts,
         validation_steps=spec.validation_steps,
+        validation_at_start=spec.likeness,
+        step_loras_dir=str(output_dir / STEP_LORAS_FOLDER) if spec.keep_best_step else None,
         export_formats=spec.export_formats,
         class_image_cache_dir=str(class_image_cache_dir) if class_image_cache_dir else None,
         encoders_on_cpu=plan.cache_encoders_on_cpu,

@@ -5,9 +5,8 @@ Field names and meaning follow the reference guide's Basic and Advanced requests
 
 Validation is strict about types (JSON numbers for numbers, JSON booleans for booleans): a value that
 pydantic would otherwise coerce (`"steps": "2000"`, `"use_deepspeed": "no"`) is refused, so a typo never
-silently becomes a different training run. `resolution` is the one field with several spellings, because
-the guide writes it as a string (`"1024x1024"`, a fixed shape) and ai-toolkit and Replicate as sizes
-(`[512, 768, 1024]`, `"512,768,1024"`: aspect buckets).
+silently becomes a different training run. `resolution` is the one field with several spellings
+(fluxbooth.request_resolution parses them).
 """
 
 from __future__ import annotations
@@ -30,10 +29,11 @@ from pydantic import (
 )
 
 from fluxbooth.addresses import http_url_problem, literal_address_reason
-from fluxbooth.contract.buckets import BUCKET_MULTIPLE, Resolution
+from fluxbooth.contract.buckets import Resolution
 from fluxbooth.contract.captions import MAX_TRIGGER_CHARS, contains_word
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.messages import listed, short_name
+from fluxbooth.request_resolution import DEFAULT_RESOLUTION, parse_resolution
 from fluxbooth.settings import TINY_MODEL_NAME
 from fluxbooth.contract.names import (
     SUPPORTED_OPTIMIZERS,
@@ -58,11 +58,6 @@ MAX_PROMPT_CHARS = 2000
 # steps without a caption keep the subject from being tied to every word of the captions.
 DEFAULT_CAPTION_DROPOUT = 0.05
 MAX_TIMEOUT_SECONDS = 86_400
-MIN_RESOLUTION_SIDE = 64
-MAX_RESOLUTION_SIDE = 2048
-MAX_RESOLUTION_SIZES = 8
-# No crop beyond rounding to a multiple of 16, as ai-toolkit trains by default; "WxH" keeps the guide's crop.
-DEFAULT_RESOLUTION = Resolution(sizes=(1024,))
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
@@ -71,8 +66,6 @@ _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 _LINE_BREAKING = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 # A prompt may span lines; other control characters (NUL first) are no text.
 _PROMPT_CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_FIXED_RESOLUTION_TEXT = re.compile(r"^\s*(\d{1,5})\s*[xX×]\s*(\d{1,5})\s*$")
-_SIZES_TEXT = re.compile(r"^\s*\d{1,5}\s*(?:,\s*\d{1,5}\s*)*$")
 _DATA_URI_PREFIX = re.compile(r"^data:[^,]{0,200};base64,", re.IGNORECASE)
 # Any scheme, any case: `ftp://` is a URL to refuse, not base64 to decode.
 _URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -85,6 +78,7 @@ LoraModuleName = Annotated[str, StringConstraints(min_length=1, max_length=128, 
 ValidationImage = Annotated[str, StringConstraints(min_length=1, max_length=64 * 1024 * 1024, strip_whitespace=True)]
 DatasetCheckMode = Literal["warn", "strict"]
 OutputFormat = Literal["diffusers", "single_file", "comfyui"]
+SubjectTypeField = Literal["person", "pet", "object", "auto"]
 LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_dropout")
 
 
@@ -141,53 +135,6 @@ def fused_pass_conflicts(
             ("zero_stage", "offload"), "zero_stage and offload 'auto'", "the fused pass runs without DeepSpeed's ZeRO",
         ))
     return conflicts
-
-
-def _checked_size(size: int) -> int:
-    if not MIN_RESOLUTION_SIDE <= size <= MAX_RESOLUTION_SIDE or size % BUCKET_MULTIPLE:
-        raise ValueError(
-            f"each size must be a multiple of {BUCKET_MULTIPLE} between {MIN_RESOLUTION_SIDE} and "
-            f"{MAX_RESOLUTION_SIDE}, got {size}"
-        )
-    return size
-
-
-def _bucketed(sizes: list[int]) -> Resolution:
-    if not sizes:
-        raise ValueError("needs at least one size")
-    if len(set(sizes)) > MAX_RESOLUTION_SIZES:
-        raise ValueError(f"takes at most {MAX_RESOLUTION_SIZES} sizes")
-    return Resolution(sizes=tuple(sorted({_checked_size(size) for size in sizes})))
-
-
-def _fixed(width: int, height: int) -> Resolution:
-    for side in (width, height):
-        if not MIN_RESOLUTION_SIDE <= side <= MAX_RESOLUTION_SIDE or side % BUCKET_MULTIPLE:
-            raise ValueError(
-                f"each side must be a multiple of {BUCKET_MULTIPLE} between "
-                f"{MIN_RESOLUTION_SIDE} and {MAX_RESOLUTION_SIDE}, got {width}x{height}"
-            )
-    return Resolution(fixed=(width, height))
-
-
-def parse_resolution(value: object) -> Resolution:
-    """`1024` or `"1024"`: aspect buckets at one size; `[512, 768, 1024]` (ai-toolkit's spelling) or
-    `"512,768,1024"` (Replicate's): aspect buckets at each size; `"768x1024"` (width x height): that one
-    shape, every image centre-cropped to it (the reference guide's `"1024x1024"`)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return _bucketed([value])
-    if isinstance(value, list) and all(isinstance(size, int) and not isinstance(size, bool) for size in value):
-        return _bucketed(value)
-    if isinstance(value, str):
-        fixed = _FIXED_RESOLUTION_TEXT.match(value)
-        if fixed is not None:
-            return _fixed(int(fixed.group(1)), int(fixed.group(2)))
-        if _SIZES_TEXT.match(value):
-            return _bucketed([int(size) for size in value.split(",")])
-    raise ValueError(
-        "expected a size like 1024, sizes like [512, 768, 1024] (aspect buckets) or a fixed shape like "
-        "'768x1024' (width x height)"
-    )
 
 
 def _has_parent_reference(path: str) -> bool:
@@ -260,7 +207,8 @@ class TrainingRequest(BaseModel):
     # Checkpoints, outputs, limits.
     checkpointing_steps: int | None = Field(default=None, ge=1, le=100_000)
     resume_from: str | None = Field(default=None, min_length=1, max_length=1024)
-    validation_prompts: list[Prompt] = Field(default_factory=list, max_length=8)
+    # None (not given): the job spec's defaults; []: no validation renders at all.
+    validation_prompts: list[Prompt] | None = Field(default=None, max_length=8)
     # Each validation prompt's control image (FLUX.1 Kontext edits), in prompt order: base64 or an http(s) URL,
     # fetched and checked like the dataset. Kept out of repr(): base64 images are megabytes.
     validation_images: list[ValidationImage] = Field(default_factory=list, max_length=8, repr=False)
@@ -277,6 +225,12 @@ class TrainingRequest(BaseModel):
     dry_run: bool = False
     # fluxbooth.dataset.checks: its findings become warnings, or (strict) refuse the job.
     dataset_checks: DatasetCheckMode = "warn"
+
+    # Likeness scoring of the validation renders (fluxbooth.likeness, in its own process after training).
+    subject_type: SubjectTypeField = "auto"
+    # None: on whenever validation prompts are rendered.
+    likeness: bool | None = None
+    keep_best_step: bool = False
 
     # Captions (ai-toolkit's and Replicate's names).
     trigger_word: str | None = Field(default=None, min_length=1, max_length=MAX_TRIGGER_CHARS)
@@ -334,7 +288,9 @@ class TrainingRequest(BaseModel):
 
     @field_validator("validation_prompts")
     @classmethod
-    def _validation_prompts_not_blank(cls, value: list[str]) -> list[str]:
+    def _validation_prompts_not_blank(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
         if any(not prompt.strip() for prompt in value):
             raise ValueError("must not contain blank prompts")
         return [prompt.strip() for prompt in value]
@@ -457,16 +413,19 @@ class TrainingRequest(BaseModel):
                 "input.offload, input.zero_stage: 'nvme' offload needs ZeRO stage 3; at stages 1 and 2 "
                 "DeepSpeed silently keeps the optimizer in CPU RAM instead. Use zero_stage 3 or offload 'cpu'"
             )
-        if len(self.validation_images) > len(self.validation_prompts):
+        prompts = len(self.validation_prompts or ())
+        if len(self.validation_images) > prompts:
             problems.append(
-                f"input.validation_images: {len(self.validation_images)} control image(s) for {len(self.validation_prompts)} "
+                f"input.validation_images: {len(self.validation_images)} control image(s) for {prompts} "
                 "validation prompt(s); give at most one per prompt, in prompt order"
             )
-        if self.validation_steps is not None and not self.validation_prompts:
+        if self.validation_steps is not None and self.validation_prompts == []:
             problems.append(
-                "input.validation_steps: needs input.validation_prompts (the prompts rendered every "
-                "validation_steps steps); add prompts or remove validation_steps"
+                "input.validation_steps: needs validation prompts (the prompts rendered every validation_steps steps), "
+                "and input.validation_prompts [] turns them off; give prompts, leave validation_prompts out for the "
+                "defaults, or remove validation_steps"
             )
+        problems += self._likeness_problems()
         if self.lr_warmup_steps > self.steps:
             problems.append(
                 f"input.lr_warmup_steps, input.steps: warmup ({self.lr_warmup_steps}) is longer "
@@ -475,6 +434,33 @@ class TrainingRequest(BaseModel):
         if problems:
             raise RequestProblems(problems)
         return self
+
+    def _likeness_problems(self) -> list[str]:
+        """`likeness` scores the validation renders; `keep_best_step` chooses among a LoRA's validation steps by it."""
+        problems = []
+        if self.likeness and self.validation_prompts == []:
+            problems.append(
+                "input.likeness: scores the validation renders, and input.validation_prompts [] turns them off; "
+                "give prompts, leave validation_prompts out for the defaults, or remove likeness"
+            )
+        if not self.keep_best_step:
+            return problems
+        if self.likeness is False or self.validation_prompts == []:
+            problems.append(
+                "input.keep_best_step: chooses the step by its likeness score, which needs input.likeness and "
+                "validation prompts; remove keep_best_step or likeness: false / validation_prompts: []"
+            )
+        if self.training_type == "full":
+            problems.append(
+                "input.keep_best_step: applies to training_type 'lora' (it keeps the weights of every validation "
+                "step, a full transformer each for a full fine-tune); remove it or set training_type 'lora'"
+            )
+        if self.validation_steps is None:
+            problems.append(
+                "input.keep_best_step: needs input.validation_steps (without renders during training there is only "
+                "the final step, nothing to choose between); add validation_steps or remove keep_best_step"
+            )
+        return problems
 
     def _fused_pass_problems(self) -> list[str]:
         if self.fused_backward_pass is not True:

@@ -18,12 +18,8 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from fluxbooth.contract.buckets import BUCKET_MULTIPLE
-from fluxbooth.request import (
-    MAX_RESOLUTION_SIDE,
-    MAX_RESOLUTION_SIZES,
-    MIN_RESOLUTION_SIDE,
-    TrainingRequest,
-)
+from fluxbooth.request import TrainingRequest
+from fluxbooth.request_resolution import MAX_RESOLUTION_SIDE, MAX_RESOLUTION_SIZES, MIN_RESOLUTION_SIDE
 
 REQUEST_PAGE = Path("docs") / "request.md"
 NO_NOTE = "(not documented yet: add a note in fluxbooth/request_reference.py)"
@@ -96,9 +92,33 @@ NOTES: dict[str, str] = {
     "ema_decay": "Keep an exponential moving average of the trained weights (e.g. 0.99) on the CPU and export it beside them (`ema_` files).",
     "checkpointing_steps": "Save and upload a checkpoint every N steps; see [checkpoints.md](checkpoints.md).",
     "resume_from": "`latest`, or a checkpoint's URI: continue a run; see [checkpoints.md](checkpoints.md).",
-    "validation_prompts": "Up to 8 prompts rendered with the trained weights at the end (`validation/*.png`), sampled as the base model is.",
+    "validation_prompts": (
+        "Up to 8 prompts rendered with the trained weights at the end (`validation/*.png`), sampled as the base model "
+        "is. Left out: three defaults, the instance prompt and the subject in two new scenes (`a photo of <trigger "
+        "word> <class noun>, on a beach at sunset`, `…, in a snowy forest`; without a trigger word the instance "
+        "prompt stands for the subject), whose render time the plan counts; `[]`: no renders. FLUX.1 Kontext gets no "
+        "defaults (each prompt needs its control image)."
+    ),
     "validation_images": "FLUX.1 Kontext: each validation prompt's input image, in prompt order: base64 or an http(s) link, checked like the dataset.",
-    "validation_steps": "Also render `validation_prompts` every N steps during training; needs `validation_prompts`.",
+    "validation_steps": "Also render the validation prompts (given or the defaults) every N steps during training; refused with `validation_prompts: []`.",
+    "subject_type": (
+        "What the photos show, for the likeness score: `person` (face identity), `pet` or `object` (image "
+        "similarity); `auto`: `person` when most photos hold exactly one face. The class noun the default prompts and "
+        "the prompt-fidelity score use is the last word of `class_prompt` (before any comma), else the word after "
+        "`trigger_word` in `instance_prompt`, else `person`, `pet` or `object` by this field, else `subject`."
+    ),
+    "likeness": (
+        "Score every validation round for likeness to the photos, prompt fidelity, copying and variety, after "
+        "training in its own process, against renders of the same prompts and seeds by the base model (step 0, "
+        "rendered first); the result's `likeness` section. Unset: on whenever validation prompts are rendered. "
+        "Scoring that cannot run says why in the section and never fails the job. The scores are automatic proxies."
+    ),
+    "keep_best_step": (
+        "LoRA only, with `likeness` and `validation_steps`: keep the LoRA of every validation step and make the "
+        "best-scoring one that passes the guards (not copying the photos, prompt fidelity and variety kept) the main "
+        "artifact; the final weights stay beside it with `final_` in front of their names and folder. When no step "
+        "passes, the final weights stay main and the `likeness` section says which guard failed."
+    ),
     "output_formats": "Unset: `[\"diffusers\"]` for a full fine-tune, `[\"diffusers\", \"comfyui\"]` for a LoRA; also `single_file`. See [result.md](result.md).",
     "timeout_seconds": "The job's deadline. Unset: the worker's `FLUXBOOTH_JOB_DEADLINE_SECONDS`. Keep it below the endpoint's execution timeout; see [deploy.md](deploy.md).",
     "debug": "Sets CUDA's debugging variables (`CUDA_LAUNCH_BLOCKING=1`, `PYTORCH_NO_CUDA_MEMORY_CACHING=1`) for the trainer: slow, and memory peaks are then not meaningful.",

@@ -25,10 +25,13 @@ class JobResult:
     checks: Mapping[str, Any]  # the dataset checks' findings
     checkpoints: Sequence[str]  # the URIs of the checkpoints stored during training
     warnings: Sequence[str]  # the worker's warnings, then the trainer's
+    # The likeness section (fluxbooth.likeness.interface; docs/result.md), when the job scored its renders.
+    likeness: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The result's JSON: the trainer's seconds beside the worker's stages', the warnings each once and bounded."""
-        return {
+        """The result's JSON: the trainer's seconds beside the worker's stages', the warnings each once and bounded,
+        the likeness section when there is one."""
+        result = {
             "model_name": self.model_name,
             "artifacts": list(self.artifacts),
             "plan": {**self.plan.to_dict(), "export_formats": list(self.export_formats)},
@@ -39,3 +42,6 @@ class JobResult:
             "checkpoints": list(self.checkpoints),
             "warnings": bounded_warnings(self.warnings),
         }
+        if self.likeness is not None:
+            result["likeness"] = dict(self.likeness)
+        return result

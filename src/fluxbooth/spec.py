@@ -9,12 +9,14 @@ it fills a default. Frozen and torch-free: the handler process builds it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from fluxbooth.contract.buckets import Resolution
-from fluxbooth.contract.captions import with_trigger
+from fluxbooth.contract.captions import contains_word, with_trigger
+from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.contract.names import FUSED_ADAFACTOR_LEARNING_RATE, SamplingDefaults
 from fluxbooth.contract.trainer_config import LoraSettings
 from fluxbooth.families import family_named, read_model_index
@@ -25,6 +27,13 @@ from fluxbooth.settings import WorkerSettings
 # What a run exports when the request names no formats: a full fine-tune its diffusers transformer, a LoRA
 # both its diffusers file and the kohya/ComfyUI one.
 DEFAULT_EXPORT_FORMATS = {"full": ("diffusers",), "lora": ("diffusers", "comfyui")}
+# The scenes of the default validation prompts (after the instance prompt): the subject somewhere its photos were
+# not, so the renders show whether the LoRA follows a prompt as well as whether it looks like the subject.
+DEFAULT_VALIDATION_SCENES = ("on a beach at sunset", "in a snowy forest")
+# The class noun when the request names no class (docs/request.md, `subject_type`).
+SUBJECT_TYPE_NOUNS = {"person": "person", "pet": "pet", "object": "object"}
+UNNAMED_CLASS_NOUN = "subject"
+_WORD = re.compile(r"[^\W\d_][\w'-]*")
 
 
 @dataclass(frozen=True)
@@ -63,8 +72,18 @@ class JobSpec:
     num_class_images: int
     trigger_word: str | None
     caption_dropout: float
+    # The request's validation prompts, or the defaults when it named none (`default_validation_prompts`).
     validation_prompts: tuple[str, ...]
     validation_steps: int | None
+    default_validation_prompts: bool
+    # Likeness scoring (fluxbooth.likeness): the request's subject type, the class noun (class_noun), each
+    # validation prompt with the trigger word replaced by it (what prompt fidelity reads), and whether the best
+    # validation step's LoRA becomes the main artifact.
+    likeness: bool
+    keep_best_step: bool
+    subject_type: str
+    class_noun: str
+    fidelity_prompts: tuple[str, ...]
     # How this base model is prompted and sampled (its family's, from its own files).
     sampling: SamplingDefaults
     # The memory strategy the request asks for ("auto": the planner's choice).
@@ -107,6 +126,55 @@ def _learning_rates(request: TrainingRequest) -> tuple[float, float]:
     return DEFAULT_LEARNING_RATES[request.training_type], FUSED_ADAFACTOR_LEARNING_RATE
 
 
+def class_noun(request: TrainingRequest) -> str:
+    """The noun for the subject's class: `class_prompt`'s last word before any comma ("a photo of a dog" → dog),
+    else the word after the trigger word in the instance prompt ("a photo of TOK dog" → dog), else the subject
+    type's noun, else "subject"."""
+    if request.class_prompt is not None and (words := _WORD.findall(request.class_prompt.split(",")[0])):
+        return words[-1].lower()
+    if request.trigger_word:
+        after = re.search(rf"(?<!\w){re.escape(request.trigger_word)}\s+({_WORD.pattern})", request.instance_prompt)
+        if after is not None:
+            return after.group(1).lower()
+    return SUBJECT_TYPE_NOUNS.get(request.subject_type, UNNAMED_CLASS_NOUN)
+
+
+def default_validation_prompts(instance_prompt: str, trigger_word: str | None, noun: str) -> tuple[str, ...]:
+    """The instance prompt (`instance_prompt`, the trigger word in it) and the subject in each default scene:
+    "a photo of <trigger word> <noun>", or without a trigger word the instance prompt itself."""
+    subject = f"a photo of {trigger_word} {noun}" if trigger_word else instance_prompt
+    return (instance_prompt, *(f"{subject}, {scene}" for scene in DEFAULT_VALIDATION_SCENES))
+
+
+def fidelity_prompt(prompt: str, trigger_word: str | None, noun: str) -> str:
+    """`prompt` as prompt fidelity reads it: the trigger word replaced by the class noun, once ("TOK dog" → "dog",
+    not "dog dog"); without a trigger word, unchanged."""
+    if not trigger_word or not contains_word(prompt, trigger_word):
+        return prompt
+    word = rf"(?<!\w){re.escape(trigger_word)}(?!\w)"
+    collapsed = re.sub(rf"{word}\s+(?={re.escape(noun)}(?!\w))", "", prompt, flags=re.IGNORECASE)
+    return re.sub(word, noun, collapsed)
+
+
+def _validation_prompts(request: TrainingRequest, model: ModelSize, instance_prompt: str, noun: str) -> tuple[tuple[str, ...], bool]:
+    """(the prompts rendered, whether they are the defaults): the request's, else the defaults where the family
+    renders from text alone; a family that needs a control image per prompt (FLUX.1 Kontext) gets none."""
+    if request.validation_prompts is not None:
+        return tuple(with_trigger(prompt, request.trigger_word) for prompt in request.validation_prompts), False
+    family = family_named(model.family)
+    if not family.control_images:
+        return default_validation_prompts(instance_prompt, request.trigger_word, noun), True
+    needs = [name for name in ("validation_steps", "likeness", "keep_best_step") if getattr(request, name)]
+    if needs:
+        raise FluxboothError(
+            ErrorCode.INVALID_INPUT,
+            f"{', '.join(f'input.{name}' for name in needs)}: {family.title} gets no default validation prompts (each "
+            "needs its control image); give validation_prompts with validation_images, or remove "
+            f"{' and '.join(needs)}",
+        )
+    return (), False
+
+
 def resolve_job_spec(request: TrainingRequest, model: ModelSize, settings: WorkerSettings) -> JobSpec:
     """The job `request` asks for on the sized base `model`, with the endpoint's defaults (`settings`: the
     default base model, the job deadline) and the model's (LoRA targets, sampling) filled in."""
@@ -118,6 +186,10 @@ def resolve_job_spec(request: TrainingRequest, model: ModelSize, settings: Worke
         dropout=request.lora_dropout,
         target_modules=tuple(request.lora_target_modules or model.default_lora_targets),
     )
+    instance_prompt = with_trigger(request.instance_prompt, request.trigger_word)
+    noun = class_noun(request)
+    validation_prompts, defaults = _validation_prompts(request, model, instance_prompt, noun)
+    likeness = bool(validation_prompts) if request.likeness is None else request.likeness
     return JobSpec(
         model_name=request.model_name,
         base_model_name=request.base_model or settings.default_base_model,
@@ -138,15 +210,21 @@ def resolve_job_spec(request: TrainingRequest, model: ModelSize, settings: Worke
         guidance_scale=request.guidance_scale,
         timestep_sampling=request.timestep_sampling,
         ema_decay=request.ema_decay,
-        instance_prompt=with_trigger(request.instance_prompt, request.trigger_word),
+        instance_prompt=instance_prompt,
         class_prompt=request.class_prompt,
         with_prior_preservation=request.with_prior_preservation,
         prior_loss_weight=request.prior_loss_weight,
         num_class_images=request.num_class_images,
         trigger_word=request.trigger_word,
         caption_dropout=request.caption_dropout,
-        validation_prompts=tuple(with_trigger(prompt, request.trigger_word) for prompt in request.validation_prompts),
+        validation_prompts=validation_prompts,
         validation_steps=request.validation_steps,
+        default_validation_prompts=defaults,
+        likeness=likeness,
+        keep_best_step=request.keep_best_step,
+        subject_type=request.subject_type,
+        class_noun=noun,
+        fidelity_prompts=tuple(fidelity_prompt(prompt, request.trigger_word, noun) for prompt in validation_prompts),
         sampling=model_sampling(model),
         use_deepspeed=request.use_deepspeed,
         mixed_precision=request.mixed_precision,

@@ -1,6 +1,6 @@
 """The checkpoint layout, shared by the trainer (which writes checkpoint-N folders) and the worker
-(which uploads, prunes and fetches them), and where the validation renders go (the worker's report reads
-them). Torch-free: the worker imports it.
+(which uploads, prunes and fetches them), and where the validation renders and the LoRA go (the worker's report
+and likeness scoring read them). Torch-free: the worker imports it.
 
     <checkpoint root>/checkpoint-<step>/          accelerate/DeepSpeed state (save_state)
     <checkpoint root>/checkpoint-<step>/fluxbooth_state.json   step, settings to match on resume, schedule
@@ -23,6 +23,13 @@ _CHECKPOINT_NAME = re.compile(r"checkpoint-(\d{1,9})")
 # step-NNNNNN/ folders, every one indexed (prompt, seed, training step) in VALIDATION_INDEX_NAME.
 VALIDATION_FOLDER = "validation"
 VALIDATION_INDEX_NAME = "validation.json"
+# Under the output folder: the exported LoRA's files.
+LORA_FOLDER = "lora"
+
+
+def step_folder_name(step: int) -> str:
+    """The folder of one training step's files: its validation renders, its LoRA (keep_best_step)."""
+    return f"step-{step:06d}"
 
 
 def checkpoint_folder_name(step: int) -> str:

@@ -110,6 +110,12 @@ class TrainerConfig:
     control_dir: str | None = None
     # Each validation prompt's control image (FLUX.1 Kontext), by prompt order; fewer than the prompts: none for the rest.
     validation_images: tuple[str, ...] = ()
+    # Likeness scoring (the worker scores the renders after training): render the validation prompts before the
+    # first step too, into validation/step-000000/ (LoRA's zero-initialised B makes them the base model's), and,
+    # when set, save the LoRA at every validation step in each requested LoRA format under
+    # step_loras_dir/step-NNNNNN/ (laid out as output_dir is: lora/...), for the worker to choose from.
+    validation_at_start: bool = False
+    step_loras_dir: str | None = None
     # The job's deadline less what a stopped run needs to checkpoint, export and upload (seconds since the epoch):
     # past it the trainer stops at the next step boundary, checkpoints, exports what it trained and reports the
     # step reached (the `done` event's metrics.stopped_for_deadline). None: train every step.

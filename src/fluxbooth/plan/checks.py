@@ -20,6 +20,9 @@ DEADLINE_TIMEOUT_HEADROOM = 1.25
 # A run predicted to take more than this share of its deadline checkpoints on its own, about this many times per run.
 AUTO_CHECKPOINT_DEADLINE_FRACTION = 0.5
 AUTO_CHECKPOINTS_PER_RUN = 4
+# Phases that shrink to the time the deadline leaves them, never a reason to refuse a job: likeness scoring scores
+# the newest validation steps it has time for and lists the rest as unscored.
+SHRINKING_PHASES = ("scoring",)
 
 
 def check_job(job: JobShape, model: ModelSize) -> None:
@@ -56,7 +59,7 @@ def _remedies(candidate: Candidate, job: JobShape, deadline: float) -> list[str]
     """The changes that would bring the run within the deadline, biggest phase first; never the
     strategy the job already uses, never a count below one."""
     phases = candidate.phase_seconds
-    variable = ("training", "class_images", "validation")
+    variable = ("training", "class_images", "validation", *SHRINKING_PHASES)
     budget = deadline - sum(seconds for name, seconds in phases.items() if name not in variable)
     remedies: list[tuple[float, str]] = []
     steps = steps_that_fit(candidate, deadline)
@@ -84,8 +87,9 @@ def _remedies(candidate: Candidate, job: JobShape, deadline: float) -> list[str]
 
 
 def steps_that_fit(candidate: Candidate, deadline: float) -> int:
-    """The most optimizer steps that, with every other phase as planned, finish before `deadline`."""
-    others = sum(seconds for name, seconds in candidate.phase_seconds.items() if name != "training")
+    """The most optimizer steps that, with every other phase as planned (but those that shrink), finish before
+    `deadline`."""
+    others = sum(seconds for name, seconds in candidate.phase_seconds.items() if name not in ("training", *SHRINKING_PHASES))
     return max(0, int((deadline - others) / max(candidate.seconds_per_step, 1e-9)))
 
 
@@ -95,16 +99,22 @@ def timeout_that_fits(candidate: Candidate) -> int | None:
     return needed if needed <= MAX_TIMEOUT_SECONDS else None
 
 
+def required_seconds(candidate: Candidate) -> float:
+    """The run's predicted seconds without the phases that shrink to fit (SHRINKING_PHASES)."""
+    return candidate.total_seconds - sum(candidate.phase_seconds.get(name, 0.0) for name in SHRINKING_PHASES)
+
+
 def deadline_check(candidate: Candidate, job: JobShape, deadline_seconds: float | None) -> list[str]:
-    """Refuse a run predicted to end after the deadline (every phase counted, the download and upload included),
-    before anything is downloaded; warn when it comes close."""
+    """Refuse a run predicted to end after the deadline (every phase counted, the download and upload included,
+    but those that shrink to fit), before anything is downloaded; warn when it comes close, or when a shrinking
+    phase will be cut."""
     if not deadline_seconds:
         return []
-    total = candidate.total_seconds
+    total = required_seconds(candidate)
     shown = ", ".join(
         f"{name.replace('_', ' ')} ≈{seconds / 60:.0f} min"
         for name, seconds in candidate.phase_seconds.items()
-        if seconds >= 60
+        if seconds >= 60 and name not in SHRINKING_PHASES
     )
     if total > deadline_seconds:
         raise FluxboothError(
@@ -120,6 +130,13 @@ def deadline_check(candidate: Candidate, job: JobShape, deadline_seconds: float 
                 "phase_seconds": {name: round(seconds) for name, seconds in candidate.phase_seconds.items()},
             },
         )
+    scoring = candidate.phase_seconds.get("scoring", 0.0)
+    if total + scoring > deadline_seconds:
+        return [
+            f"likeness: the job deadline leaves ≈{describe_seconds(max(0.0, deadline_seconds - total))} for scoring of "
+            f"the ≈{describe_seconds(scoring)} it needs: it scores the validation steps it has time for and lists the "
+            "rest as unscored; raise timeout_seconds to score every step"
+        ]
     if total > deadline_seconds * DEADLINE_WARN_FRACTION:
         return [
             f"steps: the estimated run time (≈{total / 60:.0f} min at ≈{candidate.seconds_per_step:.1f} s/step, "

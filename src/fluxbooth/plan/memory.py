@@ -51,6 +51,11 @@ CPU_ALLOCATOR_RETENTION_ZERO3 = 2.0
 CUDA_CONTEXT_GPU_BYTES = int(0.75 * GIB)
 # The training report in the worker process: matplotlib, one decoded image and a sheet at a time.
 REPORT_HOST_BYTES = 256 * 2**20
+# The likeness scoring process (fluxbooth.likeness) after the trainer has exited, estimates: torch and transformers
+# (about 1 GiB), DINOv2 and SigLIP in fp32 (about 1.2 GiB), dlib's models and one decoded image at a time; on a
+# GPU its CUDA context and the two models' weights.
+SCORING_HOST_BYTES = 3 * GIB
+SCORING_GPU_BYTES = CUDA_CONTEXT_GPU_BYTES + int(1.25 * GIB)
 CUDA_RUNTIME_HOST_BYTES = int(2.5 * GIB)
 
 # ---- Activation coefficients (bench/activations.py, docs/memory.md "Activations"). -------------
@@ -483,8 +488,7 @@ def estimate_memory(
             "class_images": renders if job.num_class_images else 0,
             "training": sum(device.values()),
             "validation": renders if job.validation_prompts else 0,
-            "export": weights_on_gpu,
-            "report": 0,
+            "export": weights_on_gpu, "scoring": SCORING_GPU_BYTES if job.likeness else 0, "report": 0,
         }
         render_host = training_host
         export_host = training_host - pinned_blocks_bytes(host) + export_transient
@@ -494,7 +498,7 @@ def estimate_memory(
         "class_images": render_host if job.num_class_images else 0,
         "training": training_host,
         "validation": render_host if job.validation_prompts else 0,
-        "export": export_host,
+        "export": export_host, "scoring": SCORING_HOST_BYTES,
         # The trainer has exited: the worker alone, drawing (bench/dataset_checks.py: 115 MiB at its peak).
         "report": REPORT_HOST_BYTES,
     }
@@ -524,13 +528,13 @@ def estimate_memory(
 
 
 # Phases the worker runs after the trainer process has exited.
-AFTER_TRAINER_PHASES = frozenset({"report"})
+AFTER_TRAINER_PHASES = frozenset({"scoring", "report"})
 
 
 def _with_fixed_costs(phase_host: dict[str, float], fixed: float, job: JobShape) -> dict[str, float]:
     """The trainer's fixed costs count in every phase it runs; a phase the job skips costs nothing, and the
     report is drawn after the trainer has exited."""
-    runs = {"class_images": job.num_class_images, "validation": job.validation_prompts}
+    runs = {"class_images": job.num_class_images, "validation": job.validation_prompts, "scoring": job.likeness}
     return {
         name: 0 if not runs.get(name, True) else value + (0 if name in AFTER_TRAINER_PHASES else fixed)
         for name, value in phase_host.items()
@@ -569,8 +573,9 @@ def layer_being_quantised(model: ModelSize, precision: str, width: int) -> int:
 
 def _work_disk(exported: int, cached: int, trainable: int, width: int, state: int, job: JobShape) -> int:
     """Disk in the job directory: exported weights, the cache, and one resumable checkpoint at a time
-    (16-bit weights, fp32 master and optimizer state of what trains)."""
-    disk = exported + cached
+    (16-bit weights, fp32 master and optimizer state of what trains); with keep_best_step the LoRA of every
+    validation step too."""
+    disk = exported * (1 + (job.validation_rounds_during_training if job.keep_best_step else 0)) + cached
     if job.checkpointing_steps:
         disk += trainable * (width + 4 + state)
     return disk

@@ -77,6 +77,13 @@ VAE_DECODE_FLOPS_PER_PIXEL = 9e6
 # (a backward costs about two forwards).
 LEARNING_CHECK_FORWARD_PASSES = 2 * FIXED_NOISE_IMAGES * len(FIXED_NOISE_SIGMAS)
 FORWARD_SHARE_OF_TRAINING = 1 / 3
+# Likeness scoring (fluxbooth.likeness, its own process after the trainer has exited): estimates, not measured
+# yet. Per job, the process's start and its models' load (torch and transformers imported, dlib's face models
+# read, DINOv2 and SigLIP of about 0.1 and 0.2 B parameters read from disk): about 20 s. Per image it embeds (each
+# training photo once, each render of each scored round): dlib's HOG face detector on a ~1 MP image is about 0.3 s
+# on one CPU core, a face descriptor 0.05 s, DINOv2 and SigLIP about 0.3 s more on the CPU together: about 1 s.
+SCORING_MODEL_LOAD_SECONDS = 20.0
+SCORING_SECONDS_PER_IMAGE = 1.0
 REPORT_FIXED_SECONDS = 1.5
 REPORT_SECONDS_PER_PIXEL = 66e-9
 REPORT_SECONDS_PER_STEP = 1e-4
@@ -301,9 +308,19 @@ def phase_seconds(
         * render_seconds(strategy, model, job, hardware, trainable, job.validation_inference_steps),
         # Written, then read back to verify.
         "export": 2 * exported * width / DISK_WRITE_BYTES_PER_SECOND,
+        "scoring": scoring_seconds(job),
         "report": report_seconds(job),
         **transfer_phase_seconds(strategy, model, job, trainable),
     }
+
+
+def scoring_seconds(job: JobShape) -> float:
+    """The likeness scoring process: its models' load, then every training photo and every round's renders
+    embedded; 0 without likeness."""
+    if not job.likeness or not job.validation_prompts:
+        return 0.0
+    images = job.num_instance_images + job.validation_rounds * job.validation_prompts
+    return SCORING_MODEL_LOAD_SECONDS + images * SCORING_SECONDS_PER_IMAGE
 
 
 def learning_check_seconds(job: JobShape, step_seconds: float) -> float:
@@ -333,10 +350,10 @@ CHECKPOINT_OPTIMIZER_BYTES_PER_PARAM = 12
 
 def exported_bytes(strategy: Strategy, model: ModelSize, job: JobShape, trainable: int) -> int:
     """Bytes of the exported weights: the adapter of a LoRA, the whole transformer of a full fine-tune (twice with
-    an EMA, which is exported too)."""
+    an EMA, which is exported too, and twice when the best validation step's LoRA may be kept beside the final one)."""
     width = compute_dtype_bytes(job.mixed_precision)
     weights = trainable if strategy.training_type == "lora" else model.transformer_params
-    return int(weights * width * (2 if job.ema else 1))
+    return int(weights * width * (2 if job.ema else 1) * (2 if job.keep_best_step else 1))
 
 
 def checkpoint_bytes(job: JobShape, trainable: int) -> int:

@@ -20,7 +20,7 @@ Offload = Literal["none", "cpu", "nvme"]
 
 ALTERNATIVE_LORA_RANK = 16
 # Phases of a job, in the order they run (docs/memory.md, "Phases").
-PHASES: tuple[str, ...] = ("loading", "caching", "class_images", "training", "validation", "export", "report")
+PHASES: tuple[str, ...] = ("loading", "caching", "class_images", "training", "validation", "export", "scoring", "report")
 # Every phase that takes time, in order: the base model's download before the trainer's phases, the artifacts'
 # upload after them (network only: no GPU or host memory of their own beyond the worker's).
 TIMED_PHASES: tuple[str, ...] = ("download", *PHASES, "upload")
@@ -131,6 +131,10 @@ class JobShape:
     transfer_rates: TransferRates = TransferRates()
     # The request's learning_check: the loss at fixed noise measured before and after training (extra forward passes).
     learning_check: bool = False
+    # Likeness scoring (the spec's): a round of base-model renders before the first step, the scoring process
+    # after training; and with keep_best_step a LoRA saved at every validation step, two LoRAs uploaded.
+    likeness: bool = False
+    keep_best_step: bool = False
 
     @classmethod
     def from_spec(
@@ -171,6 +175,8 @@ class JobShape:
             class_image_inference_steps=spec.sampling.inference_steps,
             ema=spec.ema_decay is not None,
             learning_check=spec.measure_fixed_noise_loss,
+            likeness=spec.likeness,
+            keep_best_step=spec.keep_best_step,
         )
 
     @property
@@ -186,14 +192,19 @@ class JobShape:
         return self.batch_size * (2 if self.with_prior_preservation else 1)
 
     @property
+    def validation_rounds_during_training(self) -> int:
+        """Rounds of validation renders between steps: every validation_steps, short of the last step."""
+        if not self.validation_prompts or not self.validation_steps or self.validation_steps >= self.steps:
+            return 0
+        return (self.steps - 1) // self.validation_steps
+
+    @property
     def validation_rounds(self) -> int:
-        """How many times the validation prompts are rendered: every validation_steps, and at the end."""
+        """How many times the validation prompts are rendered: before the first step when likeness is scored
+        (the base model), every validation_steps, and at the end."""
         if not self.validation_prompts:
             return 0
-        if self.validation_steps and self.validation_steps < self.steps:
-            during = (self.steps - 1) // self.validation_steps
-            return during + 1
-        return 1
+        return (1 if self.likeness else 0) + self.validation_rounds_during_training + 1
 
 
 def _training_shapes(

@@ -14,6 +14,7 @@ from fluxbooth.contract.names import FIXED_NOISE_IMAGES, FIXED_NOISE_SIGMAS
 from fluxbooth.train.batches import first_samples, micro_batch
 from fluxbooth.train.blockswap import release_swapped_blocks
 from fluxbooth.train.checkpointing import resume, save_checkpoint
+from fluxbooth.train.export.stage import save_step_lora
 from fluxbooth.train.ema import CpuEma
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.flow import SigmaSampler, build_flow_inputs, per_sample_loss, unpack_prediction
@@ -34,7 +35,7 @@ from fluxbooth.train.state import (
     release_prefetched_partitions,
     seed_for,
 )
-from fluxbooth.train.validation import render_during_training
+from fluxbooth.train.validation import render_base_model, render_during_training
 
 
 def start_training(session: Session, data: CachedData, transformer: Any) -> TrainingRun:
@@ -95,6 +96,8 @@ def train(state: TrainerState) -> None:
     session, run, data = state.session, state.training(), state.cached()
     config = session.config
     with session.clock.stage("train", steps=config.steps, start_step=run.start_step, optimizer=run.optimizer_class):
+        if config.validation_prompts and config.validation_at_start:
+            render_base_model(state)
         for step in range(run.start_step, config.steps):
             step_started = time.perf_counter()
             # The rate this step trains with (schedulers advance inside the optimizer step).
@@ -114,6 +117,8 @@ def train(state: TrainerState) -> None:
             # The last step is left to the final validation, which renders the same weights once exported.
             if config.validation_prompts and config.validation_steps and done % config.validation_steps == 0 and done < config.steps:
                 render_during_training(state, done)
+                if config.step_loras_dir:
+                    save_step_lora(state, done)
             if done < config.steps and stop_time_reached(session):
                 _stop_for_deadline(session, run, done)
                 return

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from fluxbooth.contract.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
+from fluxbooth.contract.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME, step_folder_name
 from fluxbooth.train.blockswap import swapped_for_rendering
 from fluxbooth.train.cache import decoding_device, load_vae
 from fluxbooth.train.data import load_image, resize_and_center_crop
@@ -141,7 +141,7 @@ def render_during_training(state: TrainerState, step: int) -> None:
                 transformer=accelerator.unwrap_model(run.engine),
             )
             pipeline.set_progress_bar_config(disable=True)
-            folder = Path(config.output_dir) / VALIDATION_FOLDER / f"step-{step:06d}"
+            folder = Path(config.output_dir) / VALIDATION_FOLDER / step_folder_name(step)
             session.reporter.stage("validate", status="rendering", step=step, transformer=residency(pipeline.transformer))
             run.engine.eval()
             try:
@@ -152,6 +152,29 @@ def render_during_training(state: TrainerState, step: int) -> None:
                 del pipeline, vae
                 free_accelerator_memory()
         accelerator.wait_for_everyone()
+
+
+def render_base_model(state: TrainerState) -> None:
+    """*Collective.* Step 0: the validation prompts through the base model, with the seeds of every later round
+    (the zero of the likeness scale). Before the first step the model being trained is the base (a LoRA's B starts
+    at zero); a resumed LoRA run renders with its adapters switched off; a resumed full fine-tune keeps no base to
+    render, so it has no step 0 (said in a warning)."""
+    session, run = state.session, state.training()
+    if run.start_step == 0:
+        render_during_training(state, 0)
+        return
+    if session.config.training_type != "lora":
+        session.reporter.warning(
+            f"likeness: the run resumed at step {run.start_step} has no base-model renders (step 0): a full fine-tune "
+            "keeps no copy of the base weights to render them with"
+        )
+        return
+    model = session.accelerator.unwrap_model(run.engine)
+    model.disable_adapters()
+    try:
+        render_during_training(state, 0)
+    finally:
+        model.enable_adapters()
 
 
 def render_final(state: TrainerState) -> list[Artifact]:

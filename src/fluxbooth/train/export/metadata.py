@@ -64,6 +64,7 @@ class TrainingRecord:
     resolution: tuple[int, int]  # (width, height) the files are meant to be used at
     captions: dict[str, list[str]]  # image set ("instance", "class") → the caption of each of its images
     buckets: dict[str, int] = field(default_factory=dict)  # "WxH" → images trained in it (aspect buckets)
+    steps_trained: int | None = None  # a validation step's LoRA (keep_best_step): its step; None: the whole run
 
 
 def safetensors_metadata(record: TrainingRecord, layout: FileLayout, *, ema: bool = False) -> dict[str, str]:
@@ -104,7 +105,7 @@ def kohya_keys(record: TrainingRecord, layout: FileLayout) -> dict[str, str]:
         "ss_base_model_version": record.base_model_version,
         "ss_training_started_at": str(record.started_at),
         "ss_training_finished_at": str(record.finished_at),
-        "ss_steps": str(config.steps),
+        "ss_steps": str(record.steps_trained or config.steps),
         "ss_max_train_steps": str(config.steps),
         "ss_learning_rate": str(config.learning_rate),
         "ss_lr_scheduler": config.lr_scheduler,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from fluxbooth.contract.layout import LORA_FOLDER, step_folder_name
 from fluxbooth.train.export.lora import LORA_WEIGHTS_NAME, lora_state_dict, save_lora_comfyui, save_lora_diffusers
 from fluxbooth.train.export.metadata import FileLayout, TrainingRecord, safetensors_metadata
 from fluxbooth.train.export.transformer import export_single_file, save_transformer, verify_saved_transformer
@@ -16,7 +17,6 @@ from fluxbooth.train.runtime import free_accelerator_memory
 from fluxbooth.train.state import Artifact, EncodedImages, Session, TrainerState, TrainingRun
 
 TRANSFORMER_FOLDER = "transformer"
-LORA_FOLDER = "lora"
 COMFYUI_LORA_NAME = "lora_comfyui.safetensors"
 SINGLE_FILE_NAME = "flux_transformer.safetensors"
 VALIDATION_LORA_FOLDER = "validation_lora"  # under the cache dir
@@ -60,8 +60,24 @@ def save_and_export(state: TrainerState) -> list[Artifact]:
     return artifacts
 
 
-def training_record(state: TrainerState) -> TrainingRecord:
-    """The run as every exported file describes it (train/export/metadata), taken when training ends."""
+def save_step_lora(state: TrainerState, step: int) -> None:
+    """*Collective.* The LoRA as it is after `step`, in every requested LoRA format, under
+    step_loras_dir/step-NNNNNN/ laid out as the output folder is (lora/...): the worker makes it the main artifact
+    when this validation step scores best. Gathered as the final export gathers it (ZeRO-3: on every rank)."""
+    session, run = state.session, state.training()
+    config = session.config
+    assert config.step_loras_dir is not None
+    with session.clock.stage("save", step=step, what="step_lora"):
+        lora_state = lora_state_dict(session.accelerator.unwrap_model(run.engine), is_main_process=session.is_main)
+        if session.is_main:
+            folder = Path(config.step_loras_dir) / step_folder_name(step)
+            export_lora(session, folder, lora_state, training_record(state, steps=step), ema=False)
+        session.accelerator.wait_for_everyone()
+
+
+def training_record(state: TrainerState, steps: int | None = None) -> TrainingRecord:
+    """The run as every exported file describes it (train/export/metadata), taken when training ends, or after
+    `steps` for a validation step's LoRA."""
     session, run, data = state.session, state.training(), state.cached()
     config = session.config
     family = session.base.ops.family
@@ -77,6 +93,7 @@ def training_record(state: TrainerState) -> TrainingRecord:
         resolution=config.resolution.render_shape,
         captions={name: image_captions(images) for name, images in image_sets.items() if images is not None},
         buckets=data.instance_set.bucket_counts() if config.resolution.bucketed else {},
+        steps_trained=steps,
     )
 
 
