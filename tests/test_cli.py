@@ -323,7 +323,7 @@ def test_a_request_without_training_type_gets_a_lora_plan_on_every_runpod_tier(
     assert (report["job"]["steps"], report["job"]["resolution"]) == (1000, [1024, 1024])
     assert report["warnings"] == []
     assert list(plan["phases"]) == [
-        "download", "loading", "caching", "class_images", "training", "validation", "export", "report", "upload"
+        "download", "loading", "caching", "class_images", "training", "validation", "export", "scoring", "report", "upload"
     ]
     assert set(plan["phases"]["training"]) == {"gpu_bytes", "host_bytes", "seconds"}
 
@@ -350,9 +350,10 @@ def test_at_the_workers_default_deadline_the_guides_basic_request_is_refused_wit
     )
     assert code == EXIT_FAILED
     assert report["error"]["code"] == "does_not_fit"
+    # The three default validation prompts, rendered by the base model and at the end, take their share.
     assert report["error"]["message"].endswith(
-        "beyond the job deadline of 9 min; use about 129 steps, or timeout_seconds 7620 (and an endpoint "
-        "execution timeout above it), or a faster GPU"
+        "beyond the job deadline of 9 min; use about 59 steps, or fewer validation_prompts (3 now; [] renders none), "
+        "or timeout_seconds 9180 (and an endpoint execution timeout above it), or a faster GPU"
     )
 
 
@@ -373,7 +374,10 @@ def test_plan_table_shows_the_base_precision_and_every_phase(cli_env: dict[str, 
         "from host RAM" in output
     )
     assert "phase         GPU peak  host peak  time" in output
-    assert all(f"\n{phase} " in output for phase in ("loading", "caching", "class_images", "training", "validation", "export", "report"))
+    assert all(
+        f"\n{phase} " in output
+        for phase in ("loading", "caching", "class_images", "training", "validation", "export", "scoring", "report")
+    )
 
 
 # ---- plan on an 8 GiB card: only strategies the trainer runs (issue 11) ---------------------------------
@@ -419,10 +423,14 @@ def test_an_8_gib_card_with_32_gib_host_plans_the_default_lora_at_512_streaming_
 
 
 def test_an_8_gib_card_at_1024_and_the_default_deadline_is_refused_naming_steps_timeout_or_a_faster_gpu(
-    cli_env: dict[str, str],
+    cli_env: dict[str, str], tmp_path: Path,
 ) -> None:
+    # Without validation renders, which at 1024² on this card would take the deadline's time for steps on their own.
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"model_name": "m", "dataset_url": "https://example.com/d.zip", "instance_prompt": "a sks dog", "validation_prompts": []}))
     code, report = plan_json(
-        [*FLUX_DEV, *EIGHT_GIB_A4000, "--training-type", "lora", "--resolution", "1024", "--cached"], cli_env
+        ["--request", str(request), *FLUX_DEV, *EIGHT_GIB_A4000, "--training-type", "lora", "--resolution", "1024", "--cached"],
+        cli_env,
     )
     assert code == EXIT_FAILED
     assert report["error"]["message"] == (

@@ -54,8 +54,9 @@ def prepared(instance_images: int, tmp_path: Path) -> PreparedDataset:
 def test_a_four_image_one_step_lora_job_is_planned_before_its_dataset_arrives(
     settings: WorkerSettings, tmp_path: Path
 ) -> None:
-    # At the default 1024², sized for the worker's 1,000-image cap, this plan was refused ("caching ≈87 min").
-    job_input = tiny_lora_job()
+    # At the default 1024², sized for the worker's 1,000-image cap, this plan was refused ("caching ≈87 min"). No
+    # validation renders: the default ones at 1024² on this CPU would take longer than the deadline on their own.
+    job_input = tiny_lora_job(validation_prompts=[])
     del job_input["resolution"]
 
     planned = plan_stage(job_input, settings, tmp_path)

@@ -36,7 +36,7 @@ H100 = hypothetical_hardware(
 # EMA, ...), never because the trainer is to fill them in.
 ABSENT_IN_A_PLAIN_LORA = {
     "class_dir", "class_prompt", "checkpointing_steps", "checkpoint_dir", "resume_from", "ema_decay",
-    "class_image_cache_dir", "validation_steps", "control_dir", "stop_at_unix_seconds",
+    "class_image_cache_dir", "validation_steps", "control_dir", "stop_at_unix_seconds", "step_loras_dir",
 }
 
 

@@ -204,10 +204,11 @@ def test_an_unknown_gpu_is_planned_with_a_warning(flux_dev: ModelSize) -> None:
 
 
 def test_the_plan_carries_memory_and_time_for_every_phase(flux_dev: ModelSize) -> None:
-    plan = choose_plan(lora(with_prior_preservation=True, num_class_images=10, validation_prompts=2), card(24, RTX_4090), flux_dev)
+    job = lora(with_prior_preservation=True, num_class_images=10, validation_prompts=2, likeness=True)
+    plan = choose_plan(job, card(24, RTX_4090), flux_dev)
     phases = plan.to_dict()["phases"]
     assert list(phases) == [
-        "download", "loading", "caching", "class_images", "training", "validation", "export", "report", "upload"
+        "download", "loading", "caching", "class_images", "training", "validation", "export", "scoring", "report", "upload"
     ]
     trainer_phases = {name: phase for name, phase in phases.items() if name not in ("download", "upload")}
     assert all(phase["seconds"] > 0 and phase["host_bytes"] > 0 for phase in trainer_phases.values())

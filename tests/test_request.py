@@ -117,7 +117,8 @@ def test_defaults_follow_the_design(dataset_b64: str) -> None:
     assert request.zero_stage == "auto"
     assert request.offload == "auto"
     assert request.base_model is None
-    assert request.validation_prompts == []
+    assert request.validation_prompts is None
+    assert (request.subject_type, request.likeness, request.keep_best_step) == ("auto", None, False)
     assert request.warnings() == []
 
 
@@ -494,13 +495,20 @@ def test_warmup_longer_than_the_run_is_refused(dataset_b64: str) -> None:
     assert "input.lr_warmup_steps, input.steps: warmup (101) is longer than the run (100 steps)" in message
 
 
-def test_validation_steps_without_validation_prompts_is_refused(dataset_b64: str) -> None:
-    message = refusal(minimal(dataset_b64, validation_steps=100))
+def test_validation_steps_with_validation_prompts_turned_off_is_refused(dataset_b64: str) -> None:
+    message = refusal(minimal(dataset_b64, validation_steps=100, validation_prompts=[]))
 
     assert message == (
-        "invalid request: input.validation_steps: needs input.validation_prompts (the prompts rendered every "
-        "validation_steps steps); add prompts or remove validation_steps"
+        "invalid request: input.validation_steps: needs validation prompts (the prompts rendered every "
+        "validation_steps steps), and input.validation_prompts [] turns them off; give prompts, leave "
+        "validation_prompts out for the defaults, or remove validation_steps"
     )
+
+
+def test_validation_steps_without_validation_prompts_renders_the_defaults(dataset_b64: str) -> None:
+    request = parse_request(minimal(dataset_b64, validation_steps=100))
+
+    assert (request.validation_steps, request.validation_prompts) == (100, None)
 
 
 def test_validation_steps_with_validation_prompts_is_accepted(dataset_b64: str) -> None:

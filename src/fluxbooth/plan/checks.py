@@ -72,10 +72,10 @@ def _remedies(candidate: Candidate, job: JobShape, deadline: float) -> list[str]
             remedies.append((phases["class_images"], f"num_class_images about {affordable} (≈{per_image:.0f} s per "
                              "generated image; images in the zip's class/ folder are not generated)"))
     if phases.get("validation"):
-        remedies.append(
-            (phases["validation"], f"fewer validation_prompts ({job.validation_prompts} now) or a larger "
-             f"validation_steps ({job.validation_rounds} rounds of renders now)")
-        )
+        text = f"fewer validation_prompts ({job.validation_prompts} now; [] renders none)"
+        if job.validation_rounds_during_training:
+            text += f" or a larger validation_steps ({job.validation_rounds} rounds of renders now)"
+        remedies.append((phases["validation"], text))
     ordered = [text for _, text in sorted(remedies, reverse=True)]
     needed = timeout_that_fits(candidate)
     # Never the timeout the job already has: a job replanned after its dataset has less left than it was sent.
