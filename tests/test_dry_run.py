@@ -86,6 +86,23 @@ def test_a_dry_run_predicts_every_phases_time_and_memory(quote_env: dict[str, st
     assert result["plan"]["predicted_total_seconds"] >= phases["training"]["seconds"]
 
 
+def test_a_dry_run_quotes_the_default_renders_and_their_scoring(quote_env: dict[str, str], dataset_server: LocalHTTPServer) -> None:
+    result = run(quote_env, dry_run_input(dataset_server))
+
+    job, phases = result["job"], result["plan"]["phases"]
+    # The three default prompts, rendered by the base model before the first step and at the end, then scored.
+    assert (job["validation_prompts"], job["validation_rounds"], job["likeness"]) == (3, 2, True)
+    assert phases["validation"]["seconds"] > 0 and phases["scoring"]["seconds"] > 0
+
+
+def test_a_dry_run_without_validation_prompts_quotes_neither_renders_nor_scoring(
+    quote_env: dict[str, str], dataset_server: LocalHTTPServer
+) -> None:
+    phases = run(quote_env, dry_run_input(dataset_server, validation_prompts=[]))["plan"]["phases"]
+
+    assert (phases["validation"]["seconds"], phases["scoring"]["seconds"]) == (0, 0)
+
+
 def test_a_dry_run_checks_the_jobs_deadline(quote_env: dict[str, str], dataset_server: LocalHTTPServer) -> None:
     result = run(quote_env, dry_run_input(dataset_server, timeout_seconds=900))
 

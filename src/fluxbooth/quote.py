@@ -53,6 +53,12 @@ def job_summary(job: JobShape) -> dict[str, Any]:
         "zero_stage": job.zero_stage,
         "offload": job.offload,
         "use_deepspeed": job.use_deepspeed,
+        # The renders (the base model's round before the first step with likeness) and their scoring: the plan's
+        # "validation" and "scoring" phases time them.
+        "validation_prompts": job.validation_prompts,
+        "validation_rounds": job.validation_rounds,
+        "likeness": job.likeness,
+        "keep_best_step": job.keep_best_step,
     }
 
 
