@@ -78,12 +78,12 @@ RUN cp builder/portable-cxx /opt/venv/bin/portable-cxx \
 # pins by the layer above; the check proves nothing replaced torch. The face models likeness scoring does not
 # load (dlib's 68-point landmarks, whose training images exclude commercial use, and its CNN detector) are
 # removed in the same layer, so no layer ships them.
-COPY requirements.txt ./
+COPY requirements.txt builder/face_models.py ./
 RUN --mount=type=cache,target=/root/.cache/pip \
     grep -v '^-e ' requirements.txt > requirements-image.txt \
     && pip install -r requirements-image.txt \
     && python builder/image_checks.py torch \
-    && python builder/image_checks.py face-models
+    && python face_models.py
 
 # ------------------------------------------------------------------------------------------------------------
 FROM ${RUNTIME_BASE}

