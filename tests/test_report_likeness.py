@@ -15,7 +15,8 @@ from PIL import Image
 from fluxbooth.likeness.interface import PROXY_NOTE, unavailable_section
 from fluxbooth.report import ReportInputs, make_report, report_artifacts
 from fluxbooth.report.history import MAX_SHOWN_ROUNDS, history_from
-from fluxbooth.report.likeness import DPI, FIGURE_INCHES, chosen_step, gap_note
+from fluxbooth.report.likeness import FIGURE_INCHES, chosen_step, gap_note
+from fluxbooth.report.loss import DPI
 from fluxbooth.report.sheets import CHOSEN_INK, LABEL_WIDTH, MARGIN, SAMPLES_HEADER, TITLE_SIZE, samples_size
 from tests.photos import png_size
 from tests.test_report import PROMPTS, sheet_of, step_events, write_renders

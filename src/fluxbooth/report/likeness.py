@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fluxbooth.likeness.interface import BASE_STEP, PROXY_NOTE
+from fluxbooth.report.loss import DPI
 from fluxbooth.report.sheets import CHOSEN_INK
 
 if TYPE_CHECKING:
@@ -19,12 +20,12 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 FIGURE_INCHES = (9.0, 7.0)
-DPI = 110
 SCORED = "scored"
-LIKENESS_COLOR = "#1f77b4"
-FIDELITY_COLOR = "#9467bd"
-VARIETY_COLOR = "#2ca02c"
-REFERENCE_COLOR = "#7f7f7f"
+# matplotlib's default colour cycle, by place
+LIKENESS_COLOR = "C0"
+FIDELITY_COLOR = "C4"
+VARIETY_COLOR = "C2"
+REFERENCE_COLOR = "C7"
 NOTE_COLOR = "#555555"
 MAX_LABELLED_STEPS = 16  # beyond, the step axis gets evenly spaced ticks instead of one per scored step
 NOTE_CHARS = 115  # the proxy note and the selection sentence, wrapped to the figure's width
