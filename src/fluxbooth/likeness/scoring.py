@@ -21,7 +21,7 @@ from PIL import Image
 
 from fluxbooth.likeness.embedders import DinoEmbedder, SiglipScorer, load_dino, load_siglip
 from fluxbooth.likeness.faces import FaceEmbedder, load_face_embedder
-from fluxbooth.likeness.inputs import NothingToScore, RenderSet, image_files, load_image, validation_sets
+from fluxbooth.likeness.inputs import NothingToScore, RenderSet, folder_set, image_files, load_image, validation_sets
 from fluxbooth.likeness.interface import BASE_STEP, PROXY_NOTE, ScoringInput
 from fluxbooth.likeness.selection import DLIB_MATCH_DISTANCE, Metric, StepEmbeddings, score_steps
 from fluxbooth.likeness.weights import DINO, SIGLIP, ModelRecord, ModelUnavailable, resolve_weights, unavailable_record
@@ -179,3 +179,29 @@ def score_job(scoring_input: ScoringInput, clock: Callable[[], float] = time.tim
     photo_embeddings = embed_photos(scorers, photos)
     steps, skipped = embed_steps(scorers, sets, scoring_input.final_step, scoring_input.stop_at_unix_seconds, clock)
     return scored_section(scorers, photo_embeddings, steps, skipped, scoring_input.keep_best_step)
+
+
+# The `score` command's one set of renders, and its base renders (when given) as the base model's step.
+FOLDER_RENDERS_STEP = 1
+SUMMARY_KEYS = ("renders", "likeness", "likeness_se", "face_detect_rate", "face_match_rate", "copies", "prompt_fidelity",
+                "prompt_fidelity_change", "variety")
+
+
+def score_folders(photos_dir: Path, renders_dir: Path, base_dir: Path | None, subject_type: str, prompt: str | None,
+                  environ: Mapping[str, str]) -> dict[str, Any]:
+    """The `score` command: one folder of renders against the photos, with an optional folder of base renders."""
+    sets = [folder_set(FOLDER_RENDERS_STEP, renders_dir, prompt)]
+    if base_dir is not None:
+        sets.insert(0, folder_set(BASE_STEP, base_dir, prompt))
+    photos = load_photos(photos_dir)
+    scorers = load_scorers(subject_type, photos, environ, with_fidelity=prompt is not None)
+    photo_embeddings = embed_photos(scorers, photos)
+    steps = [embed_step(scorers, renders) for renders in sets]
+    section = scored_section(scorers, photo_embeddings, steps, {}, keep_best_step=False)
+    renders = next(step for step in section["steps"] if step["step"] == FOLDER_RENDERS_STEP)
+    summary = {key: renders[key] for key in SUMMARY_KEYS}
+    if base_dir is not None:
+        base = next(step for step in section["steps"] if step["step"] == BASE_STEP)
+        summary["base_renders"] = {key: base[key] for key in SUMMARY_KEYS if key != "prompt_fidelity_change"}
+    keep = ("subject_type", "subject_type_source", "calibration", "models", "note")
+    return {**summary, **{key: section[key] for key in keep}}
