@@ -105,3 +105,19 @@ def test_the_pins_are_full_commits_and_sha256_digests() -> None:
     for model in (DINO, SIGLIP):
         assert len(model.revision) == 40 and len(model.sha256) == 64
         assert set(model.revision + model.sha256) <= set("0123456789abcdef")
+
+
+def test_the_environment_page_names_both_override_variables() -> None:
+    from tests.conftest import REPO_ROOT
+
+    page = (REPO_ROOT / "docs" / "environment.md").read_text()
+    assert all(f"`{model.override_variable}`" in page for model in (DINO, SIGLIP))
+
+
+def test_the_cli_package_loads_no_scoring_library_until_score_runs() -> None:
+    import subprocess
+    import sys
+
+    probe = "import sys, fluxbooth.cli; print(sorted(m for m in ('torch', 'numpy', 'dlib', 'transformers') if m in sys.modules))"
+    completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert completed.stdout.strip() == "[]"
