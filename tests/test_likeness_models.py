@@ -15,7 +15,8 @@ import pytest
 from PIL import Image
 
 from fluxbooth.likeness.embedders import load_dino, load_siglip
-from fluxbooth.likeness.weights import DINO, SIGLIP, ModelUnavailable, file_sha256, resolve_weights
+from fluxbooth.artifacts import sha256_file
+from fluxbooth.likeness.weights import DINO, SIGLIP, ModelUnavailable, resolve_weights
 from tests.hub_server import HubRepo, HubServer, folder_files, running_hub
 from tests.likeness_fixtures import offline_environ, tiny_dino, tiny_siglip
 
@@ -41,7 +42,7 @@ def test_dinov2_wiring_gives_one_embedding_row_per_image_from_an_operators_folde
     assert rows.shape == (3, 32) and np.isfinite(rows).all()
     assert weights.record.to_json() == {
         "role": "likeness", "name": "facebook/dinov2-small", "revision": "operator's folder (FLUXBOOTH_LIKENESS_DINO)",
-        "sha256": file_sha256(tiny_models["dino"] / "model.safetensors"), "licence": "Apache-2.0", "status": "used", "reason": None,
+        "sha256": sha256_file(tiny_models["dino"] / "model.safetensors"), "licence": "Apache-2.0", "status": "used", "reason": None,
     }
 
 
@@ -75,7 +76,7 @@ def test_the_pinned_revision_is_downloaded_held_to_its_sha256_and_found_in_the_c
     tmp_path: Path, hub: HubServer, tiny_models: dict[str, Path]
 ) -> None:
     commit = hub.add_repo(HubRepo(DINO.repo_id)).add_commit(folder_files(tiny_models["dino"]))
-    pinned = dataclasses.replace(DINO, revision=commit, sha256=file_sha256(tiny_models["dino"] / "model.safetensors"))
+    pinned = dataclasses.replace(DINO, revision=commit, sha256=sha256_file(tiny_models["dino"] / "model.safetensors"))
     downloaded = resolve_weights(pinned, hub_environ(tmp_path, hub))
     assert downloaded.record.status == "used" and downloaded.record.revision == commit
     assert load_dino(downloaded.folder).embed(images()).shape == (3, 32)

