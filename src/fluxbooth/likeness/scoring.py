@@ -24,7 +24,7 @@ from fluxbooth.likeness.faces import FaceEmbedder, load_face_embedder
 from fluxbooth.likeness.inputs import NothingToScore, RenderSet, folder_set, image_files, load_image, validation_sets
 from fluxbooth.likeness.interface import BASE_STEP, PROXY_NOTE, ScoringInput
 from fluxbooth.likeness.selection import DLIB_MATCH_DISTANCE, Metric, StepEmbeddings, score_steps
-from fluxbooth.likeness.weights import DINO, SIGLIP, ModelRecord, ModelUnavailable, resolve_weights, unavailable_record
+from fluxbooth.likeness.weights import DINO, SIGLIP, HubModel, ModelRecord, ModelUnavailable, resolve_weights, unavailable_record
 
 # The scale's zero when no base renders were made (the `score` command without --base-renders): for faces, dlib's
 # published same-person boundary; for images, a cosine of 0 (an unrelated direction).
@@ -78,7 +78,7 @@ def decide_subject_type(requested: str, photos: Sequence[Image.Image], faces: Fa
     return subject, f"auto: {single} of {len(photos)} photos hold exactly one face"
 
 
-def _optional(model: Any, environ: Mapping[str, str], role: str, loader: Callable[[Any], Any]) -> tuple[Any, ModelRecord]:
+def _optional(model: HubModel, environ: Mapping[str, str], role: str, loader: Callable[[Path], Any]) -> tuple[Any, ModelRecord]:
     try:
         weights = resolve_weights(model, environ, role)
         return loader(weights.folder), weights.record
