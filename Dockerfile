@@ -75,12 +75,15 @@ RUN cp builder/portable-cxx /opt/venv/bin/portable-cxx \
 
 # Every other pinned dependency, but not the project itself (its source is copied last, into the final
 # stage). torch==2.13.0 in requirements.txt is already met by the torch installed above, and DeepSpeed's
-# pins by the layer above; the check proves nothing replaced torch.
-COPY requirements.txt ./
+# pins by the layer above; the check proves nothing replaced torch. The face models likeness scoring does not
+# load (dlib's 68-point landmarks, whose training images exclude commercial use, and its CNN detector) are
+# removed in the same layer, so no layer ships them.
+COPY requirements.txt builder/face_models.py ./
 RUN --mount=type=cache,target=/root/.cache/pip \
     grep -v '^-e ' requirements.txt > requirements-image.txt \
     && pip install -r requirements-image.txt \
-    && python builder/image_checks.py torch
+    && python builder/image_checks.py torch \
+    && python face_models.py
 
 # ------------------------------------------------------------------------------------------------------------
 FROM ${RUNTIME_BASE}
@@ -131,7 +134,7 @@ RUN --mount=type=secret,id=hf_token \
 ENV FLUXBOOTH_BASE_MODEL=${BASE_MODEL:-black-forest-labs/FLUX.1-dev}
 
 # The source, last.
-COPY pyproject.toml README.md handler.py test_input.json ./
+COPY pyproject.toml README.md NOTICE handler.py test_input.json ./
 COPY builder ./builder
 COPY src ./src
 RUN python -c "import handler, fluxbooth.cli" && python -m fluxbooth --help > /dev/null

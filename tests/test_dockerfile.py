@@ -36,6 +36,7 @@ def _load_builder_module(name: str) -> ModuleType:
 
 verify_ds_ops = _load_builder_module("verify_ds_ops")
 image_checks = _load_builder_module("image_checks")
+face_models = _load_builder_module("face_models")
 REQUIRED_OPS: dict[str, str] = verify_ds_ops.REQUIRED_OPS
 installed_ops = verify_ds_ops.installed_ops
 report_problems = verify_ds_ops.report_problems
@@ -191,6 +192,37 @@ def test_torch_is_installed_first_and_checked(stages: list[list[Instruction]]) -
     assert "python builder/image_checks.py torch" in build[install_rest].arguments
 
 
+def test_the_unused_face_models_are_removed_in_the_layer_that_installs_them(stages: list[list[Instruction]]) -> None:
+    build = stages[1]
+    install_rest = index_of(build, "RUN", "pip install -r requirements-image.txt")
+    assert "python face_models.py" in build[install_rest].arguments
+    assert "builder/face_models.py" in build[index_of(build, "COPY", "requirements.txt builder/face_models.py")].arguments
+
+
+def test_the_face_model_check_removes_the_68_point_and_cnn_models_and_keeps_the_two_scoring_loads(tmp_path: Path) -> None:
+    for name in (*face_models.FACE_MODELS_USED, *face_models.FACE_MODELS_DROPPED):
+        (tmp_path / name).write_bytes(b"weights")
+
+    assert face_models.prune_face_models(tmp_path) == []
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(face_models.FACE_MODELS_USED)
+
+
+def test_the_face_model_check_fails_when_a_model_scoring_loads_is_missing(tmp_path: Path) -> None:
+    (tmp_path / "shape_predictor_5_face_landmarks.dat").write_bytes(b"weights")
+
+    assert face_models.prune_face_models(tmp_path) == [
+        f"dlib_face_recognition_resnet_model_v1.dat is missing from {tmp_path}"
+    ]
+
+
+def test_the_image_ships_a_notice_naming_each_scoring_models_licence(stages: list[list[Instruction]]) -> None:
+    notice = (REPO_ROOT / "NOTICE").read_text()
+    assert index_of(stages[2], "COPY", "NOTICE")
+    for model, licence in [("dlib_face_recognition_resnet_model_v1", "public domain"), ("dinov2", "Apache License 2.0"),
+                           ("siglip", "Apache License 2.0")]:
+        assert re.search(rf"{model}.*?{licence}", notice, re.DOTALL | re.IGNORECASE), model
+
+
 def test_the_torch_check_accepts_pypis_cuda_13_build() -> None:
     architectures = ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"]
     assert image_checks.torch_problems("2.13.0+cu130", "13.0", architectures) == []
@@ -242,7 +274,7 @@ def test_deepspeed_and_its_pins_are_installed_before_the_other_dependencies(stag
     build = stages[1]
     copy_deepspeed = index_of(build, "COPY", "requirements-deepspeed.txt ./")
     install_deepspeed = index_of(build, "RUN", "pip install --no-build-isolation --no-deps")
-    copy_rest = index_of(build, "COPY", "requirements.txt ./")
+    copy_rest = index_of(build, "COPY", "requirements.txt builder/face_models.py ./")
     assert copy_deepspeed < install_deepspeed < copy_rest
     assert "-r requirements-deepspeed.txt" in requirement_lines("requirements.txt")
     assert not [line for line in requirement_lines("requirements.txt") if line.startswith("deepspeed==")]

@@ -223,6 +223,23 @@ def test_importing_the_handler_imports_no_torch(container: str) -> None:
     assert completed.stdout.splitlines()[-1] == "TORCH False"
 
 
+def test_the_image_ships_only_the_public_domain_face_models_and_dlib_loads_them(container: str) -> None:
+    probe = (
+        "import importlib.util, os, dlib; "
+        "folder = os.path.join(importlib.util.find_spec('face_recognition_models').submodule_search_locations[0], 'models'); "
+        "print(sorted(os.listdir(folder))); "
+        "dlib.shape_predictor(os.path.join(folder, 'shape_predictor_5_face_landmarks.dat')); "
+        "dlib.face_recognition_model_v1(os.path.join(folder, 'dlib_face_recognition_resnet_model_v1.dat')); "
+        "print('LOADED')"
+    )
+    completed = run_in(container, ["python", "-c", probe], timeout=300)
+
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert completed.stdout.splitlines() == [
+        "['dlib_face_recognition_resnet_model_v1.dat', 'shape_predictor_5_face_landmarks.dat']", "LOADED",
+    ]
+
+
 def test_the_planner_in_the_image_plans_the_demo_for_a_24_gib_card(container: str) -> None:
     card = ["--gpus", "1", "--gpu-memory", "24GiB", "--host-memory", "62GiB", "--cpus", "16", "--disk", "200GiB"]
     completed = run_in(container, ["python", "-m", "fluxbooth", "plan", "--request", "test_input.json", *card, "--json"], timeout=300)

@@ -1,4 +1,4 @@
-"""`python -m fluxbooth ...` (**contract**): `plan`, `doctor` and `train`.
+"""`python -m fluxbooth ...` (**contract**): `plan`, `doctor`, `train`, `submit` and `score`.
 
 plan    — which memory strategy a job gets on this machine or on hypothetical hardware described whole
           (`--gpus 1 --gpu-memory 24GiB --host-memory 62GiB --cpus 16 --disk 200GiB --gpu-name 4090`), with the
@@ -9,11 +9,13 @@ train   — run one request (a JSON file holding the `input` object, or `{"input
           terminal, plain lines otherwise); `--verbose` adds the full log.
 submit  — send photos and a request to an endpoint (RunPod or a local API server), follow the job and download
           its files (fluxbooth.client; its own exit codes, listed in `submit --help`).
+score   — how much a folder of renders looks like a folder of photos (likeness, copies, prompt fidelity), from a
+          LoRA trained anywhere; prints one JSON object (fluxbooth.cli.score).
 
 Exit codes (fluxbooth.cli.exits): 0 success, 1 does not fit / a check failed, 2 invalid arguments or input,
 141 the reader closed the output early (`plan | head`), quietly.
 This package never imports torch: doctor runs its torch checks in a child process. One module per subcommand
-(cli/plan/, cli/doctor.py, cli/train.py, fluxbooth/client/command.py); the table below wires them.
+(cli/plan/, cli/doctor.py, cli/train.py, cli/score.py, fluxbooth/client/command.py); the table below wires them.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from fluxbooth.cli.doctor import add_doctor_parser, run_doctor_command
 from fluxbooth.cli.exits import EXIT_CLOSED_PIPE, EXIT_FAILED, EXIT_USAGE
 from fluxbooth.cli.plan import run_plan_command
 from fluxbooth.cli.plan.flags import add_plan_parser
+from fluxbooth.cli.score import add_score_parser, run_score_command
 from fluxbooth.cli.train import add_train_parser, run_train_command
 from fluxbooth.client.command import add_submit_parser, run_submit_command
 from fluxbooth.errors import ErrorCode, FluxboothError
@@ -40,6 +43,7 @@ COMMANDS: dict[str, tuple[Callable[[Any], None], Command]] = {
     "doctor": (add_doctor_parser, run_doctor_command),
     "train": (add_train_parser, run_train_command),
     "submit": (add_submit_parser, run_submit_command),
+    "score": (add_score_parser, run_score_command),
 }
 
 

@@ -2,6 +2,21 @@
 
 Standard library only: the worker (which never imports torch) reads and writes these; the scoring process
 (`python -m fluxbooth.likeness --input scoring-input.json --output likeness.json`) does the rest.
+
+The section (likeness.json; the result's `likeness`), status "scored" (docs/likeness.md says what each means):
+    {"status": "scored", "subject_type": "person"|"pet"|"object",
+     "subject_type_source": "request" | "auto: 7 of 8 photos hold exactly one face",
+     "models": [{"role": "likeness"|"variety"|"prompt_fidelity", "name", "revision", "sha256", "licence",
+                 "status": "used"|"unavailable", "reason": str|None}],
+     "calibration": {"zero", "zero_source", "one" (None with one photo), "one_source", "copy_similarity",
+                     "scale": "calibrated: ..." | "raw similarity ... (uncalibrated...)"},
+     "steps": [{"step", "renders", "likeness", "likeness_se", "face_detect_rate", "face_match_rate", "copies",
+                "prompt_fidelity", "prompt_fidelity_change", "variety", "eligible", "failed_guards", "selected"}],
+               # BASE_STEP first, the final step last; failed_guards from "copies", "prompt_fidelity",
+               # "variety", "base model", "unscored"; numbers are None where nothing could be measured
+     "selected_step": int|None, "selection": one sentence, "unscored_steps": [int], "unscored_reason": str|None,
+     "note": PROXY_NOTE}
+status "unavailable": unavailable_section(reason). Embeddings never leave the scoring process: only these numbers.
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@
     report/history.json       every step's loss and learning rate, the checkpoint and validation steps
     report/loss.png           loss per step, smoothed, the learning rate on a second axis, checkpoint and
                               validation marks (matplotlib, Agg canvas)
-    report/samples.png        the validation renders: a row per round and the final one, a column per prompt
-                              (only with validation prompts)
+    report/likeness.png       likeness, prompt fidelity change and variety per validation step, the chosen
+                              step marked (only when the likeness section says "scored")
+    report/samples.png        the validation renders: a row per round and the final one, a column per prompt,
+                              the chosen step's row framed (only with validation prompts)
     report/dataset.png        the training images as trained, with captions and the dataset check's flags
     report/tensorboard/       the same run as TensorBoard event files
 
@@ -19,12 +21,13 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fluxbooth.artifacts import LocalArtifact, sha256_file
 from fluxbooth.contract.captions import with_trigger
 from fluxbooth.contract.events import TrainerEvent
 from fluxbooth.report.history import TrainingHistory, history_from
+from fluxbooth.report.likeness import chosen_step, draw_likeness, is_scored
 from fluxbooth.report.loss import draw_loss
 from fluxbooth.report.sheets import SheetImage, TrainingShape, draw_dataset, draw_samples
 from fluxbooth.report.tensorboard import write_events
@@ -46,6 +49,7 @@ class ReportInputs:
     output_dir: Path  # the trainer's output folder: validation/ is read there, report/ is written there
     dataset: Sequence[SheetImage]
     training_shape: TrainingShape
+    likeness: Mapping[str, Any] | None = None  # the result's likeness section (fluxbooth.likeness.interface), if scored
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,12 @@ def _parts(inputs: ReportInputs, history: TrainingHistory) -> list[tuple[str, Ca
         ("history.json", lambda path: path.write_text(json.dumps(history.to_json(), indent=1) + "\n", encoding="utf-8")),
         ("loss.png", lambda path: draw_loss(history, path, f"{inputs.title}: training loss")),
     ]
+    section = inputs.likeness
+    if section is not None and is_scored(section):
+        parts.append(("likeness.png", lambda path: draw_likeness(section, path, inputs.title)))
     if history.validation:
-        parts.append(("samples.png", lambda path: draw_samples(history, path, f"{inputs.title}: validation renders")))
+        chosen = chosen_step(section) if section is not None else None
+        parts.append(("samples.png", lambda path: draw_samples(history, path, f"{inputs.title}: validation renders", chosen)))
     parts.append(("dataset.png", lambda path: draw_dataset(inputs.dataset, inputs.training_shape, path, f"{inputs.title}: dataset as trained")))
     parts.append(("tensorboard", lambda path: write_events(history, path)))
     return parts

@@ -42,14 +42,19 @@ class TrainingHistory:
     def validation_steps(self) -> tuple[int, ...]:
         return tuple(sorted({image.training_step for image in self.validation}))
 
-    def shown_rounds(self) -> list[tuple[int, bool]]:
+    def shown_rounds(self, keep: int | None = None) -> list[tuple[int, bool]]:
         """(training step, final) of the validation rounds the report shows: those during training, evenly
-        thinned to MAX_SHOWN_ROUNDS with the first and the last kept, then the final render."""
+        thinned to MAX_SHOWN_ROUNDS with the first, the last and the round at step `keep` (the chosen step)
+        kept, then the final render."""
         during = sorted({image.training_step for image in self.validation if not image.final})
         final = sorted({image.training_step for image in self.validation if image.final})
         room = MAX_SHOWN_ROUNDS - len(final)
         if len(during) > room:
             picks = {round(index * (len(during) - 1) / max(1, room - 1)) for index in range(room)}
+            if keep in during and during.index(keep) not in picks:
+                kept = during.index(keep)
+                inner = sorted(picks - {0, len(during) - 1}, key=lambda index: abs(index - kept))
+                picks = (picks - set(inner[:1])) | {kept}
             during = [during[index] for index in sorted(picks)]
         return [(step, False) for step in during] + [(step, True) for step in final]
 

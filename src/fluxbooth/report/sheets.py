@@ -15,6 +15,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
+from fluxbooth.likeness.interface import BASE_STEP
 from fluxbooth.report.history import TrainingHistory
 
 SHEET_PIXELS = 1_500_000  # photo-like PNGs take about 2 bytes a pixel: a sheet stays near 3 MB
@@ -28,6 +29,8 @@ LABEL_WIDTH = 96
 BACKGROUND = (255, 255, 255)
 INK = (20, 20, 20)
 FLAG_INK = (200, 0, 0)
+CHOSEN_INK = (230, 120, 0)  # the chosen step: its row's frame here, its mark on report/likeness.png
+CHOSEN_FRAME = 3  # pixels, drawn in the margin around the row's tiles
 
 TrainingShape = Callable[[int, int], tuple[int, int]]
 
@@ -77,9 +80,10 @@ def samples_size(rows: int, columns: int) -> tuple[int, int, int]:
     return width, TITLE_SIZE + 2 * MARGIN + SAMPLES_HEADER + rows * (tile + MARGIN), tile
 
 
-def draw_samples(history: TrainingHistory, path: Path, title: str) -> None:
-    """One row per validation round (and the final render), one column per prompt, prompts and steps written."""
-    rows, prompts = history.shown_rounds(), history.prompts
+def draw_samples(history: TrainingHistory, path: Path, title: str, chosen_step: int | None = None) -> None:
+    """One row per validation round (and the final render), one column per prompt, prompts and steps written;
+    the row of `chosen_step` (the step the likeness scores chose) framed and labelled "chosen"."""
+    rows, prompts = history.shown_rounds(keep=chosen_step), history.prompts
     width, height, tile = samples_size(len(rows), len(prompts))
     sheet = Image.new("RGB", (width, height), BACKGROUND)
     draw = ImageDraw.Draw(sheet)
@@ -93,8 +97,14 @@ def draw_samples(history: TrainingHistory, path: Path, title: str) -> None:
     by_place = {(image.training_step, image.final, image.prompt_index): image for image in history.validation}
     for row, (step, final) in enumerate(rows):
         y = top + SAMPLES_HEADER + row * (tile + MARGIN)
-        label = f"final\nstep {step}" if final else f"step {step}"
-        draw.multiline_text((MARGIN, y + tile // 2 - LINE), label, font=text, fill=INK, spacing=4)
+        label = f"final\nstep {step}" if final else f"step {step}" + ("\nbase model" if step == BASE_STEP else "")
+        chosen = step == chosen_step
+        if chosen:
+            label += "\nchosen"
+            right = LABEL_WIDTH + len(prompts) * (tile + MARGIN) - MARGIN
+            inset = MARGIN // 2 + CHOSEN_FRAME // 2
+            draw.rectangle((LABEL_WIDTH - inset, y - inset, right + inset - 1, y + tile + inset - 1), outline=CHOSEN_INK, width=CHOSEN_FRAME)
+        draw.multiline_text((MARGIN, y + tile // 2 - LINE), label, font=text, fill=CHOSEN_INK if chosen else INK, spacing=4)
         for column in range(len(prompts)):
             image = by_place.get((step, final, column))
             if image is not None:
