@@ -106,13 +106,23 @@ def test_the_scoring_log_in_the_job_folder_is_redacted(tmp_path: Path) -> None:
     assert f"token {MASK}" in log and SECRET not in log
 
 
-def test_the_scoring_input_carries_where_models_are_and_no_secret() -> None:
-    environ = {
-        "HF_HOME": "/cache/hf", "HF_TOKEN": SECRET, "FLUXBOOTH_CACHE_DIR": "/cache", "BUCKET_SECRET_ACCESS_KEY": "k",
-        "HOME": "/root", "PATH": "/usr/bin",
+WORKER_ENVIRON = {
+    "HF_HOME": "/cache/hf", "HF_TOKEN": SECRET, "FLUXBOOTH_LIKENESS_DINO": "/models/dino", "BUCKET_SECRET_ACCESS_KEY": "k",
+    "HOME": "/root", "PATH": "/usr/bin", "RUNPOD_AI_API_KEY": "runpod-key",
+}
+
+
+def test_the_model_locations_are_the_workers_model_variables_without_a_secret() -> None:
+    assert model_location_environment(WORKER_ENVIRON) == {
+        "HF_HOME": "/cache/hf", "FLUXBOOTH_LIKENESS_DINO": "/models/dino", "HOME": "/root",
     }
 
-    assert model_location_environment(environ) == {"HF_HOME": "/cache/hf", "FLUXBOOTH_CACHE_DIR": "/cache", "HOME": "/root"}
+
+def test_the_scoring_process_sees_the_model_locations_and_the_hub_token_but_no_storage_or_runpod_secret() -> None:
+    env = scoring_environment(WORKER_ENVIRON)
+
+    assert (env["FLUXBOOTH_LIKENESS_DINO"], env["HF_TOKEN"]) == ("/models/dino", SECRET)
+    assert "BUCKET_SECRET_ACCESS_KEY" not in env and "RUNPOD_AI_API_KEY" not in env
 
 
 # ---- keeping the best step ---------------------------------------------------------------------------------------

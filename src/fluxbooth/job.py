@@ -244,7 +244,7 @@ async def _run(
     with stages.stage("report"):
         report = await in_thread(make_report, ReportInputs(
             job.request.model_name, outcome.events, Path(trainer.output_dir),
-            sheet_images(dataset, job.request.instance_prompt, checks.flags()), training_shape,
+            sheet_images(dataset, job.request.instance_prompt, checks.flags()), training_shape, likeness,
         ))
         job.warnings.extend(report.warnings)
 

@@ -47,7 +47,8 @@ SCORING_LOG_NAME = "scoring.log"
 SCORING_WIND_DOWN_SECONDS = 15.0
 # Between SIGTERM and SIGKILL once its time is up: it has already had its stop time.
 SCORING_KILL_GRACE_SECONDS = 2.0
-# The environment the scoring input carries (where the scoring models may be found), never a secret.
+# Where the scoring models may be found (Hugging Face's caches, the worker's folders and overrides): passed to the
+# scoring process in its environment, never written into the scoring input (the same environment holds HF_TOKEN).
 MODEL_LOCATION_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "FLUXBOOTH_")
 MODEL_LOCATION_NAMES = frozenset({"HOME", "XDG_CACHE_HOME", "TORCH_HOME"})
 # The rule for keeping a validation step's LoRA (the module docstring).
@@ -59,7 +60,7 @@ def scoring_command(input_path: Path, output_path: Path) -> list[str]:
 
 
 def model_location_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The worker's variables that say where models are (Hugging Face's caches, the worker's folders), no secrets."""
+    """The worker's variables that say where models are (Hugging Face's caches, the worker's folders), no secret."""
     return {
         name: value for name, value in environ.items()
         if (name in MODEL_LOCATION_NAMES or name.startswith(MODEL_LOCATION_PREFIXES)) and name not in SECRET_ENV_NAMES
@@ -67,8 +68,8 @@ def model_location_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def scoring_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The scoring process's whole environment: the trainer's allow-list (HF_TOKEN included, for a download) and
-    the model locations."""
+    """The scoring process's whole environment, which it reads the model locations from (the scoring input carries
+    none): the trainer's allow-list (HF_TOKEN included, for a download) and the model locations."""
     inherited = {name: value for name, value in environ.items() if name in INHERITED_ENV_NAMES}
     return {**inherited, **model_location_environment(environ), "PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
@@ -117,7 +118,6 @@ async def score_renders(
         keep_best_step=job.spec.keep_best_step,
         final_step=trainer.steps,
         stop_at_unix_seconds=time.time() + seconds - SCORING_WIND_DOWN_SECONDS,
-        environ=model_location_environment(settings.environ),
     ).write(input_path)
     return await run_scoring(
         command or scoring_command(input_path, output_path), env=scoring_environment(settings.environ), cwd=job_dir,
