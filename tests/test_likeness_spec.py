@@ -152,8 +152,8 @@ def test_likeness_with_validation_prompts_turned_off_is_refused() -> None:
 
 def test_keep_best_step_without_likeness_is_refused() -> None:
     assert refusal(keep_best_step=True, likeness=False, validation_steps=100) == (
-        "invalid request: input.keep_best_step: chooses the step by its likeness score, which needs input.likeness "
-        "and validation prompts; remove keep_best_step or likeness: false / validation_prompts: []"
+        "invalid request: input.keep_best_step: chooses the step by its likeness score, and likeness is off "
+        "(likeness false or validation_prompts []); remove keep_best_step, or leave likeness and validation_prompts out"
     )
 
 

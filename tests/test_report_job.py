@@ -1,5 +1,5 @@
 """The training report and the dataset check through a whole job: a LoRA on the tiny model with two validation
-prompts rendered every 2 of 5 steps, trained by the real trainer under `accelerate launch` + DeepSpeed, on a
+prompts rendered by the base model (step 0, as likeness scoring does by default) and every 2 of 5 steps, trained by the real trainer under `accelerate launch` + DeepSpeed, on a
 dataset with a duplicated photo (also re-encoded) and a blurred one. One run, read by every test here."""
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def test_the_report_pngs_are_valid_and_small(job: dict[str, Any]) -> None:
         assert path.stat().st_size < MAX_PNG_BYTES
 
 
-def test_samples_png_has_a_row_for_steps_2_and_4_and_the_final_one(job: dict[str, Any]) -> None:
-    width, height, _ = samples_size(rows=3, columns=len(PROMPTS))
+def test_samples_png_has_a_row_for_the_base_model_steps_2_and_4_and_the_final_one(job: dict[str, Any]) -> None:
+    width, height, _ = samples_size(rows=4, columns=len(PROMPTS))
     assert png_size(artifact_path(job["result"], "report/samples.png")) == (width, height)
 
 
@@ -76,7 +76,7 @@ def test_history_json_holds_every_steps_loss_and_learning_rate(job: dict[str, An
     assert [entry["step"] for entry in history["steps"]] == list(range(1, STEPS + 1))
     assert all(math.isfinite(entry["loss"]) and entry["lr"] == pytest.approx(1e-4) for entry in history["steps"])
     assert history["steps"][-1]["loss"] == pytest.approx(job["result"]["metrics"]["final_loss"])
-    assert (history["validation_steps"], history["validation_prompts"]) == ([2, 4, STEPS], PROMPTS)
+    assert (history["validation_steps"], history["validation_prompts"]) == ([0, 2, 4, STEPS], PROMPTS)
 
 
 def test_the_event_file_reads_back_in_tensorboard_with_every_step_and_render(job: dict[str, Any]) -> None:
@@ -86,7 +86,7 @@ def test_the_event_file_reads_back_in_tensorboard_with_every_step_and_render(job
     accumulator = EventAccumulator(str(artifact_path(job["result"], name)), size_guidance={"images": 0, "scalars": 0})
     accumulator.Reload()
     assert [event.step for event in accumulator.Scalars("train/loss")] == list(range(1, STEPS + 1))
-    assert [event.step for event in accumulator.Images("validation/prompt_00")] == [2, 4]
+    assert [event.step for event in accumulator.Images("validation/prompt_00")] == [0, 2, 4]
     assert [event.step for event in accumulator.Images("validation_final/prompt_01")] == [STEPS]
 
 

@@ -447,8 +447,8 @@ class TrainingRequest(BaseModel):
             return problems
         if self.likeness is False or self.validation_prompts == []:
             problems.append(
-                "input.keep_best_step: chooses the step by its likeness score, which needs input.likeness and "
-                "validation prompts; remove keep_best_step or likeness: false / validation_prompts: []"
+                "input.keep_best_step: chooses the step by its likeness score, and likeness is off (likeness false "
+                "or validation_prompts []); remove keep_best_step, or leave likeness and validation_prompts out"
             )
         if self.training_type == "full":
             problems.append(
