@@ -102,7 +102,8 @@ def test_a_lora_job_trains_on_the_familys_tiny_model(family_runs: dict[str, dict
 def test_validation_renders_with_the_familys_sampling_defaults(family_runs: dict[str, dict[str, Any]], name: str) -> None:
     index = json.loads(artifact_named(family_runs[name], "validation/validation.json").read_text())
     _, steps, guidance = FAMILIES[name]
-    assert [image["steps"] for image in index["images"]] == [steps]
+    # The base model's render before the first step (likeness scoring's zero) and the final one.
+    assert [(image["training_step"], image["steps"]) for image in index["images"]] == [(0, steps), (3, steps)]
     assert index["guidance_scale"] == guidance
     assert artifact_named(family_runs[name], "validation/validation_00.png").stat().st_size > 0
 
@@ -175,7 +176,8 @@ def test_a_kontext_job_validates_with_the_control_image_and_kontexts_sampling(
 ) -> None:
     result, _, _ = kontext_run
     index = json.loads(artifact_named(result, "validation/validation.json").read_text())
-    assert ([image["steps"] for image in index["images"]], index["guidance_scale"]) == ([28], 3.5)
+    # The base model's render before the first step (likeness scoring's zero) and the final one.
+    assert ([image["steps"] for image in index["images"]], index["guidance_scale"]) == ([28, 28], 3.5)
 
 
 def test_the_kontext_lora_loads_into_flux_kontext_pipeline_and_changes_an_edit(

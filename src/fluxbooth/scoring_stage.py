@@ -102,12 +102,9 @@ async def run_scoring(
     return read_likeness_section(output_path)
 
 
-async def score_renders(
-    job: PlannedJob, trainer: TrainerConfig, settings: WorkerSettings, job_dir: Path,
-    command: Sequence[str] | None = None,
-) -> dict[str, Any]:
-    """The likeness section of this job's renders: the scoring input written to the job folder, the scorer run
-    (`command`; default: `python -m fluxbooth.likeness`) and its section read back."""
+async def score_renders(job: PlannedJob, trainer: TrainerConfig, settings: WorkerSettings, job_dir: Path) -> dict[str, Any]:
+    """The likeness section of this job's renders: the scoring input written to the job folder, the scoring process
+    run and its section read back."""
     seconds = scoring_seconds(job)
     input_path, output_path = job_dir / SCORING_INPUT_NAME, job_dir / LIKENESS_RESULT_NAME
     ScoringInput(
@@ -120,7 +117,7 @@ async def score_renders(
         stop_at_unix_seconds=time.time() + seconds - SCORING_WIND_DOWN_SECONDS,
     ).write(input_path)
     return await run_scoring(
-        command or scoring_command(input_path, output_path), env=scoring_environment(settings.environ), cwd=job_dir,
+        scoring_command(input_path, output_path), env=scoring_environment(settings.environ), cwd=job_dir,
         seconds=seconds, redact=Redactor(settings.secret_values), output_path=output_path,
     )
 
