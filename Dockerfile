@@ -11,6 +11,7 @@
 # of image, not the multi-GB dependency layers.
 #
 # Build arguments (docs/image.md):
+#   SCORING_MODELS=1          bakes the likeness scoring models (DINOv2, SigLIP) into /models
 #   BUILD_BASE, RUNTIME_BASE  the two stages' images: Debian 12 (bookworm, Python 3.11) by default. Any Debian
 #                             or Ubuntu image with apt works (this file installs Python itself); use the same
 #                             release for both stages.
@@ -132,6 +133,10 @@ COPY builder/fetch_model.py ./builder/
 RUN --mount=type=secret,id=hf_token \
     if [ -n "$BASE_MODEL" ]; then python builder/fetch_model.py "$BASE_MODEL" /models; fi
 ENV FLUXBOOTH_BASE_MODEL=${BASE_MODEL:-black-forest-labs/FLUX.1-dev}
+# Optional: the likeness scoring models (DINOv2-small and SigLIP-base, Apache-2.0, about 0.9 GB) at their pinned
+# revisions, in the same cache, so a worker without network scores pets and objects and prompt fidelity.
+ARG SCORING_MODELS=0
+RUN if [ "$SCORING_MODELS" = 1 ]; then python builder/fetch_model.py --scoring /models; fi
 
 # The source, last.
 COPY pyproject.toml README.md NOTICE handler.py test_input.json ./

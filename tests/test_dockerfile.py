@@ -37,6 +37,7 @@ def _load_builder_module(name: str) -> ModuleType:
 verify_ds_ops = _load_builder_module("verify_ds_ops")
 image_checks = _load_builder_module("image_checks")
 face_models = _load_builder_module("face_models")
+fetch_model = _load_builder_module("fetch_model")
 REQUIRED_OPS: dict[str, str] = verify_ds_ops.REQUIRED_OPS
 installed_ops = verify_ds_ops.installed_ops
 report_problems = verify_ds_ops.report_problems
@@ -192,6 +193,20 @@ def test_torch_is_installed_first_and_checked(stages: list[list[Instruction]]) -
     assert "python builder/image_checks.py torch" in build[install_rest].arguments
 
 
+def test_the_scoring_models_baked_are_the_revisions_the_worker_pins() -> None:
+    from fluxbooth.likeness.weights import DINO, SIGLIP
+
+    assert fetch_model.SCORING_MODELS == tuple((model.repo_id, model.revision, model.patterns) for model in (DINO, SIGLIP))
+
+
+def test_the_scoring_models_are_baked_on_request_into_the_cache_the_worker_reads(stages: list[list[Instruction]]) -> None:
+    final = stages[2]
+    assert stage_args(final)["SCORING_MODELS"] == "0"
+    bake = index_of(final, "RUN", "fetch_model.py --scoring")
+    assert '[ "$SCORING_MODELS" = 1 ]' in final[bake].arguments and f"--scoring {DEFAULT_BAKED_MODELS_DIR}" in final[bake].arguments
+    assert bake < index_of(final, "COPY", "src ./src")
+
+
 def test_the_unused_face_models_are_removed_in_the_layer_that_installs_them(stages: list[list[Instruction]]) -> None:
     build = stages[1]
     install_rest = index_of(build, "RUN", "pip install -r requirements-image.txt")
@@ -290,7 +305,7 @@ def test_dependencies_come_before_the_source(stages: list[list[Instruction]]) ->
     copy_source = index_of(final, "COPY", "src ./src")
     copy_handler = index_of(final, "COPY", "handler.py")
     copy_venv = index_of(final, "COPY", "--from=build /opt/venv")
-    bake_model = index_of(final, "RUN", "builder/fetch_model.py")
+    bake_model = index_of(final, "RUN", "builder/fetch_model.py \"$BASE_MODEL\"")
     assert copy_venv < bake_model < copy_handler < copy_source
     assert [item.keyword for item in final[copy_source + 1 :]] == ["RUN", "CMD"], "only a smoke check after the source"
 
@@ -488,9 +503,9 @@ def test_runpods_automatic_system_checks_are_off_so_the_handler_never_imports_to
 def test_a_baked_model_goes_where_the_worker_looks(stages: list[list[Instruction]]) -> None:
     final = stages[2]
     assert f"python builder/fetch_model.py \"$BASE_MODEL\" {DEFAULT_BAKED_MODELS_DIR};" in final[
-        index_of(final, "RUN", "builder/fetch_model.py")
+        index_of(final, "RUN", "builder/fetch_model.py \"$BASE_MODEL\"")
     ].arguments
-    assert "--mount=type=secret,id=hf_token" in final[index_of(final, "RUN", "builder/fetch_model.py")].arguments
+    assert "--mount=type=secret,id=hf_token" in final[index_of(final, "RUN", "builder/fetch_model.py \"$BASE_MODEL\"")].arguments
 
 
 def test_the_image_starts_the_handler(stages: list[list[Instruction]]) -> None:

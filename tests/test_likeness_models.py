@@ -7,8 +7,10 @@ pins, the hub), not quality tests; their numbers mean nothing. The hub is tests/
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -17,8 +19,17 @@ from PIL import Image
 from fluxbooth.likeness.embedders import load_dino, load_siglip
 from fluxbooth.artifacts import sha256_file
 from fluxbooth.likeness.weights import DINO, SIGLIP, ModelUnavailable, resolve_weights
+from tests.conftest import REPO_ROOT
 from tests.hub_server import HubRepo, HubServer, folder_files, running_hub
 from tests.likeness_fixtures import offline_environ, tiny_dino, tiny_siglip
+
+
+def _load_builder_module(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"builder_{name}", REPO_ROOT / "builder" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +94,21 @@ def test_the_pinned_revision_is_downloaded_held_to_its_sha256_and_found_in_the_c
     requests_before = len(hub.requests)
     cached = resolve_weights(pinned, {**hub_environ(tmp_path, hub), "HF_HUB_OFFLINE": "1"})
     assert cached.folder == downloaded.folder and len(hub.requests) == requests_before
+
+
+def test_a_model_baked_by_the_image_build_is_found_offline_in_the_baked_cache(
+    tmp_path: Path, hub: HubServer, tiny_models: dict[str, Path]
+) -> None:
+    fetch_model = _load_builder_module("fetch_model")
+    commit = hub.add_repo(HubRepo(DINO.repo_id)).add_commit(folder_files(tiny_models["dino"]))
+    pinned = dataclasses.replace(DINO, revision=commit, sha256=sha256_file(tiny_models["dino"] / "model.safetensors"))
+    baked = tmp_path / "models"
+    fetch_model.fetch_scoring_models(baked, hub.endpoint, ((pinned.repo_id, pinned.revision, pinned.patterns),))
+
+    found = resolve_weights(pinned, {**offline_environ(tmp_path / "empty"), "FLUXBOOTH_BAKED_MODELS_DIR": str(baked)})
+
+    assert found.record.status == "used" and found.folder.is_relative_to(baked)
+    assert len(load_dino(found.folder).embed(images())) == 3
 
 
 def test_downloaded_weights_that_do_not_match_the_pin_make_the_model_unavailable(
