@@ -61,6 +61,9 @@ def build_test_input() -> dict[str, object]:
             "mixed_precision": "bf16",
             "gradient_checkpointing": True,
             "seed": 42,
+            # The demo stays offline and small: it renders its samples, but scoring a toy needs DINOv2 and SigLIP
+            # (a 0.9 GB download). `python -m fluxbooth score` and docs/likeness.md show the scores.
+            "likeness": False,
         }
     }
 

@@ -131,9 +131,11 @@ def _download(model: HubModel, places: ModelPlaces) -> Path:
         return Path(snapshot_download(model.repo_id, revision=model.revision, cache_dir=places.hub_cache,
                                       endpoint=places.endpoint, token=places.token, allow_patterns=list(model.patterns)))
     except Exception as error:  # the hub client's errors (unreachable, not found) or the cache's disk
+        # The hub client's message runs over several lines (its advice on the cache): the first says what failed.
+        first_line = next(iter(str(error).splitlines()), "")[:200]
         raise ModelUnavailable(
             f"{model.repo_id} (revision {model.revision}) is not on this worker and could not be downloaded from "
-            f"{places.hub_url} ({type(error).__name__}: {str(error)[:200]}); bake it into the image or set "
+            f"{places.hub_url} ({type(error).__name__}: {first_line}); bake it into the image or set "
             f"{model.override_variable}"
         ) from error
 
