@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -70,6 +71,24 @@ def test_a_person_job_is_scored_at_every_step_and_the_earliest_good_step_chosen(
     assert section["selection"].startswith("Chosen: step 200 is the earliest step")
     assert section["calibration"]["zero_source"] == "the base model's renders at step 0"
     assert (section["unscored_steps"], section["unscored_reason"]) == ([], None)
+
+
+def test_face_descriptors_are_never_written_or_logged_only_the_section_leaves_the_process(tmp_path: Path) -> None:
+    scoring_input = person_job(tmp_path, portrait_steps(), final_step=300)
+    input_path, output_path = tmp_path / "scoring-input.json", tmp_path / "likeness.json"
+    scoring_input.write(input_path)
+    before = {path for path in tmp_path.rglob("*")}
+    environment = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
+    completed = subprocess.run([sys.executable, "-m", "fluxbooth.likeness", "--input", str(input_path), "--output", str(output_path)],
+                               capture_output=True, text=True, timeout=300, env=environment, cwd=REPO_ROOT)
+
+    assert completed.returncode == 0, completed.stderr
+    assert {path for path in tmp_path.rglob("*")} - before == {output_path}
+    # A 128-number descriptor, printed or logged, would show as a run of numbers; the section holds a handful each.
+    longest_run = max((len(re.findall(r"-?\d+\.\d+", line)) for line in (completed.stdout + completed.stderr).splitlines()), default=0)
+    assert longest_run < 8
+    section_numbers = [value for value in re.findall(r"-?\d+\.\d+", output_path.read_text())]
+    assert len(section_numbers) < 128
 
 
 def test_without_dinov2_and_siglip_a_person_job_reports_them_unavailable_and_their_numbers_null(tmp_path: Path) -> None:
