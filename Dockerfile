@@ -133,7 +133,7 @@ COPY builder/fetch_model.py ./builder/
 RUN --mount=type=secret,id=hf_token \
     if [ -n "$BASE_MODEL" ]; then python builder/fetch_model.py "$BASE_MODEL" /models; fi
 ENV FLUXBOOTH_BASE_MODEL=${BASE_MODEL:-black-forest-labs/FLUX.1-dev}
-# Optional: the likeness scoring models (DINOv2-small and SigLIP-base, Apache-2.0, about 0.9 GB) at their pinned
+# Optional: the likeness scoring models (DINOv2-small and SigLIP-base, Apache-2.0) at their pinned
 # revisions, in the same cache, so a worker without network scores pets and objects and prompt fidelity.
 ARG SCORING_MODELS=0
 RUN if [ "$SCORING_MODELS" = 1 ]; then python builder/fetch_model.py --scoring /models; fi

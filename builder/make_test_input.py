@@ -62,7 +62,7 @@ def build_test_input() -> dict[str, object]:
             "gradient_checkpointing": True,
             "seed": 42,
             # The demo stays offline and small: it renders its samples, but scoring a toy needs DINOv2 and SigLIP
-            # (a 0.9 GB download). `python -m fluxbooth score` and docs/likeness.md show the scores.
+            # (a download of both). `python -m fluxbooth score` and docs/likeness.md show the scores.
             "likeness": False,
         }
     }

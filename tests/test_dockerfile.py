@@ -207,6 +207,11 @@ def test_the_scoring_models_are_baked_on_request_into_the_cache_the_worker_reads
     assert bake < index_of(final, "COPY", "src ./src")
 
 
+def test_the_published_image_bakes_the_scoring_models() -> None:
+    workflow = (REPO_ROOT / ".github" / "workflows" / "image.yml").read_text()
+    assert re.search(r"build-args: \|\n\s+SCORING_MODELS=1\n", workflow)
+
+
 def test_the_unused_face_models_are_removed_in_the_layer_that_installs_them(stages: list[list[Instruction]]) -> None:
     build = stages[1]
     install_rest = index_of(build, "RUN", "pip install -r requirements-image.txt")
