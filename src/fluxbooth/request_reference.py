@@ -114,9 +114,10 @@ NOTES: dict[str, str] = {
         "Scoring that cannot run says why in the section and never fails the job. The scores are automatic proxies."
     ),
     "keep_best_step": (
-        "LoRA only, with `likeness` and `validation_steps`: keep the LoRA of every validation step and make the "
-        "best-scoring one that passes the guards (not copying the photos, prompt fidelity and variety kept) the main "
-        "artifact; the final weights stay beside it with `final_` in front of their names and folder. When no step "
+        "LoRA only, with `likeness` and `validation_steps`: keep the LoRA of every validation step and make the main "
+        "artifact the earliest step within one standard error of the best likeness among the steps that pass the "
+        "guards (not copying the photos, prompt fidelity and variety kept); the final weights stay beside it with "
+        "`final_` in front of their names and folder ([likeness.md](likeness.md)). When no step "
         "passes, the final weights stay main and the `likeness` section says which guard failed."
     ),
     "output_formats": "Unset: `[\"diffusers\"]` for a full fine-tune, `[\"diffusers\", \"comfyui\"]` for a LoRA; also `single_file`. See [result.md](result.md).",
