@@ -66,6 +66,30 @@ def test_the_trainer_imports_neither_the_planner_nor_the_request_nor_the_job(gra
     assert {module: targets for module, targets in reached.items() if targets} == {}
 
 
+def test_the_worker_reaches_the_scoring_package_only_through_its_interface(graph) -> None:
+    # Scoring loads dlib, torch and transformers in a process of its own; only `score`, the CLI command that runs
+    # it in the user's process (deferred to its call), imports the rest.
+    beyond_interface = {
+        module: sorted(target for target in targets if target not in ("fluxbooth.likeness", "fluxbooth.likeness.interface"))
+        for module, targets in graph.importers_of("fluxbooth.likeness").items()
+        if module != "fluxbooth.cli.score"
+    }
+    assert {module: targets for module, targets in beyond_interface.items() if targets} == {}
+
+
+def test_the_scoring_interface_imports_only_the_standard_library(graph) -> None:
+    names = graph.external.get("fluxbooth.likeness.interface", set())
+    assert sorted(name for name in names if name not in sys.stdlib_module_names and name != "__future__") == []
+    assert graph.edges.get("fluxbooth.likeness.interface", frozenset()) <= {"fluxbooth.likeness"}
+
+
+def test_the_scoring_package_never_imports_the_trainer_or_the_job(graph) -> None:
+    scoring = {module: targets for module, targets in graph.edges.items() if module.startswith("fluxbooth.likeness")}
+    reached = {module: sorted(target for target in targets if target.startswith((*WORKER_ONLY, "fluxbooth.train")))
+               for module, targets in scoring.items()}
+    assert {module: targets for module, targets in reached.items() if targets} == {}
+
+
 def test_no_module_in_src_is_over_600_lines(graph) -> None:
     lengths = {module: len(path.read_text(encoding="utf-8").splitlines()) for module, path in graph.files.items()}
     assert {module: lines for module, lines in lengths.items() if lines > MAX_MODULE_LINES} == {}
