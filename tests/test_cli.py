@@ -538,7 +538,7 @@ def test_the_default_request_on_an_rtx_4090_gets_the_answer_the_worker_gives(cli
     from fluxbooth.spec import resolve_job_spec
 
     # An endpoint set up for hour-long jobs: at the default 540 s the request is refused (the test above).
-    env = {**cli_env, "FLUXBOOTH_JOB_DEADLINE_SECONDS": "3300"}
+    env = {**cli_env, "FLUXBOOTH_JOB_DEADLINE_SECONDS": "3540"}
     # The worker's plan here is for a base model already cached.
     code, report = plan_json([*TIER_4090, "--cached"], env)
     settings = WorkerSettings.from_environ(env)

@@ -240,7 +240,7 @@ def test_validation_every_step_beyond_the_deadline_is_refused_naming_the_validat
     job = lora(steps=1000, validation_prompts=8, validation_steps=1)
     with pytest.raises(FluxboothError) as caught:
         choose_plan(job, card(80, "NVIDIA H100 80GB HBM3", host_gib=188), flux_dev, deadline_seconds=3300)
-    assert "fewer validation_prompts (8 now) or a larger validation_steps (1000 rounds of renders now)" in caught.value.message
+    assert "fewer validation_prompts (8 now; [] renders none) or a larger validation_steps (1000 rounds of renders now)" in caught.value.message
 
 
 # ---- only what the trainer runs -----------------------------------------------------------------------
