@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from fluxbooth.likeness.interface import PROXY_NOTE, ScoringInput
-from fluxbooth.likeness.scoring import UNSCORED_REASON
+from fluxbooth.likeness.interface import MAX_SCORED_PHOTOS, PROXY_NOTE, ScoringInput
+from fluxbooth.likeness.scoring import UNSCORED_REASON, evenly_spread
 from tests.conftest import REPO_ROOT
 from tests.likeness_fixtures import astronaut, cat, coffee, grace_hopper, offline_environ, save_all, tiny_dino, tiny_siglip, views, write_validation
 
@@ -152,3 +152,13 @@ def test_an_unreadable_scoring_input_writes_an_unavailable_section(tmp_path: Pat
     section = json.loads((tmp_path / "likeness.json").read_text())
     assert completed.returncode == 0 and section["status"] == "unavailable"
     assert section["reason"].startswith("scoring failed (")
+
+
+def test_a_large_dataset_is_scored_from_at_most_max_scored_photos_spread_evenly_over_it() -> None:
+    files = [Path(f"photo{index:04d}.png") for index in range(1000)]
+
+    chosen = evenly_spread(files, MAX_SCORED_PHOTOS)
+
+    assert len(chosen) == MAX_SCORED_PHOTOS and chosen[0] == files[0] and len(set(chosen)) == MAX_SCORED_PHOTOS
+    assert chosen[-1].name >= "photo0950.png"
+    assert evenly_spread(files[:5], MAX_SCORED_PHOTOS) == files[:5]

@@ -14,7 +14,7 @@ import pytest
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.hardware import GIB, hypothetical_hardware
 from fluxbooth.launch_files import trainer_config_for
-from fluxbooth.likeness.interface import STEP_LORAS_FOLDER, SUBJECT_TYPES
+from fluxbooth.likeness.interface import MAX_SCORED_PHOTOS, STEP_LORAS_FOLDER, SUBJECT_TYPES
 from fluxbooth.plan import as_job, choose_plan
 from fluxbooth.plan.memory import estimate_memory
 from fluxbooth.plan.timing import SCORING_MODEL_LOAD_SECONDS, SCORING_SECONDS_PER_IMAGE
@@ -251,3 +251,9 @@ def test_a_deadline_too_short_for_scoring_every_step_warns_and_does_not_refuse()
     plan = choose_plan(job, H100, model, deadline_seconds=deadline)
 
     assert any(warning.startswith("likeness: the job deadline leaves ≈") for warning in plan.warnings)
+
+
+def test_the_plan_counts_at_most_max_scored_photos_however_large_the_dataset() -> None:
+    scored = plan_phases(images=1000)
+
+    assert scored["scoring"] == pytest.approx(SCORING_MODEL_LOAD_SECONDS + (MAX_SCORED_PHOTOS + 2 * 3) * SCORING_SECONDS_PER_IMAGE, abs=0.1)

@@ -32,6 +32,9 @@ SUBJECT_TYPES: tuple[str, ...] = ("person", "pet", "object", "auto")
 BASE_STEP = 0
 # Under the trainer's output_dir: one LoRA per validation step when the request keeps the best step.
 STEP_LORAS_FOLDER = "step_loras"
+# The most training photos scoring reads, evenly spread over the dataset (sorted by name): enough for a centroid and
+# its leave-one-out, and a bound on the scorer's time and memory whatever the dataset's size (the planner counts it).
+MAX_SCORED_PHOTOS = 48
 SCORING_INPUT_NAME = "scoring-input.json"
 LIKENESS_RESULT_NAME = "likeness.json"
 # What every likeness section says once, whatever it holds.

@@ -22,7 +22,7 @@ from PIL import Image
 from fluxbooth.likeness.embedders import DinoEmbedder, SiglipScorer, load_dino, load_siglip
 from fluxbooth.likeness.faces import FaceEmbedder, load_face_embedder
 from fluxbooth.likeness.inputs import NothingToScore, RenderSet, folder_set, image_files, load_image, validation_sets
-from fluxbooth.likeness.interface import BASE_STEP, PROXY_NOTE, ScoringInput
+from fluxbooth.likeness.interface import BASE_STEP, MAX_SCORED_PHOTOS, PROXY_NOTE, ScoringInput
 from fluxbooth.likeness.selection import DLIB_MATCH_DISTANCE, Metric, StepEmbeddings, score_steps
 from fluxbooth.likeness.weights import DINO, SIGLIP, HubModel, ModelRecord, ModelUnavailable, resolve_weights, unavailable_record
 
@@ -164,11 +164,18 @@ def scored_section(scorers: Scorers, photos: np.ndarray, steps: Sequence[StepEmb
     }
 
 
+def evenly_spread(files: Sequence[Path], most: int) -> list[Path]:
+    """At most `most` of `files`, spread evenly from the first to the last."""
+    if len(files) <= most:
+        return list(files)
+    return [files[index * len(files) // most] for index in range(most)]
+
+
 def load_photos(folder: Path) -> list[Image.Image]:
     files = image_files(folder)
     if not files:
         raise NothingToScore(f"{folder} holds no training photos")
-    return [load_image(path) for path in files]
+    return [load_image(path) for path in evenly_spread(files, MAX_SCORED_PHOTOS)]
 
 
 def score_job(scoring_input: ScoringInput, clock: Callable[[], float] = time.time) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from dataclasses import replace
 from fluxbooth.hardware import Hardware
 from fluxbooth.contract.names import FIXED_NOISE_IMAGES, FIXED_NOISE_SIGMAS
 from fluxbooth.contract.precision import is_quantised_layer
+from fluxbooth.likeness.interface import MAX_SCORED_PHOTOS
 from fluxbooth.sizing import ModelSize, linear_stream
 from fluxbooth.plan.ema import ema_update_seconds
 from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec, pcie_link_bytes_per_second
@@ -80,7 +81,7 @@ FORWARD_SHARE_OF_TRAINING = 1 / 3
 # Likeness scoring (fluxbooth.likeness, its own process after the trainer has exited): estimates, not measured
 # yet. Per job, the process's start and its models' load (torch and transformers imported, dlib's face models
 # read, DINOv2 and SigLIP of about 0.1 and 0.2 B parameters read from disk): about 20 s. Per image it embeds (each
-# training photo once, each render of each scored round): dlib's HOG face detector on a ~1 MP image is about 0.3 s
+# training photo once, at most MAX_SCORED_PHOTOS of them, each render of each scored round): dlib's HOG face detector on a ~1 MP image is about 0.3 s
 # on one CPU core, a face descriptor 0.05 s, DINOv2 and SigLIP about 0.3 s more on the CPU together: about 1 s.
 SCORING_MODEL_LOAD_SECONDS = 20.0
 SCORING_SECONDS_PER_IMAGE = 1.0
@@ -319,7 +320,7 @@ def scoring_seconds(job: JobShape) -> float:
     embedded; 0 without likeness."""
     if not job.likeness or not job.validation_prompts:
         return 0.0
-    images = job.num_instance_images + job.validation_rounds * job.validation_prompts
+    images = min(job.num_instance_images, MAX_SCORED_PHOTOS) + job.validation_rounds * job.validation_prompts
     return SCORING_MODEL_LOAD_SECONDS + images * SCORING_SECONDS_PER_IMAGE
 
 
