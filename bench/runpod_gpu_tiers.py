@@ -70,7 +70,8 @@ def host_for(gpu_gib: int) -> tuple[str, int]:
 
 
 def plan(card: tuple[str, int, str], request: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """`plan --json` for the request on the card, at the worker's default deadline."""
+    """`plan --json` for the request on the card, at the worker's default deadline, its base model cached on the
+    worker (`--cached`: the endpoint's cached model or a volume; a first download is not in the whole job)."""
     _, gpu_gib, nvml_name = card
     host_memory, cpus = host_for(gpu_gib)
     path = folder / "request.json"
@@ -78,7 +79,7 @@ def plan(card: tuple[str, int, str], request: dict[str, Any], folder: Path) -> d
     completed = subprocess.run(
         [sys.executable, "-m", "fluxbooth", "plan", "--gpus", "1", "--gpu-memory", f"{gpu_gib}GiB",
          "--host-memory", host_memory, "--cpus", str(cpus), "--disk", "200GiB", "--gpu-name", nvml_name,
-         "--request", str(path), "--json"],
+         "--request", str(path), "--cached", "--json"],
         capture_output=True, text=True, check=False,
     )
     try:
