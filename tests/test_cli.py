@@ -353,7 +353,7 @@ def test_at_the_workers_default_deadline_the_guides_basic_request_is_refused_wit
     # The three default validation prompts, rendered by the base model and at the end, take their share.
     assert report["error"]["message"].endswith(
         "beyond the job deadline of 9 min; use about 59 steps, or fewer validation_prompts (3 now; [] renders none), "
-        "or timeout_seconds 9180 (and an endpoint execution timeout above it), or a faster GPU"
+        "or timeout_seconds 7980 (and an endpoint execution timeout above it), or a faster GPU"
     )
 
 
