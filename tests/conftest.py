@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -14,6 +17,20 @@ import pytest
 pytest_plugins = ["tests.s3server", "tests.readme_citations"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_builder_module(name: str) -> ModuleType:
+    """builder/ holds build scripts, not a package: load one by its path, once, registered in sys.modules (as
+    `builder_<name>`), where dataclasses look their module up."""
+    module_name = f"builder_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, REPO_ROOT / "builder" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def default_torch_extensions_dir() -> Path:

@@ -17,27 +17,17 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from fluxbooth.model_source import DEFAULT_BAKED_MODELS_DIR, DEFAULT_RUNPOD_MODEL_CACHE
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, load_builder_module
 
 
-def _load_builder_module(name: str) -> ModuleType:
-    """builder/ holds build scripts, not a package: load one by its path."""
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "builder" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-verify_ds_ops = _load_builder_module("verify_ds_ops")
-image_checks = _load_builder_module("image_checks")
-face_models = _load_builder_module("face_models")
-fetch_model = _load_builder_module("fetch_model")
+verify_ds_ops = load_builder_module("verify_ds_ops")
+image_checks = load_builder_module("image_checks")
+face_models = load_builder_module("face_models")
+fetch_model = load_builder_module("fetch_model")
 REQUIRED_OPS: dict[str, str] = verify_ds_ops.REQUIRED_OPS
 installed_ops = verify_ds_ops.installed_ops
 report_problems = verify_ds_ops.report_problems
@@ -199,6 +189,12 @@ def test_the_scoring_models_baked_are_the_revisions_the_worker_pins() -> None:
     assert fetch_model.SCORING_MODELS == tuple((model.repo_id, model.revision, model.patterns) for model in (DINO, SIGLIP))
 
 
+def test_the_face_models_the_build_keeps_are_the_files_scoring_loads() -> None:
+    from fluxbooth.likeness.faces import FILE_SHA256
+
+    assert sorted(face_models.FACE_MODELS_USED) == sorted(FILE_SHA256)
+
+
 def test_the_scoring_models_are_baked_on_request_into_the_cache_the_worker_reads(stages: list[list[Instruction]]) -> None:
     final = stages[2]
     assert stage_args(final)["SCORING_MODELS"] == "0"
@@ -318,7 +314,7 @@ def test_dependencies_come_before_the_source(stages: list[list[Instruction]]) ->
 def test_a_baked_model_is_fetched_with_the_files_the_worker_downloads() -> None:
     from fluxbooth.model_source import PIPELINE_FILE_PATTERNS
 
-    assert sorted(_load_builder_module("fetch_model").COMPONENT_PATTERNS) == sorted(PIPELINE_FILE_PATTERNS)
+    assert sorted(load_builder_module("fetch_model").COMPONENT_PATTERNS) == sorted(PIPELINE_FILE_PATTERNS)
 
 
 def test_pips_downloads_stay_in_a_build_cache_not_in_a_layer(stages: list[list[Instruction]]) -> None:

@@ -13,32 +13,20 @@ rebuild only what changed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
-from types import ModuleType
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import load_builder_module
 
 pytestmark = pytest.mark.slow
 
 
-def _load_image_builder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("image_builder", REPO_ROOT / "builder" / "image.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-image_builder = _load_image_builder()
+image_builder = load_builder_module("image")
 RESULT_MARK = "fluxbooth.result: result "
 TORCH_PROBE = "import atexit, sys; atexit.register(lambda: print('TORCH_IMPORTED', 'torch' in sys.modules, flush=True)); "
 # The largest the image may be unpacked, without a baked model (issue 35).

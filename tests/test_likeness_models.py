@@ -7,10 +7,8 @@ pins, the hub), not quality tests; their numbers mean nothing. The hub is tests/
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -19,17 +17,9 @@ from PIL import Image
 from fluxbooth.likeness.embedders import load_dino, load_siglip
 from fluxbooth.artifacts import sha256_file
 from fluxbooth.likeness.weights import DINO, SIGLIP, ModelUnavailable, resolve_weights
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, load_builder_module
 from tests.hub_server import HubRepo, HubServer, folder_files, running_hub
 from tests.likeness_fixtures import offline_environ, tiny_dino, tiny_siglip
-
-
-def _load_builder_module(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"builder_{name}", REPO_ROOT / "builder" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +89,7 @@ def test_the_pinned_revision_is_downloaded_held_to_its_sha256_and_found_in_the_c
 def test_a_model_baked_by_the_image_build_is_found_offline_in_the_baked_cache(
     tmp_path: Path, hub: HubServer, tiny_models: dict[str, Path]
 ) -> None:
-    fetch_model = _load_builder_module("fetch_model")
+    fetch_model = load_builder_module("fetch_model")
     commit = hub.add_repo(HubRepo(DINO.repo_id)).add_commit(folder_files(tiny_models["dino"]))
     pinned = dataclasses.replace(DINO, revision=commit, sha256=sha256_file(tiny_models["dino"] / "model.safetensors"))
     baked = tmp_path / "models"
@@ -135,8 +125,6 @@ def test_the_pins_are_full_commits_and_sha256_digests() -> None:
 
 
 def test_the_environment_page_names_both_override_variables() -> None:
-    from tests.conftest import REPO_ROOT
-
     page = (REPO_ROOT / "docs" / "environment.md").read_text()
     assert all(f"`{model.override_variable}`" in page for model in (DINO, SIGLIP))
 

@@ -24,13 +24,19 @@ PROMPTS = ("a photo of sks woman", "sks woman on a beach")
 FIDELITY_PROMPTS = ("a photo of woman", "woman on a beach")
 
 
-def run_scoring(tmp_path: Path, scoring_input: ScoringInput) -> dict:
+def run_scoring_process(tmp_path: Path, scoring_input: ScoringInput) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The scoring process as the job runs it, on `scoring_input`; (the finished process, its output path)."""
     input_path, output_path = tmp_path / "scoring-input.json", tmp_path / "likeness.json"
     scoring_input.write(input_path)
     environment = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
     completed = subprocess.run([sys.executable, "-m", "fluxbooth.likeness", "--input", str(input_path), "--output", str(output_path)],
                                capture_output=True, text=True, timeout=300, env=environment, cwd=REPO_ROOT)
     assert completed.returncode == 0, completed.stderr
+    return completed, output_path
+
+
+def run_scoring(tmp_path: Path, scoring_input: ScoringInput) -> dict:
+    _, output_path = run_scoring_process(tmp_path, scoring_input)
     return json.loads(output_path.read_text())
 
 
@@ -75,14 +81,10 @@ def test_a_person_job_is_scored_at_every_step_and_the_earliest_good_step_chosen(
 
 def test_face_descriptors_are_never_written_or_logged_only_the_section_leaves_the_process(tmp_path: Path) -> None:
     scoring_input = person_job(tmp_path, portrait_steps(), final_step=300)
-    input_path, output_path = tmp_path / "scoring-input.json", tmp_path / "likeness.json"
-    scoring_input.write(input_path)
-    before = {path for path in tmp_path.rglob("*")}
-    environment = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
-    completed = subprocess.run([sys.executable, "-m", "fluxbooth.likeness", "--input", str(input_path), "--output", str(output_path)],
-                               capture_output=True, text=True, timeout=300, env=environment, cwd=REPO_ROOT)
+    before = {path for path in tmp_path.rglob("*")} | {tmp_path / "scoring-input.json"}
 
-    assert completed.returncode == 0, completed.stderr
+    completed, output_path = run_scoring_process(tmp_path, scoring_input)
+
     assert {path for path in tmp_path.rglob("*")} - before == {output_path}
     # A 128-number descriptor, printed or logged, would show as a run of numbers; the section holds a handful each.
     longest_run = max((len(re.findall(r"-?\d+\.\d+", line)) for line in (completed.stdout + completed.stderr).splitlines()), default=0)
