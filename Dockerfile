@@ -11,7 +11,9 @@
 # of image, not the multi-GB dependency layers.
 #
 # Build arguments (docs/image.md):
-#   SCORING_MODELS=1          bakes the likeness scoring models (DINOv2, SigLIP) into /models
+#   SCORING_MODELS=1          bakes the likeness scoring models (DINOv2, SigLIP) into /models (1/0, true/false,
+#                             yes/no, on/off; anything else fails the build)
+#   BASE_MODEL, BASE_MODEL_REVISION  a hub id baked into /models, at that branch, tag or commit
 #   BUILD_BASE, RUNTIME_BASE  the two stages' images: Debian 12 (bookworm, Python 3.11) by default. Any Debian
 #                             or Ubuntu image with apt works (this file installs Python itself); use the same
 #                             release for both stages.
@@ -128,15 +130,20 @@ WORKDIR /app
 
 # Optional: a base model baked into the image, as a Hugging Face cache under /models (FLUXBOOTH_BAKED_MODELS_DIR).
 # The token is a build secret, never a build arg, so no layer keeps it.
+# BASE_MODEL_REVISION pins the branch, tag or commit baked (unset: the default branch as it is at build time).
+# The values go to fetch_model.py as `--model=VALUE`, never as words of their own, so a value starting with
+# `--` is refused as no hub id instead of read as an option.
 ARG BASE_MODEL=""
+ARG BASE_MODEL_REVISION=""
 COPY builder/fetch_model.py ./builder/
 RUN --mount=type=secret,id=hf_token \
-    if [ -n "$BASE_MODEL" ]; then python builder/fetch_model.py "$BASE_MODEL" /models; fi
+    python builder/fetch_model.py --model="$BASE_MODEL" --revision="$BASE_MODEL_REVISION" /models
 ENV FLUXBOOTH_BASE_MODEL=${BASE_MODEL:-black-forest-labs/FLUX.1-dev}
 # Optional: the likeness scoring models (DINOv2-small and SigLIP-base, Apache-2.0) at their pinned
 # revisions, in the same cache, so a worker without network scores pets and objects and prompt fidelity.
 ARG SCORING_MODELS=0
-RUN if [ "$SCORING_MODELS" = 1 ]; then python builder/fetch_model.py --scoring /models; fi
+# 1/0, true/false, yes/no, on/off (any case); fetch_model.py fails the build on any other value.
+RUN python builder/fetch_model.py --scoring-models="$SCORING_MODELS" /models
 
 # The source, last.
 COPY pyproject.toml README.md NOTICE handler.py test_input.json ./

@@ -21,7 +21,7 @@ from typing import IO, Any
 import runpod
 
 from fluxbooth.errors import ErrorCode, FluxboothError, error_for_the_wire
-from fluxbooth.job import run_job
+from fluxbooth.job.run import run_job
 from fluxbooth.progress import ProgressBar, ProgressSink
 from fluxbooth.redaction import RedactingFilter, Redactor
 from fluxbooth.runpod_log import keep_jobs_out_of_the_sdk_log, without_url_queries
@@ -43,17 +43,19 @@ def runs_locally() -> bool:
     return not os.environ.get("RUNPOD_WEBHOOK_POST_OUTPUT")
 
 
-async def handler(job: Any) -> dict[str, Any]:
+async def handler(job: object) -> dict[str, Any]:
     """One job in, its result out in RunPod's wire shape (`error` a JSON string, see `error_for_the_wire`)."""
     result = error_for_the_wire(await _result_for(job))
     if runs_locally():
         # The SDK's own "Job result" line is withheld (fluxbooth.runpod_log); this one, for the local test
         # mode's user, shows the result whole but for its URLs' query strings (a presigned URL's signature).
-        logging.getLogger("fluxbooth.result").info("result %s", without_url_queries(json.dumps(result, sort_keys=True)))
+        logging.getLogger("fluxbooth.job.result").info(
+            "result %s", without_url_queries(json.dumps(result, sort_keys=True))
+        )
     return result
 
 
-async def _result_for(job: Any) -> dict[str, Any]:
+async def _result_for(job: object) -> dict[str, Any]:
     if not isinstance(job, dict):
         return FluxboothError(ErrorCode.INVALID_INPUT, "job: expected a JSON object with `id` and `input`").to_result()
     try:
@@ -98,7 +100,7 @@ def worker_config(start_check: StartCheck | None = None) -> dict[str, Any]:
         return {"handler": handler, "concurrency_modifier": one_job_at_a_time}
     checked = start_check
 
-    async def handler_after_start_check(job: Any) -> dict[str, Any]:
+    async def handler_after_start_check(job: object) -> dict[str, Any]:
         if checked.failures:
             return error_for_the_wire(checked.unfit_result())
         return await handler(job)
@@ -116,13 +118,18 @@ def configure_logging(settings: WorkerSettings, stream: IO[str] | None = None, l
 def failed_start_checks() -> list[str]:
     """The doctor's checks, once, before the worker takes its first job: each one that failed, as
     "<check>: <what is wrong>", every result logged."""
-    from fluxbooth.doctor import FAIL, worker_start_checks
+    from fluxbooth.job.doctor import FAIL, worker_start_checks
 
     results = worker_start_checks(os.environ)
     log = logging.getLogger("fluxbooth.start")
     for result in results:
-        log.log(logging.ERROR if result.status == FAIL else logging.INFO, "%-5s %s: %s",
-                result.status.upper(), result.name, result.detail)
+        log.log(
+            logging.ERROR if result.status == FAIL else logging.INFO,
+            "%-5s %s: %s",
+            result.status.upper(),
+            result.name,
+            result.detail,
+        )
     failed = [f"{result.name}: {result.detail}" for result in results if result.status == FAIL]
     if failed:
         log.error("the worker cannot train; it answers every job with worker_unfit: %s", " | ".join(failed))

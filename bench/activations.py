@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from diffusers import FluxTransformer2DModel
 
-from fluxbooth.sizing import model_size_from_configs
 from fluxbooth.plan import JobShape, activation_bytes, image_tokens
+from fluxbooth.sizing import model_size_from_configs
 
 HEAD_DIM = 128
 TEXT_TOKENS = 512
@@ -108,7 +108,11 @@ def peak_bytes(shape: Shape, dtype: torch.dtype, checkpointing: bool) -> tuple[i
     model = build(shape, dtype, checkpointing)
     arguments = inputs(shape, dtype)
     model(**arguments)[0].float().square().mean().backward()
-    grads = sum(parameter.grad.numel() * parameter.grad.element_size() for parameter in model.parameters() if parameter.grad is not None)
+    grads = sum(
+        parameter.grad.numel() * parameter.grad.element_size()
+        for parameter in model.parameters()
+        if parameter.grad is not None
+    )
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
         output = model(**arguments)[0]
         output.float().square().mean().backward()
@@ -141,13 +145,20 @@ def predicted_peak(shape: Shape, dtype: torch.dtype, checkpointing: bool) -> int
     size = model_size_from_configs(
         "scaled",
         shape.config(),
-        {"vocab_size": 1, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 0, "max_position_embeddings": 1},
+        {
+            "vocab_size": 1,
+            "hidden_size": 8,
+            "intermediate_size": 8,
+            "num_hidden_layers": 0,
+            "max_position_embeddings": 1,
+        },
         {"vocab_size": 1, "d_model": JOINT_DIM, "d_kv": 1, "d_ff": 1, "num_layers": 0, "num_heads": 1},
         {"block_out_channels": [8], "layers_per_block": 1, "latent_channels": 16},
         source="config",
     )
     job = JobShape(resolution=(shape.resolution, shape.resolution), gradient_checkpointing=checkpointing)
-    return sum(activation_bytes(size, job, "no" if dtype == torch.float32 else "bf16").values())
+    every = 1 if checkpointing else 0
+    return sum(activation_bytes(size, job, "no" if dtype == torch.float32 else "bf16", every).values())
 
 
 def main() -> None:
@@ -174,12 +185,22 @@ def main() -> None:
                 predicted = predicted_peak(shape, torch.bfloat16, checkpointing)
                 rows_peak.append((heads, resolution, checkpointing, peak, grads, predicted))
                 print(
-                    json.dumps({"heads": heads, "resolution": resolution, "checkpointing": checkpointing,
-                                "measured_peak": peak, "weight_grads": grads, "predicted": predicted,
-                                "seconds": round(time.monotonic() - started, 1)}),
+                    json.dumps(
+                        {
+                            "heads": heads,
+                            "resolution": resolution,
+                            "checkpointing": checkpointing,
+                            "measured_peak": peak,
+                            "weight_grads": grads,
+                            "predicted": predicted,
+                            "seconds": round(time.monotonic() - started, 1),
+                        }
+                    ),
                     flush=True,
                 )
-    machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    machine = (
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    )
     lines = [
         SECTION_BEGIN,
         "### Activations (bench/activations.py, CPU)",

@@ -24,8 +24,8 @@ from urllib.parse import unquote, urlsplit
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "src")]
 
-from tests.factories import make_zip, to_base64  # noqa: E402
-from tests.photos import blurred, encoded, portrait, textured_photo, two_people  # noqa: E402
+from tests.support.factories import make_zip, to_base64  # noqa: E402
+from tests.support.photos import blurred, encoded, portrait, textured_photo, two_people  # noqa: E402
 
 DOCS = REPO_ROOT / "docs" / "report"
 PNGS = ("loss.png", "samples.png", "dataset.png")
@@ -48,21 +48,33 @@ def members() -> list[tuple[str, bytes]]:
 
 def job_input() -> dict[str, Any]:
     return {
-        "model_name": "sks-woman", "base_model": "fluxbooth/tiny-flux", "training_type": "lora", "lora_rank": 4,
-        "dataset": to_base64(make_zip(members())), "instance_prompt": "a photo of sks woman",
-        "steps": 12, "learning_rate": 1e-3, "lr_scheduler": "cosine", "lr_warmup_steps": 2, "checkpointing_steps": 6,
-        "resolution": "256x256", "seed": 3, "validation_prompts": ["a photo of sks woman", "sks woman reading in a garden"],
+        "model_name": "sks-woman",
+        "base_model": "fluxbooth/tiny-flux",
+        "training_type": "lora",
+        "lora_rank": 4,
+        "dataset": to_base64(make_zip(members())),
+        "instance_prompt": "a photo of sks woman",
+        "steps": 12,
+        "learning_rate": 1e-3,
+        "lr_scheduler": "cosine",
+        "lr_warmup_steps": 2,
+        "checkpointing_steps": 6,
+        "resolution": "256x256",
+        "seed": 3,
+        "validation_prompts": ["a photo of sks woman", "sks woman reading in a garden"],
         "validation_steps": 4,
     }
 
 
 def main() -> None:
-    from fluxbooth.job import run_job
+    from fluxbooth.job.run import run_job
     from fluxbooth.settings import WorkerSettings
 
     with tempfile.TemporaryDirectory() as scratch:
         env = {
-            **os.environ, "FLUXBOOTH_WORK_DIR": f"{scratch}/work", "FLUXBOOTH_OUTPUT_DIR": f"{scratch}/out",
+            **os.environ,
+            "FLUXBOOTH_WORK_DIR": f"{scratch}/work",
+            "FLUXBOOTH_OUTPUT_DIR": f"{scratch}/out",
             "FLUXBOOTH_CACHE_DIR": os.environ.get("FLUXBOOTH_CACHE_DIR", f"{scratch}/cache"),
         }
         result = asyncio.run(run_job(job_input(), job_id="capture", settings=WorkerSettings.from_environ(env)))
@@ -72,7 +84,16 @@ def main() -> None:
         for artifact in result["artifacts"]:
             if artifact["name"] in {f"report/{name}" for name in PNGS}:
                 shutil.copyfile(unquote(urlsplit(artifact["uri"]).path), DOCS / Path(artifact["name"]).name)
-    print(json.dumps({"warnings": result["warnings"], "checks": result["dataset"]["checks"], "seconds": result["metrics"]["seconds"]}, indent=1))
+    print(
+        json.dumps(
+            {
+                "warnings": result["warnings"],
+                "checks": result["dataset"]["checks"],
+                "seconds": result["metrics"]["seconds"],
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -38,7 +38,10 @@ def seconds_per_step(threads: int) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "DS_ACCELERATOR": "cpu"}
     completed = subprocess.run(
         [sys.executable, "-c", STEP_TIMER, str(PARAMETERS), str(STEPS)],
-        env=env, capture_output=True, text=True, check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return float(json.loads(completed.stdout.strip().splitlines()[-1]))
 
@@ -55,7 +58,9 @@ def main() -> None:
         "| OMP_NUM_THREADS | seconds per step | slowdown vs all cores |",
         "|---:|---:|---:|",
     ]
-    lines += [f"| {threads} | {timings[threads]:.3f} | {timings[threads] / timings[cores]:.2f}× |" for threads in counts]
+    lines += [
+        f"| {threads} | {timings[threads]:.3f} | {timings[threads] / timings[cores]:.2f}× |" for threads in counts
+    ]
     table = "\n".join(lines)
     print(table)
     write_section(table, SECTION)

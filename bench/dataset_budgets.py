@@ -27,7 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "src")]
 
 from bench.overhead import write_section  # noqa: E402
-from tests.hostile_zips import (  # noqa: E402
+from tests.support.hostile_zips import (  # noqa: E402
     MiB,
     deflated,
     flat_png,
@@ -49,13 +49,17 @@ def bytes_written_by_this_thread() -> int:
 def run_attack(name: str, archive: bytes, work: Path, **fields: object) -> str:
     from fluxbooth.dataset import prepare_dataset
     from fluxbooth.errors import FluxboothError
-    from fluxbooth.request import parse_request
+    from fluxbooth.request.model import parse_request
     from fluxbooth.settings import DatasetLimits
 
-    request = parse_request({
-        "model_name": "bench", "instance_prompt": "a photo of sks", "dataset": base64.b64encode(archive).decode(),
-        **fields,
-    })
+    request = parse_request(
+        {
+            "model_name": "bench",
+            "instance_prompt": "a photo of sks",
+            "dataset": base64.b64encode(archive).decode(),
+            **fields,
+        }
+    )
     written, cpu = bytes_written_by_this_thread(), time.thread_time()
     try:
         prepared = prepare_dataset(request, work / name.replace(" ", "-"), DatasetLimits())

@@ -26,7 +26,11 @@ FAMILY_MODELS = (
     ("FLUX.2 [klein] 9B", "black-forest-labs/FLUX.2-klein-9B"),
     ("FLUX.2 [dev]", "black-forest-labs/FLUX.2-dev"),
 )
-TIERS = (("RTX 4090", 24, "NVIDIA GeForce RTX 4090"), ("L40S", 48, "NVIDIA L40S"), ("H100 SXM", 80, "NVIDIA H100 80GB HBM3"))
+TIERS = (
+    ("RTX 4090", 24, "NVIDIA GeForce RTX 4090"),
+    ("L40S", 48, "NVIDIA L40S"),
+    ("H100 SXM", 80, "NVIDIA H100 80GB HBM3"),
+)
 HEADER = (
     "| family | GPU (host assumed) | the worker's answer | strategy | GPU peak | host peak | whole job |\n"
     "|---|---|---|---|---:|---:|---:|"

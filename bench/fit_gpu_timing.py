@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from activations import replace_section  # noqa: E402 (bench/activations.py)
 
-from fluxbooth.hardware import GIB, hypothetical_hardware  # noqa: E402
-from fluxbooth.sizing import FLUX_DEV_NAME, ModelSize, model_size  # noqa: E402
+from fluxbooth.host.hardware import GIB, hypothetical_hardware  # noqa: E402
 from fluxbooth.plan import timing  # noqa: E402
 from fluxbooth.plan.memory import compute_dtype_bytes, trainable_params  # noqa: E402
 from fluxbooth.plan.types import JobShape, Strategy  # noqa: E402
+from fluxbooth.sizing import FLUX_DEV_NAME, ModelSize, model_size  # noqa: E402
 
 RUNS = Path(__file__).resolve().parent / "published_timings.json"
 SECTION_BEGIN = "<!-- published-timings:begin -->"
@@ -61,7 +61,7 @@ def job_for(run: dict[str, Any]) -> tuple[Strategy, JobShape, Any]:
         base_precision=run["base_precision"],
         use_deepspeed=False,
         mixed_precision="bf16" if capability >= (8, 0) else "fp16",
-        gradient_checkpointing=bool(run["gradient_checkpointing"]),
+        gradient_checkpointing=bool(run["gradient_checkpointing"]),  # not stated (null): none
         resolution=tuple(run["resolution"]),
         batch_size=run["batch_size"] or 1,
         gradient_accumulation_steps=run["gradient_accumulation_steps"],
@@ -72,13 +72,23 @@ def job_for(run: dict[str, Any]) -> tuple[Strategy, JobShape, Any]:
         gpus=1, gpu_memory_bytes=24 * GIB, host_memory_bytes=64 * GIB, disk_bytes=500 * GIB,
         gpu_name=run["gpu"], compute_capability=capability,
     )  # fmt: skip
-    return Strategy("lora", False, 0, "none", "none", run["base_precision"]), job, hardware
+    every = run.get("checkpoint_every", 1) if run["gradient_checkpointing"] else 0
+    return Strategy("lora", False, 0, "none", "none", run["base_precision"], checkpoint_every=every), job, hardware
 
 
 def terms_of(run: dict[str, Any], model: ModelSize) -> dict[str, float]:
     strategy, job, hardware = job_for(run)
     trainable = trainable_params(model, "lora", job.lora_rank, job.lora_targets or model.default_lora_targets)
-    return timing.step_terms(strategy, model, job, hardware, trainable, compute_dtype_bytes(job.mixed_precision))
+    terms = timing.step_terms(strategy, model, job, hardware, trainable, compute_dtype_bytes(job.mixed_precision))
+    # As if at GPU_EFFICIENCY, the basis `predicted` rescales from (timing.py uses its card's class's).
+    terms["compute"] *= class_efficiency(run) / timing.GPU_EFFICIENCY
+    return terms
+
+
+def class_efficiency(run: dict[str, Any]) -> float:
+    """timing.py's efficiency for the run's GPU class."""
+    spec = timing.gpu_spec_for(job_for(run)[2])[0]
+    return timing.gpu_efficiency(spec)
 
 
 def predicted(terms: dict[str, float], efficiency: float, dequantise: float, traffic: float = 1.0) -> float:
@@ -99,7 +109,11 @@ def implementation_traffic(run: dict[str, Any]) -> float:
 def fit(rows: list[Row]) -> tuple[float, float]:
     def loss(efficiency: float, dequantise: float) -> float:
         return sum(
-            math.log(predicted(row.terms, efficiency, dequantise, implementation_traffic(row.run)) / row.run["seconds_per_step"]) ** 2
+            math.log(
+                predicted(row.terms, efficiency, dequantise, implementation_traffic(row.run))
+                / row.run["seconds_per_step"]
+            )
+            ** 2
             for row in rows
         )
 
@@ -108,14 +122,18 @@ def fit(rows: list[Row]) -> tuple[float, float]:
 
 def previous(row: Row) -> float:
     """The planner's time before issue 21: its own dequantisation bytes at the full datasheet bandwidth."""
-    traffic = PREVIOUS_DEQUANTISE_BYTES.get(row.run["base_precision"], 0.0) / timing.DEQUANTISE_TRAFFIC_BYTES.get(row.run["base_precision"], 1.0)
+    traffic = PREVIOUS_DEQUANTISE_BYTES.get(row.run["base_precision"], 0.0) / timing.DEQUANTISE_TRAFFIC_BYTES.get(
+        row.run["base_precision"], 1.0
+    )
     return predicted(row.terms, PREVIOUS_GPU_EFFICIENCY, 1.0, traffic)
 
 
 def now(row: Row) -> float:
     """The planner's time with timing.py's constants, for the implementation that ran (its dequantisation
     bytes)."""
-    return predicted(row.terms, timing.GPU_EFFICIENCY, timing.DEQUANTISE_BANDWIDTH_EFFICIENCY, implementation_traffic(row.run))
+    return predicted(
+        row.terms, class_efficiency(row.run), timing.DEQUANTISE_BANDWIDTH_EFFICIENCY, implementation_traffic(row.run)
+    )
 
 
 def spread(ratios: list[float]) -> str:
@@ -137,7 +155,9 @@ def section(rows: list[Row], fitted: tuple[float, float]) -> str:
         "fluxbooth.plan.timing for the same GPU, resolution, T5 length, rank, batch, accumulation, checkpointing "
         "and base precision, without DeepSpeed, as the published trainers ran. 'Before' is the time model up "
         f"to issue 21 ({PREVIOUS_GPU_EFFICIENCY:.0%} of the bf16 peak, dequantisation 5 / 9 bytes per weight); "
-        f"'now' uses timing.py's GPU_EFFICIENCY = {timing.GPU_EFFICIENCY} and DEQUANTISE_BANDWIDTH_EFFICIENCY = "
+        f"'now' uses timing.py's GPU_EFFICIENCY = {timing.GPU_EFFICIENCY} (H100, H200, B200: "
+        f"DATACENTER_GPU_EFFICIENCY = {timing.DATACENTER_GPU_EFFICIENCY}, an estimate for this trainer without "
+        "torch.compile and FlashAttention 3, not fitted) and DEQUANTISE_BANDWIDTH_EFFICIENCY = "
         f"{timing.DEQUANTISE_BANDWIDTH_EFFICIENCY} (the fit over the rows marked 'fit' gives {fitted[0]:.3f} and "
         f"{fitted[1]:.3f}).",
         "",

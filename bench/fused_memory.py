@@ -32,10 +32,11 @@ from memory import (  # noqa: E402
     run_one,
 )
 
-from fluxbooth.hardware import format_bytes, probe_hardware  # noqa: E402
-from fluxbooth.sizing import model_size  # noqa: E402
+from fluxbooth.host.hardware import probe_hardware  # noqa: E402
+from fluxbooth.messages import format_bytes  # noqa: E402
 from fluxbooth.plan import plan_for_strategy  # noqa: E402
 from fluxbooth.plan.candidates import FUSED_STRATEGY  # noqa: E402
+from fluxbooth.sizing import model_size  # noqa: E402
 
 SECTION_BEGIN = "<!-- fused_memory:begin -->"
 SECTION_END = "<!-- fused_memory:end -->"
@@ -48,8 +49,11 @@ def trainer_phases_prediction(model_dir: Path, resolution: int, steps: int, work
     """The plan's host peak over the phases the trainer runs (loading to export): what the bench measures."""
     size = model_size(str(model_dir))
     plan = plan_for_strategy(
-        FUSED_STRATEGY, bench_spec(FUSED_STRATEGY, resolution, size, steps=steps),
-        probe_hardware(work, {"PATH": os.environ.get("PATH", "")}), size, instance_images=BENCH_IMAGES,
+        FUSED_STRATEGY,
+        bench_spec(FUSED_STRATEGY, resolution, size, steps=steps),
+        probe_hardware(work, {"PATH": os.environ.get("PATH", "")}),
+        size,
+        instance_images=BENCH_IMAGES,
     )
     return max(phase.host_bytes for name, phase in plan.phases if name not in WORKER_ONLY_PHASES)
 
@@ -106,14 +110,35 @@ def main() -> None:
     measurements, sizes = [], {}
     for name in arguments.models.split(","):
         sizes[name] = model_size(str(models[name])).transformer_params
-        item = run_one(name, models[name], FUSED_STRATEGY, RESOLUTIONS[name], arguments.steps, arguments.work_dir / "jobs", "glibc default")
-        predicted = trainer_phases_prediction(models[name], RESOLUTIONS[name], arguments.steps, arguments.work_dir / "jobs")
+        item = run_one(
+            name,
+            models[name],
+            FUSED_STRATEGY,
+            RESOLUTIONS[name],
+            arguments.steps,
+            arguments.work_dir / "jobs",
+            "glibc default",
+        )
+        predicted = trainer_phases_prediction(
+            models[name], RESOLUTIONS[name], arguments.steps, arguments.work_dir / "jobs"
+        )
         item = replace(item, predicted_bytes=predicted)
         measurements.append(item)
-        print(json.dumps({"model": name, "predicted": item.predicted_bytes, "measured": item.measured_bytes,
-                          "error_percent": round(item.error * 100, 1), "peak_stage": item.peak_stage,
-                          "peak_by_stage": item.peak_by_stage, "seconds_per_step": [item.predicted_seconds_per_step, item.measured_seconds_per_step],
-                          "exit": item.returncode}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "model": name,
+                    "predicted": item.predicted_bytes,
+                    "measured": item.measured_bytes,
+                    "error_percent": round(item.error * 100, 1),
+                    "peak_stage": item.peak_stage,
+                    "peak_by_stage": item.peak_by_stage,
+                    "seconds_per_step": [item.predicted_seconds_per_step, item.measured_seconds_per_step],
+                    "exit": item.returncode,
+                }
+            ),
+            flush=True,
+        )
         if item.returncode != 0:
             print(item.log_tail, file=sys.stderr, flush=True)
     text = section(measurements, sizes)

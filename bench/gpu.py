@@ -13,9 +13,14 @@ precision the request accepts; LoRA with ZeRO-3 parameter offload on an 8 GiB ca
 (ZeRO-2, optimizer offloaded) on a reduced-depth model sized to the host RAM; the end-of-job phases
 (validation render, export) under 24 and 16 GiB; the fixed-noise learning check off and on; a full-size
 synthetic FLUX.2 [klein] 4B, LoRA on 24 and 16 GiB and its end of job. `calls()` packs them in that order
-into calls whose setup (DeepSpeed's CUDA ops, the models, built on a cold machine: `SETUP_SECONDS`) and runs
-fit `CALL_BUDGET_SECONDS`; every call is independent of the others. A run that would not finish within what is
-left of its call is skipped and named under the table.
+into calls whose setup (the models, built on a cold machine; CPU Adam, which the trainer builds: `SETUP_SECONDS`)
+and runs fit `CALL_BUDGET_SECONDS`; every call is independent of the others. A run that would not finish within
+what is left of its call is skipped and named under the table.
+
+The bench builds no DeepSpeed op itself: no plan loads a GPU op (the trainer steps torch's fused AdamW, never
+FusedAdam, which needs nvcc to match torch's CUDA), and a run whose plan offloads the optimizer (the full
+fine-tune, ZeRO-3 offload, any card where the planner chooses it) has its trainer build DeepSpeedCPUAdam into the
+worker's keyed ops folder as a job would, once per machine, in that run's loading phase.
 
 Each call writes four files under `--out` ($OUT on the device machine): `table.md` (its rows),
 `gpu-runs.jsonl` (every field of every run, its request and plan included), `setup.log` and `runs.log` (the
@@ -46,9 +51,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fluxbooth.hardware import GIB, format_bytes  # noqa: E402
 from gpu_results import merge_into, table_rows  # noqa: E402
 from gpu_runner import Nvml, RunRecord, RunSpec, dataset_zip, predict, read_result, train  # noqa: E402
+
+from fluxbooth.contract.environment import CUDA_MEMORY_FRACTION_ENV  # noqa: E402
+from fluxbooth.host.hardware import GIB  # noqa: E402
+from fluxbooth.messages import format_bytes  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CARDS_GIB = (80, 48, 24, 16)
@@ -59,7 +67,9 @@ SAFETY_SECONDS = 15.0
 TABLE, RECORDS, SETUP_LOG, RUNS_LOG = "table.md", "gpu-runs.jsonl", "setup.log", "runs.log"
 # How much of each run's worker log runs.log keeps (the end, where failures are).
 RUN_LOG_TAIL_CHARACTERS = 200_000
-# A cold machine's setup, per thing a call's runs need (estimates until a GPU call times them: setup.log).
+# A cold machine's setup, per thing a call's runs need (estimates until a GPU call times them: setup.log); "ops":
+# CPU Adam built by the trainer of the call's first run whose plan offloads the optimizer (the planner's choice
+# on some cards, so every call keeps room for it).
 SETUP_SECONDS = {"ops": 120.0, "full": 120.0, "reduced": 60.0, "klein": 90.0}
 LORA = {"training_type": "lora", "lora_rank": 16}
 
@@ -79,14 +89,25 @@ class Mode:
     klein_preset: str  # the FLUX.2 [klein] model call 4 trains
 
 
-GPU_MODE = Mode("flux1-dev", "cuda", 1024, small_resolution=512, steps=6, dry_run=False, sample_seconds=0.1, klein_preset="flux2-klein-4b")
-DRY_MODE = Mode("scaled", "cpu", 64, small_resolution=64, steps=2, dry_run=True, sample_seconds=0.5, klein_preset="tiny-flux2-klein")
+GPU_MODE = Mode(
+    "flux1-dev",
+    "cuda",
+    1024,
+    small_resolution=512,
+    steps=6,
+    dry_run=False,
+    sample_seconds=0.1,
+    klein_preset="flux2-klein-4b",
+)
+DRY_MODE = Mode(
+    "scaled", "cpu", 64, small_resolution=64, steps=2, dry_run=True, sample_seconds=0.5, klein_preset="tiny-flux2-klein"
+)
 KLEIN = "klein"  # RunSpec.model of the runs on mode.klein_preset
 
 
 def request_precisions() -> tuple[list[str], bool]:
     """The base precisions the request schema accepts ("auto" aside), and whether it has the field at all."""
-    from fluxbooth.request import TrainingRequest
+    from fluxbooth.request.model import TrainingRequest
 
     declared = TrainingRequest.model_fields.get("base_precision")
     if declared is None:
@@ -128,26 +149,48 @@ def lora_runs(call: int, cards: tuple[int, ...], precisions: list[str], has_fiel
 
 def flux1_other_runs(mode: Mode) -> list[RunSpec]:
     end_of_job = {
-        **LORA, "resolution": mode.resolution, "validation_prompts": ["a photo of sks dog"],
+        **LORA,
+        "resolution": mode.resolution,
+        "validation_prompts": ["a photo of sks dog"],
         "output_formats": ["diffusers", "comfyui"],
     }
     return [
         RunSpec(
-            "lora-zero3-offload-8GiB-512", 0, f"LoRA r16 {mode.small_resolution}², ZeRO-3 parameter offload, 8 GiB",
-            {**LORA, "resolution": mode.small_resolution, "zero_stage": 3, "offload": "cpu"}, card_gib=8,
+            "lora-zero3-offload-8GiB-512",
+            0,
+            f"LoRA r16 {mode.small_resolution}², ZeRO-3 parameter offload, 8 GiB",
+            {**LORA, "resolution": mode.small_resolution, "zero_stage": 3, "offload": "cpu"},
+            card_gib=8,
             estimate_seconds=150,
         ),
         RunSpec(
-            "full-zero2-offload-reduced", 0, "full fine-tune, ZeRO-2, optimizer offloaded, reduced depth",
+            "full-zero2-offload-reduced",
+            0,
+            "full fine-tune, ZeRO-2, optimizer offloaded, reduced depth",
             {"training_type": "full", "resolution": mode.small_resolution, "zero_stage": 2, "offload": "cpu"},
-            model="reduced", estimate_seconds=150,
+            model="reduced",
+            estimate_seconds=150,
         ),
-        RunSpec("end-of-job-24GiB", 0, "validation render + export, 24 GiB", end_of_job, card_gib=24, estimate_seconds=120),
-        RunSpec("end-of-job-16GiB", 0, "validation render + export, 16 GiB", end_of_job, card_gib=16, estimate_seconds=200),
-        RunSpec("learning-check-off", 0, f"LoRA r16 {mode.resolution}², 80 GiB", {**LORA, "resolution": mode.resolution}, card_gib=80),
         RunSpec(
-            "learning-check-on", 0, f"LoRA r16 {mode.resolution}², 80 GiB, the fixed-noise learning check on (learning_check)",
-            {**LORA, "resolution": mode.resolution, "learning_check": True}, card_gib=80, estimate_seconds=150,
+            "end-of-job-24GiB", 0, "validation render + export, 24 GiB", end_of_job, card_gib=24, estimate_seconds=120
+        ),
+        RunSpec(
+            "end-of-job-16GiB", 0, "validation render + export, 16 GiB", end_of_job, card_gib=16, estimate_seconds=200
+        ),
+        RunSpec(
+            "learning-check-off",
+            0,
+            f"LoRA r16 {mode.resolution}², 80 GiB",
+            {**LORA, "resolution": mode.resolution},
+            card_gib=80,
+        ),
+        RunSpec(
+            "learning-check-on",
+            0,
+            f"LoRA r16 {mode.resolution}², 80 GiB, the fixed-noise learning check on (learning_check)",
+            {**LORA, "resolution": mode.resolution, "learning_check": True},
+            card_gib=80,
+            estimate_seconds=150,
         ),
     ]
 
@@ -155,15 +198,32 @@ def flux1_other_runs(mode: Mode) -> list[RunSpec]:
 def klein_runs(mode: Mode) -> list[RunSpec]:
     """FLUX.2 [klein] 4B: LoRA on 24 and 16 GiB cards (the planner picks the base precision), then its end of job."""
     end_of_job = {
-        **LORA, "resolution": mode.resolution, "validation_prompts": ["a photo of sks dog"], "output_formats": ["diffusers", "comfyui"],
+        **LORA,
+        "resolution": mode.resolution,
+        "validation_prompts": ["a photo of sks dog"],
+        "output_formats": ["diffusers", "comfyui"],
     }
     return [
-        RunSpec(f"klein4b-lora-r16-{mode.resolution}-{card}GiB", 0, f"FLUX.2 [klein] 4B, LoRA r16 {mode.resolution}², plan for {card} GiB",
-                {**LORA, "resolution": mode.resolution}, card_gib=card, model=KLEIN, estimate_seconds=120)
+        RunSpec(
+            f"klein4b-lora-r16-{mode.resolution}-{card}GiB",
+            0,
+            f"FLUX.2 [klein] 4B, LoRA r16 {mode.resolution}², plan for {card} GiB",
+            {**LORA, "resolution": mode.resolution},
+            card_gib=card,
+            model=KLEIN,
+            estimate_seconds=120,
+        )
         for card in (24, 16)
     ] + [
-        RunSpec("klein4b-end-of-job-24GiB", 0, "FLUX.2 [klein] 4B, validation render + export, 24 GiB", end_of_job, card_gib=24,
-                model=KLEIN, estimate_seconds=150),
+        RunSpec(
+            "klein4b-end-of-job-24GiB",
+            0,
+            "FLUX.2 [klein] 4B, validation render + export, 24 GiB",
+            end_of_job,
+            card_gib=24,
+            model=KLEIN,
+            estimate_seconds=150,
+        ),
     ]
 
 
@@ -177,13 +237,17 @@ def sequence(mode: Mode) -> list[RunSpec]:
         # The same code path in runs that fit a CPU test: the end-of-job LoRA (training, validation render,
         # export) on the reduced-depth model (so its build is exercised too), and on tiny FLUX.2 [klein].
         ends = ("end-of-job-24GiB", "klein4b-end-of-job-24GiB")
-        return [replace(run, call=0, model="reduced" if run.model == "full" else run.model) for run in runs if run.name in ends]
+        return [
+            replace(run, call=0, model="reduced" if run.model == "full" else run.model)
+            for run in runs
+            if run.name in ends
+        ]
     return pack(runs)
 
 
 def setup_needs(run: RunSpec) -> set[str]:
-    """What a cold machine builds before `run`: DeepSpeed's CUDA ops and its model (the reduced-depth model
-    shares the full model's encoders, so it needs that one built too)."""
+    """What a cold machine builds for `run`: CPU Adam if its plan offloads the optimizer (its trainer builds it) and
+    its model (the reduced-depth model shares the full model's encoders, so it needs that one built too)."""
     return {"ops", run.model, *(("full",) if run.model == "reduced" else ())}
 
 
@@ -226,15 +290,6 @@ def timed(label: str, command: list[str], env: dict[str, str], log_dir: Path, ti
     return {"step": label, "exit": completed.returncode, "seconds": seconds, "tail": completed.stderr.strip()[-300:]}
 
 
-BUILD_OPS = """
-import deepspeed
-from deepspeed.accelerator import get_accelerator
-for name in ("FusedAdamBuilder", "CPUAdamBuilder"):
-    get_accelerator().create_op_builder(name).load()
-    print(name, "loaded", flush=True)
-"""
-
-
 def reduced_layers(host_bytes: int, mode: Mode) -> tuple[int, int]:
     """Double and single blocks (FLUX's 1:2 ratio) for a full fine-tune whose host state fits `host_bytes`:
     about 20 bytes per parameter on the host (fp32 master weights, Adam's two moments, fp32 gradients)
@@ -249,12 +304,11 @@ def reduced_layers(host_bytes: int, mode: Mode) -> tuple[int, int]:
 def setup(
     mode: Mode, work: Path, log_dir: Path, env: dict[str, str], runs: list[RunSpec]
 ) -> tuple[dict[str, Path], list[dict[str, Any]]]:
-    """Build (or reuse) the models the runs need; on a GPU also DeepSpeed's CUDA ops. The models and the timings."""
+    """Build (or reuse) the models the runs need (no DeepSpeed op: see the module docstring). The models and the
+    timings."""
     import psutil
 
-    steps = []
-    if not mode.dry_run:
-        steps.append(timed("deepspeed-ops", [sys.executable, "-c", BUILD_OPS], env, log_dir, 400))
+    steps: list[dict[str, Any]] = []
     full = work / "models" / mode.preset
     double, single = reduced_layers(psutil.virtual_memory().total, mode)
     reduced = work / "models" / f"{mode.preset}-{double}x{single}"
@@ -262,18 +316,48 @@ def setup(
     models = {"full": full, "reduced": reduced, KLEIN: klein}
     for preset, folder, needed in ((mode.preset, full, ("full", "reduced")), (mode.klein_preset, klein, (KLEIN,))):
         if any(run.model in needed for run in runs):
-            steps.append(timed(
-                f"build-{preset}", [sys.executable, "-m", "fluxbooth.synthetic", "--preset", preset, "--device", mode.device, str(folder)],
-                env, log_dir, 500,
-            ))
+            steps.append(
+                timed(
+                    f"build-{preset}",
+                    [
+                        sys.executable,
+                        "-m",
+                        "fluxbooth.synthetic",
+                        "--preset",
+                        preset,
+                        "--device",
+                        mode.device,
+                        str(folder),
+                    ],
+                    env,
+                    log_dir,
+                    500,
+                )
+            )
     if not any(run.model == "reduced" for run in runs):
         return models, steps
-    steps.append(timed(
-        f"build-reduced-{double}x{single}",
-        [sys.executable, "-m", "fluxbooth.synthetic", "--preset", mode.preset, "--device", mode.device,
-         "--layers", f"{double},{single}", "--share-encoders-with", str(full), str(reduced)],
-        env, log_dir, 300,
-    ))
+    steps.append(
+        timed(
+            f"build-reduced-{double}x{single}",
+            [
+                sys.executable,
+                "-m",
+                "fluxbooth.synthetic",
+                "--preset",
+                mode.preset,
+                "--device",
+                mode.device,
+                "--layers",
+                f"{double},{single}",
+                "--share-encoders-with",
+                str(full),
+                str(reduced),
+            ],
+            env,
+            log_dir,
+            300,
+        )
+    )
     return models, steps
 
 
@@ -296,11 +380,13 @@ def run_environment(base: dict[str, str], work: Path, spec: RunSpec, real_gpu_by
         card = int(spec.card_gib * GIB)
         env["FLUXBOOTH_GPU_MEMORY_BYTES"] = str(card)
         if card < real_gpu_bytes:
-            env["FLUXBOOTH_CUDA_MEMORY_FRACTION"] = f"{card / real_gpu_bytes:.6f}"
+            env[CUDA_MEMORY_FRACTION_ENV] = f"{card / real_gpu_bytes:.6f}"
     return env
 
 
-def run_one(spec: RunSpec, mode: Mode, models: dict[str, Path], work: Path, log_dir: Path, nvml: Nvml, timeout: float) -> RunRecord:
+def run_one(
+    spec: RunSpec, mode: Mode, models: dict[str, Path], work: Path, log_dir: Path, nvml: Nvml, timeout: float
+) -> RunRecord:
     import base64
 
     from fluxbooth.sizing import model_size
@@ -368,7 +454,10 @@ def machine(nvml: Nvml) -> tuple[str, str]:
 
     described = nvml.describe()
     if not described:
-        return "CPU", f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, DeepSpeed {deepspeed.__version__}"
+        return (
+            "CPU",
+            f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, DeepSpeed {deepspeed.__version__}",
+        )
     return described["gpu"], (
         f"driver {described['driver']}, CUDA {torch.version.cuda}, torch {torch.__version__}, DeepSpeed {deepspeed.__version__}"
     )
@@ -394,12 +483,24 @@ def row(record: RunRecord, gpu: str, versions: str, recorded: str) -> str:
     phases = ", ".join(f"{name} {seconds:.0f}" for name, seconds in record.phase_seconds.items())
     predicted_step = plan.get("predicted_seconds_per_step")
     cells = [
-        record.name, gpu, versions, recorded, record.card, record.base_precision, plan_cell(plan),
-        gib(plan.get("predicted_gpu_bytes")), gib(record.gpu_allocated_peak), gib(record.gpu_reserved_peak),
-        gib(record.nvml_used_peak), gib(plan.get("predicted_host_bytes")), gib(record.host_peak),
+        record.name,
+        gpu,
+        versions,
+        recorded,
+        record.card,
+        record.base_precision,
+        plan_cell(plan),
+        gib(plan.get("predicted_gpu_bytes")),
+        gib(record.gpu_allocated_peak),
+        gib(record.gpu_reserved_peak),
+        gib(record.nvml_used_peak),
+        gib(plan.get("predicted_host_bytes")),
+        gib(record.host_peak),
         "-" if predicted_step is None else f"{predicted_step:.2f}",
         "-" if record.seconds_per_step is None else f"{record.seconds_per_step:.2f}",
-        phases or "-", f"{record.exit_status} {record.outcome[:120]}", "; ".join(record.notes) or "-",
+        phases or "-",
+        f"{record.exit_status} {record.outcome[:120]}",
+        "; ".join(record.notes) or "-",
     ]
     return "| " + " | ".join(str(cell).replace("\n", " ").replace("|", "/") for cell in cells) + " |"
 
@@ -410,7 +511,12 @@ def call_table(call: str, rows: list[str], setup_steps: list[dict[str, Any]], sk
 
     lines = [f"Call {call} of bench/gpu.py.", ""]
     if setup_steps:
-        lines += ["Setup: " + "; ".join(f"{step['step']} exit {step['exit']} in {step['seconds']} s" for step in setup_steps) + ".", ""]
+        lines += [
+            "Setup: "
+            + "; ".join(f"{step['step']} exit {step['exit']} in {step['seconds']} s" for step in setup_steps)
+            + ".",
+            "",
+        ]
     lines += [HEADER, *rows]
     if skipped:
         lines += ["", "Not run (the call's time budget was spent; run the call again): " + ", ".join(skipped) + "."]
@@ -435,15 +541,31 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     which.add_argument("--call", type=int, help="which GPU call to run (see --list)")
     which.add_argument("--dry-run", action="store_true", help="the same code on the CPU: scaled preset, 64², two runs")
     which.add_argument("--list", action="store_true", help="print the runs of every call and exit")
-    which.add_argument("--merge", type=Path, help="merge a call's table.md (brought back from $OUT) into --results and exit")
-    parser.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
-                        help="where the logs go (default: $OUT)")
-    parser.add_argument("--work", type=Path, default=REPO / ".fluxbooth" / "gpu-bench",
-                        help="models, jobs and caches (reused while the machine stays warm)")
-    parser.add_argument("--results", type=Path, default=REPO / "bench" / "RESULTS.md", help="the markdown file the rows are merged into")
+    which.add_argument(
+        "--merge", type=Path, help="merge a call's table.md (brought back from $OUT) into --results and exit"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
+        help="where the logs go (default: $OUT)",
+    )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=REPO / ".fluxbooth" / "gpu-bench",
+        help="models, jobs and caches (reused while the machine stays warm)",
+    )
+    parser.add_argument(
+        "--results", type=Path, default=REPO / "bench" / "RESULTS.md", help="the markdown file the rows are merged into"
+    )
     parser.add_argument("--only", default=None, help="comma-separated run names (see --list)")
-    parser.add_argument("--budget-seconds", type=float, default=CALL_BUDGET_SECONDS,
-                        help="runs that would not finish within this many seconds of the start are skipped")
+    parser.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=CALL_BUDGET_SECONDS,
+        help="runs that would not finish within this many seconds of the start are skipped",
+    )
     arguments = parser.parse_args(argv)
     if arguments.call is not None and not 1 <= arguments.call <= call_count(GPU_MODE):
         parser.error(f"--call: choose 1 to {call_count(GPU_MODE)} (see --list)")

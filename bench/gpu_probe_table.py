@@ -1,151 +1,125 @@
-"""bench/gpu_probe.py's verdicts and its short table, from the report it gathered (pure: no torch)."""
+"""bench/gpu_probe.py's one table, from the report it gathered (pure: no torch)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-# The two allocator settings compared, each in its own training process: what issue 26 asks the trainer to
-# use, and the pair launch_files.py set before it (pytorch/pytorch#123548: max_split_size_mb fights expandable segments).
-ALLOCATOR_SETTINGS = {
-    "expandable": "expandable_segments:True",
-    "max-split": "max_split_size_mb:512,expandable_segments:True",
-}
 GIB = 2**30
 MIB = 2**20
+MEASURED_SECTIONS = ("resident", "swapped", "render")
 
 
 def gib(value: float | None) -> str:
     return "-" if value is None else f"{value / GIB:.2f}"
 
 
-def mib(value: float | None) -> str:
-    return "-" if value is None else f"{value / MIB:.1f}"
-
-
-def largest_difference(first: list[float], second: list[float]) -> float | None:
-    if not first or len(first) != len(second):
-        return None
-    return max(abs(a - b) for a, b in zip(first, second, strict=True))
-
-
-def compare_to_resident(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    """For each (training, variant): its largest loss and checksum differences from the training's first
-    resident run, and whether they are within the resident runs' own run-to-run difference."""
-    by_key = {(run["training"], run["variant"]): run for run in runs}
-    verdicts = {}
-    for (training, variant), run in by_key.items():
-        resident, again = by_key.get((training, "resident")), by_key.get((training, "resident-again"))
-        if resident is None or again is None or run.get("error") or resident.get("error") or again.get("error"):
-            verdicts[(training, variant)] = {"verdict": "error" if run.get("error") else "no resident pair"}
-            continue
-        tolerance = largest_difference(resident["losses"], again["losses"])
-        checksum_tolerance = abs(resident["weights_checksum"] - again["weights_checksum"])
-        loss_difference = largest_difference(resident["losses"], run["losses"])
-        checksum_difference = abs(resident["weights_checksum"] - run["weights_checksum"])
-        equal = (
-            loss_difference is not None and tolerance is not None
-            and loss_difference <= tolerance and checksum_difference <= checksum_tolerance
-        )
-        verdicts[(training, variant)] = {
-            "loss_difference": loss_difference, "loss_tolerance": tolerance,
-            "checksum_difference": checksum_difference, "checksum_tolerance": checksum_tolerance,
-            "verdict": "equal" if equal else "DIFFERS",
-        }
-    return verdicts
-
-
-def extra_blocks(runs: list[dict[str, Any]], training: str) -> str:
-    """How many blocks more the lagging swapped run held at its peak than the swapped run."""
-    by_variant = {run["variant"]: run for run in runs if run["training"] == training}
-    swapped, lagging = by_variant.get("swapped"), by_variant.get("swapped-lagging")
-    if not swapped or not lagging or not swapped.get("largest_block_bytes") or lagging.get("peak_allocated_bytes") is None:
+def ratio(measured: float | None, planned: float | None) -> str:
+    if measured is None or not planned:
         return "-"
-    extra = (lagging["peak_allocated_bytes"] - swapped["peak_allocated_bytes"]) / swapped["largest_block_bytes"]
-    return f"{extra:+.1f}"
+    return f"{measured / planned:.2f}"
+
+
+def seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def limit(value: int | None) -> str:
+    return "unlimited" if value is None else f"{value // 1024} KiB"
 
 
 def header(report: dict[str, Any]) -> list[str]:
-    environment = report["environment"]
+    """The machine, every version a number depends on, the container's limits, the import check."""
+    found = report.get("imports") or {}
+    imported = found.get("imports") or {}
     versions = ", ".join(
-        f"{name} {environment.get(name)}" for name in ("torch", "cuda", "driver", "pcie", "deepspeed", "diffusers", "peft") if environment.get(name)
+        f"{name} {imported.get(name, '-')}" for name in ("torch", "deepspeed", "diffusers", "peft", "transformers")
     )
-    return [
-        f"### GPU probe (bench/gpu_probe.py), size {report['size']}, on {environment.get('gpu')}",
-        "",
-        f"{versions}; {report['seconds'].get('total')} s in all ({', '.join(f'{k} {v} s' for k, v in report['seconds'].items() if k != 'total')}).",
-        "",
-    ]
-
-
-def pinned_lines(report: dict[str, Any]) -> list[str]:
-    lines = ["| pinned tensor | shape | stored MiB | pinned MiB (torch) | ratio |", "|---|---|---|---|---|"]
-    rows = report.get("pinned_per_tensor")
-    if isinstance(rows, dict):
-        return [f"pinned per tensor: {rows.get('error')}", ""]
-    for row in rows or []:
-        ratio = "-" if row["pinned_bytes"] is None else f"{row['pinned_bytes'] / row['stored_bytes']:.2f}"
-        lines.append(f"| {row['tensor']} | {'x'.join(map(str, row['shape']))} | {mib(row['stored_bytes'])} | {mib(row['pinned_bytes'])} | {ratio} |")
-    host = report.get("swapper_host") or {}
-    if "error" in host:
-        return [*lines, "", f"swapper host memory: {host['error']}", ""]
-    lines += [
-        "",
-        f"BlockSwapper: blocks stored {gib(host.get('stored_bytes'))} GiB, pinned (host allocator) {gib(host.get('pinned_bytes'))} GiB; "
-        f"RSS built {gib(host.get('rss_model_built'))}, swapper {gib(host.get('rss_swapper'))}, freed {gib(host.get('rss_freed'))}, "
-        f"host cache released ({host.get('host_cache_released')}) {gib(host.get('rss_released'))} GiB.",
-        "",
-    ]
-    return lines
-
-
-def transfer_lines(report: dict[str, Any]) -> list[str]:
-    speed = report.get("bandwidth") or {}
-    if "h2d_pinned" not in speed:
-        transfer = f"Bandwidth: {speed.get('skipped') or speed.get('error')}."
-    else:
-        transfer = (f"Bandwidth ({mib(speed['bytes'])} MiB): H2D pinned {speed['h2d_pinned']} GB/s, D2H pinned {speed['d2h_pinned']} GB/s, "
-                    f"H2D pageable {speed['h2d_pageable']} GB/s.")
-    lines = [transfer, "", "| quantised layer | base | GPU = CPU dequantised | max diff | codes differing | ms/layer device | ms/layer CPU |",
-             "|---|---|---|---|---|---|---|"]
-    rows = report.get("quantised")
-    if isinstance(rows, dict):
-        return [*lines, f"quantised: {rows.get('error')}", ""]
-    for row in rows or []:
-        lines.append(
-            f"| {'x'.join(map(str, row['shape']))} | {row['precision']} | {row['dequantised_equal']} | {row['max_abs_difference']:.3g} | "
-            f"{row['codes_differing']}/{row['codes_total']} | {row['ms_device']} | {row['ms_cpu']} |"
-        )
-    return [*lines, ""]
-
-
-def training_lines(report: dict[str, Any]) -> list[str]:
+    machine = ", ".join(
+        f"{name} {found[name]}" for name in ("cuda", "driver", "pcie", "python", "cpu_count") if found.get(name)
+    )
+    shm = found.get("dev_shm_bytes")
     lines = [
-        "| allocator | training | variant | vs resident | loss diff (tolerance) | alloc peak GiB | reserved peak GiB | "
-        "plan GiB (no context) | retries | most resident | extra blocks lagging | s/step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"### GPU probe (bench/gpu_probe.py), size {report['size']}, on {found.get('gpu', 'unknown')}",
+        "",
+        f"{machine}; {versions}; allocator {report.get('allocator')}; {report.get('seconds')} s in all.",
+        "",
+        f"Import check: exit {found.get('exit')}, {'ok' if found.get('ok') else 'FAILED'}"
+        f"{'' if found.get('ok') else ' (' + '; '.join(f'{k}: {v}' for k, v in imported.items() if v.startswith('FAILED')) + ')'}; "
+        f"`ulimit -l` {limit(found.get('memlock_soft'))} (hard {limit(found.get('memlock_hard'))}); "
+        f"/dev/shm {gib(shm) + ' GiB' if isinstance(shm, int) else shm}.",
+        "",
     ]
-    for label, record in (report.get("training") or {}).items():
-        if not isinstance(record, dict) or "runs" not in record:
-            lines.append(f"| {label} | {record} |")
-            continue
-        verdicts = compare_to_resident(record["runs"])
-        for run in record["runs"]:
-            verdict = verdicts[(run["training"], run["variant"])]
-            charge = run.get("predicted_training_gpu_bytes")
-            plan = None if charge is None else charge - (run.get("predicted_cuda_context_bytes") or 0)
-            difference, tolerance = verdict.get("loss_difference"), verdict.get("loss_tolerance")
-            compared = "-" if difference is None or tolerance is None else f"{difference:.3g} ({tolerance:.3g})"
-            lines.append(
-                f"| {label} (exit {record.get('exit')}) | {run['training']} | {run['variant']} | "
-                f"{run['error'][:80] if run.get('error') else verdict['verdict']} | "
-                f"{compared} | "
-                f"{gib(run.get('peak_allocated_bytes'))} | {gib(run.get('peak_reserved_bytes'))} | {gib(plan)} | "
-                f"{'-' if run.get('alloc_retries') is None else run['alloc_retries']} | {run.get('most_resident_blocks') or '-'} | "
-                f"{extra_blocks(record['runs'], run['training']) if run['variant'] == 'swapped-lagging' else '-'} | {run['seconds_per_step']:.3f} |"
-            )
+    if report.get("device") == "cpu":
+        lines += ["CPU dry run: the planner's figures are an H100's; the device's peaks need CUDA.", ""]
     return lines
+
+
+def measured_and_planned(row: dict[str, Any], section: str) -> tuple[float | None, float | None, int | None]:
+    """The measured seconds, the planner's, and the planner's GPU charge for the same phase."""
+    planned = row.get("planned") or {}
+    if section == "render":
+        return row.get("render_seconds"), planned.get("render_seconds"), planned.get("validation_gpu_bytes")
+    return row.get("seconds_per_step"), planned.get("seconds_per_step"), planned.get("training_gpu_bytes")
+
+
+def losses_against_resident(losses: list[float], resident: list[float] | None) -> str:
+    """The swapped run's largest loss difference from the resident run's (the same seed, data and kernels)."""
+    if not resident or len(resident) != len(losses):
+        return ""
+    return f" (largest difference from resident {max(abs(a - b) for a, b in zip(losses, resident, strict=True)):.3g})"
+
+
+def notes(row: dict[str, Any], section: str, resident_losses: list[float] | None) -> str:
+    parts = []
+    losses = row.get("losses")
+    if losses:
+        finite = all(math.isfinite(loss) for loss in losses)
+        against = losses_against_resident(losses, resident_losses) if section == "swapped" else ""
+        parts.append(
+            f"losses {', '.join(f'{loss:.4g}' for loss in losses)}{'' if finite else ' (NOT FINITE)'}{against}"
+        )
+    if row.get("card_cap") is not None:
+        parts.append(f"card cap {row['card_cap']:.3f} of the card")
+    if row.get("most_resident_blocks") is not None:
+        parts.append(f"most resident blocks {row['most_resident_blocks']}")
+    if row.get("host_bytes") is not None:
+        parts.append(f"blocks in host RAM {gib(row['host_bytes'])} GiB, set up in {row.get('swapper_seconds')} s")
+    if row.get("retries"):
+        parts.append(f"allocator retries {row['retries']}")
+    if row.get("build_seconds") is not None:
+        parts.append(f"built in {row['build_seconds']} s")
+    if section == "render" and row.get("images") is not None:
+        parts.append(f"images {', '.join(row['images']) or 'none'}")
+    if row.get("error"):
+        parts.append(f"ERROR {row['error'][:160]}")
+    return "; ".join(parts) or "-"
+
+
+def section_line(report: dict[str, Any], section: str) -> str:
+    row = report.get(section) or {}
+    measured, planned, charge = measured_and_planned(row, section)
+    context = (row.get("planned") or {}).get("cuda_context_bytes") or 0
+    plan_less_context = None if charge is None else charge - context
+    card = (row.get("planned") or {}).get("card_bytes")
+    return (
+        f"| {section} | {row.get('exit')} ({row.get('wall_seconds', '-')} of {row.get('budget', '-')} s) | "
+        f"{gib(card)} | {seconds(measured)} | {seconds(planned)} | "
+        f"{ratio(measured, planned)} | {gib(row.get('peak_allocated_bytes'))} | {gib(row.get('peak_reserved_bytes'))} | "
+        f"{gib(row.get('nvml_used_bytes'))} | {gib(plan_less_context)} | "
+        f"{ratio(row.get('peak_reserved_bytes'), plan_less_context)} | {notes(row, section, (report.get('resident') or {}).get('losses'))} |"
+    )
 
 
 def render_table(report: dict[str, Any]) -> str:
-    """The markdown the probe prints last and writes to table.md."""
-    return "\n".join([*header(report), *pinned_lines(report), *transfer_lines(report), *training_lines(report)]) + "\n"
+    """The markdown the probe prints last and writes to table.md: seconds are per training step (the first not
+    timed) or for the one render; the plan's GPU charge is the training (or validation) phase's, less its CUDA
+    context, against the allocator's reserved peak."""
+    lines = [
+        *header(report),
+        "| section | exit (s of budget) | card GiB (planned) | s measured | s planned | measured / planned | "
+        "peak allocated GiB | peak reserved GiB | NVML used GiB | plan GiB (less context) | reserved / plan | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *(section_line(report, section) for section in MEASURED_SECTIONS),
+    ]
+    return "\n".join(lines) + "\n"

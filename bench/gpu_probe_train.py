@@ -1,300 +1,318 @@
-"""The training half of bench/gpu_probe.py: block-swapped against resident training on a reduced-depth FLUX.1
-at full width, run in its own process so that PYTORCH_CUDA_ALLOC_CONF (read once, when CUDA starts) can differ
-between two such processes.
+"""One section of bench/gpu_probe.py, in its own process (so that the probe can stop it at its time budget, and a
+card cap set in one cannot touch the next):
 
-Three trainings, each resident twice (the second gives the resident run's own run-to-run difference), swapped
-once, and on CUDA swapped once more with the GPU made to lag behind the CPU (`torch.cuda._sleep` queued before
-every block, so the CPU runs ahead and queues block copies as far ahead as the swapper lets it):
-- `lora`: rank-16 LoRA (the trainer's `add_lora_adapter`), torch AdamW, no DeepSpeed;
-- `lora-zero2`: the same under DeepSpeed ZeRO-2 with torch's AdamW handed in (nothing compiled);
-- `full-fused`: the full fine-tune with Adafactor fused into the backward pass (`FusedBackwardAdafactor`), the
-  trained blocks swapped with `swap_trainable` and written back after every step (`release_swapped_blocks`).
+- `imports`: torch, DeepSpeed, diffusers, peft and the project's trainer and planner imported; the GPU, driver
+  and CUDA named; `ulimit -l` (RLIMIT_MEMLOCK, which caps what DeepSpeed and the swapper page-lock) and the size
+  of /dev/shm (NCCL's shared-memory transport) recorded;
+- `resident`: FLUX.1-dev built on the device with random weights, LoRA steps with the whole model on the card;
+- `swapped`: the same with the blocks streamed from host RAM (train/blockswap.py) under a 24 GiB cap (the
+  trainer's own FLUXBOOTH_CUDA_MEMORY_FRACTION, applied by train/session.limit_cuda_memory);
+- `render`: one validation image through the trainer's render loop (train/validation.render_prompts) in the
+  pipeline the mid-training renders build (FamilyOps.pipeline_on), the transformer resident.
+Each training section and the render record the planner's figures for the same job and placement beside what
+they measured. The record is rewritten after every stage: a section stopped at its budget leaves what it had.
 
-Every run starts from the same seed (weights, LoRA init, inputs) and records its per-step losses, a checksum
-of its trained weights, the allocator's peaks and retries, and the swapper's counts; the plan's training-phase
-GPU charge for the same strategy comes from `fluxbooth.plan.estimate_memory`.
-
-Usage (by bench/gpu_probe.py): python bench/gpu_probe_train.py --device cuda|cpu --size NAME --out FILE.json
+Usage (by bench/gpu_probe.py): python bench/gpu_probe_train.py --section NAME --device cuda|cpu --size NAME --record FILE.json
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import os
+import platform
+import resource
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_probe_sizes import SIZES, ProbeSize, transformer_config  # noqa: E402
+from gpu_probe_sizes import SIZES, ProbeSize  # noqa: E402
 
-TRAININGS = ("lora", "lora-zero2", "full-fused")
-LORA_RANK = 16
-LEARNING_RATE = 1e-4
-# The GPU's lag per block: longer than a block's copy at PCIe speed, so the CPU is always ahead of the GPU.
-LAG_MILLISECONDS_PER_BLOCK = 20.0
-
-
-@dataclass
-class TrainingRun:
-    training: str
-    variant: str  # resident, resident-again, swapped, swapped-lagging
-    losses: list[float] = field(default_factory=list)
-    weights_checksum: float = 0.0
-    seconds_per_step: float = 0.0
-    # Beyond what earlier runs of the process left allocated (DeepSpeed may keep references to an engine).
-    peak_allocated_bytes: int | None = None
-    peak_reserved_bytes: int | None = None
-    left_by_earlier_runs_bytes: int | None = None
-    alloc_retries: int | None = None
-    most_resident_blocks: int | None = None
-    largest_block_bytes: int | None = None
-    predicted_training_gpu_bytes: int | None = None
-    predicted_cuda_context_bytes: int | None = None
-    error: str | None = None
+SECTIONS = ("imports", "resident", "swapped", "render")
+# What the probe cannot run without; the others (peft, accelerate, transformers) are recorded too.
+REQUIRED_IMPORTS = ("torch", "deepspeed", "diffusers", "fluxbooth.train.validation", "fluxbooth.plan")
+RECORDED_IMPORTS = ("peft", "accelerate", "transformers", "pynvml")
+RENDER_PROMPT = "a photo of sks dog"
 
 
-def build_transformer(size: ProbeSize, device: torch.device, *, keep_on: torch.device | None = None) -> Any:
-    """A FLUX.1 transformer of `size`'s shape, random weights from a fixed seed, bf16, built on `device` (the
-    same weights for every run on one machine) and left on `keep_on` (default: `device`)."""
-    from diffusers import FluxTransformer2DModel
+class Record(dict[str, Any]):
+    """The section's findings, written to `path` whenever a stage adds to them."""
 
-    torch.manual_seed(0)
-    with torch.device(device):
-        transformer = FluxTransformer2DModel(**transformer_config(size))
-    transformer = transformer.to(device=keep_on or device, dtype=torch.bfloat16)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    transformer.enable_gradient_checkpointing()
-    transformer.train()
-    return transformer
+    def __init__(self, path: Path, section: str) -> None:
+        super().__init__(section=section)
+        self.path = path
+
+    def add(self, **values: Any) -> None:
+        self.update(values)
+        self.path.write_text(json.dumps(self, indent=1, default=str) + "\n")
 
 
-def make_inputs(size: ProbeSize, device: torch.device, step: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """One step's transformer inputs and flow-matching target, from a generator seeded by the step alone."""
-    generator = torch.Generator().manual_seed(1000 + step)
-    side = size.resolution // 16  # VAE (8x) then 2x2 packing
-    tokens = side * side
-    config = transformer_config(size)
+def imports_section(record: Record, size: ProbeSize, device_type: str) -> None:
+    """Each import's version or error, the container's limits, the GPU and its driver."""
+    imported: dict[str, str] = {}
+    for name in (*REQUIRED_IMPORTS, *RECORDED_IMPORTS):
+        started = time.monotonic()
+        try:
+            module = importlib.import_module(name)
+            imported[name] = f"{getattr(module, '__version__', 'ok')} ({time.monotonic() - started:.1f} s)"
+        except Exception as error:  # recorded: the table names what could not load
+            imported[name] = f"FAILED {type(error).__name__}: {str(error)[:200]}"
+    record.add(imports=imported, ok=all(not imported[name].startswith("FAILED") for name in REQUIRED_IMPORTS))
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    try:
+        shm = os.statvfs("/dev/shm")
+        shm_bytes: int | str = shm.f_blocks * shm.f_frsize
+    except OSError as error:
+        shm_bytes = f"unreadable ({error})"
+    record.add(
+        python=platform.python_version(),
+        memlock_soft=None if soft == resource.RLIM_INFINITY else soft,
+        memlock_hard=None if hard == resource.RLIM_INFINITY else hard,
+        dev_shm_bytes=shm_bytes,
+        cpu_count=os.cpu_count(),
+    )
+    record.add(**gpu_description(device_type))
 
-    def normal(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=generator).to(device=device, dtype=torch.bfloat16)
 
-    rows, columns = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
-    image_ids = torch.stack((torch.zeros_like(rows), rows, columns), dim=-1).reshape(tokens, 3).to(device, torch.bfloat16)
-    inputs = {
-        "hidden_states": normal(1, tokens, config["in_channels"]),
-        "encoder_hidden_states": normal(1, size.text_tokens, config["joint_attention_dim"]),
-        "pooled_projections": normal(1, config["pooled_projection_dim"]),
-        "timestep": torch.rand(1, generator=generator).to(device, torch.bfloat16),
-        "img_ids": image_ids,
-        "txt_ids": torch.zeros(size.text_tokens, 3, device=device, dtype=torch.bfloat16),
-        "guidance": torch.full((1,), 3.5, device=device, dtype=torch.float32),
+def gpu_description(device_type: str) -> dict[str, Any]:
+    import torch
+
+    if device_type != "cuda":
+        return {"gpu": f"none (CPU dry run, {platform.machine()})"}
+    properties = torch.cuda.get_device_properties(0)
+    described: dict[str, Any] = {
+        "gpu": properties.name,
+        "gpu_memory_bytes": properties.total_memory,
+        "cuda": torch.version.cuda,
     }
-    return inputs, normal(1, tokens, config["in_channels"])
+    try:
+        import pynvml
 
-
-def prepare(training: str, swapped: bool, size: ProbeSize, device: torch.device) -> tuple[Any, Any, Any, Any]:
-    """(transformer, the module to call, optimizer, swapper or None) for one run, set up as the trainer does."""
-    from fluxbooth.train.blockswap import BlockSwapper, attach_swapper, flux_blocks
-    from fluxbooth.train.model import add_lora_adapter, trainable_parameters
-    from fluxbooth.contract.trainer_config import LoraSettings
-
-    transformer = build_transformer(size, device, keep_on=torch.device("cpu") if swapped else device)
-    if training != "full-fused":
-        torch.manual_seed(1)
-        add_lora_adapter(transformer, LoraSettings(rank=LORA_RANK, alpha=float(LORA_RANK)))
-    swapper = None
-    if swapped:
-        swapper = BlockSwapper(flux_blocks(transformer), device, swap_trainable=training == "full-fused")
-        attach_swapper(transformer, swapper)
-        swapper.place_the_rest(transformer)
-    parameters = trainable_parameters(transformer)
-    if training == "full-fused":
-        from fluxbooth.train.fused_adafactor import FusedBackwardAdafactor
-        from fluxbooth.contract.names import OPTIMIZER_HYPERPARAMETERS
-
-        optimizer = FusedBackwardAdafactor(parameters, lr=1e-5, seed=0, max_grad_norm=1.0, **OPTIMIZER_HYPERPARAMETERS["adafactor"])
-        return transformer, transformer, optimizer, swapper
-    from fluxbooth.contract.names import OPTIMIZER_HYPERPARAMETERS
-
-    optimizer = torch.optim.AdamW(parameters, lr=LEARNING_RATE, **OPTIMIZER_HYPERPARAMETERS["adamw"])
-    if training == "lora":
-        return transformer, transformer, optimizer, swapper
-    engine = zero2_engine(transformer, optimizer, device)
-    return transformer, engine, engine, swapper
-
-
-def zero2_engine(transformer: Any, optimizer: Any, device: torch.device) -> Any:
-    """DeepSpeed ZeRO-2 over one process with torch's AdamW handed in (no DeepSpeed op is compiled)."""
-    import deepspeed
-
-    from fluxbooth.contract import deepspeed_numbers as numbers
-
-    if not torch.distributed.is_initialized():
-        from deepspeed.accelerator import get_accelerator
-
-        # A one-process group through a file store (a TCP rendezvous of one hung on the shared CPU machine);
-        # DeepSpeed then finds the group initialised and uses it.
-        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
-        store = Path(tempfile.mkdtemp(prefix="gpu-probe-")) / "process-group"
-        torch.distributed.init_process_group(
-            get_accelerator().communication_backend_name(), init_method=f"file://{store}", rank=0, world_size=1
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        described["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        described["pcie"] = (
+            f"gen {pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle)} x{pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle)}"
         )
-    config = {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        "gradient_clipping": 1.0,
-        "bf16": {"enabled": True},
-        "zero_optimization": {
-            "stage": 2, "contiguous_gradients": True, "overlap_comm": device.type == "cuda", "reduce_scatter": True,
-            "reduce_bucket_size": numbers.ZERO2_REDUCE_BUCKET_ELEMENTS, "allgather_bucket_size": numbers.ZERO2_ALLGATHER_BUCKET_ELEMENTS,
-        },
-        "zero_allow_untested_optimizer": True,
-        "steps_per_print": 10**9,
-    }
-    engine, *_ = deepspeed.initialize(model=transformer, optimizer=optimizer, config=config)
-    return engine
+    except Exception as error:  # NVML missing: named, the rest still runs
+        described["driver"] = f"unknown ({type(error).__name__})"
+    return described
 
 
-def add_lag(transformer: Any, cycles: int) -> list[Any]:
-    """A forward pre-hook on every block that queues `cycles` of GPU sleep: the GPU falls behind the CPU."""
-    from fluxbooth.train.blockswap import flux_blocks
+def training_section(record: Record, size: ProbeSize, device_type: str, *, swapped: bool) -> None:
+    """LoRA steps at `size` resident, or block-swapped under the 24 GiB cap, against the planner's figures."""
+    import torch
+    from gpu_probe_model import (
+        LEARNING_RATE,
+        SWAPPED_CARD_BYTES,
+        adapter_in_fp32,
+        add_lora,
+        build_transformer,
+        device_memory,
+        planned,
+        reset_peaks,
+        this_machine,
+        train_steps,
+    )
 
-    return [block.register_forward_pre_hook(lambda *_: torch.cuda._sleep(cycles)) for block in flux_blocks(transformer)]
-
-
-def sleep_cycles_per_millisecond(device: torch.device) -> int:
-    """How many `torch.cuda._sleep` cycles make one millisecond on this GPU (measured with events)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    cycles = 10_000_000
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    return int(cycles / max(start.elapsed_time(end), 1e-3))
-
-
-def train_steps(run: TrainingRun, size: ProbeSize, device: torch.device, lag_cycles: int) -> None:
-    """Set up, reset the allocator's counters, train `size.steps` steps; fill `run`."""
-    from fluxbooth.train.blockswap import release_swapped_blocks
+    from fluxbooth.contract.names import OPTIMIZER_HYPERPARAMETERS
+    from fluxbooth.train.blockswap import BlockSwapper, attach_swapper, flux_blocks, release_swapped_blocks
     from fluxbooth.train.model import trainable_parameters
 
-    cuda = device.type == "cuda"
-    if cuda:
+    device = torch.device(device_type)
+    record.add(planned=planned(size, this_machine(device), swapped=swapped))
+    started = time.monotonic()
+    transformer = build_transformer(size, device)
+    add_lora(transformer)
+    adapter_in_fp32(transformer)
+    record.add(build_seconds=round(time.monotonic() - started, 1))
+    swapper = None
+    if swapped:
+        started = time.monotonic()
+        # The blocks' frozen tensors are copied from the device into page-locked host memory one at a time.
+        swapper = BlockSwapper(flux_blocks(transformer), device)
+        attach_swapper(transformer, swapper)
+        swapper.place_the_rest(transformer)
         gc.collect()
-        torch.cuda.empty_cache()
-        run.left_by_earlier_runs_bytes = torch.cuda.memory_allocated()
-    transformer, model, optimizer, swapper = prepare(run.training, run.variant.startswith("swapped"), size, device)
-    hooks = add_lag(transformer, lag_cycles) if lag_cycles else []
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    retries_before = torch.cuda.memory_stats().get("num_alloc_retries", 0) if cuda else None
-    started = time.perf_counter()
-    for step in range(size.steps):
-        inputs, target = make_inputs(size, device, step)
-        prediction = model(**inputs, return_dict=False)[0]
-        loss = torch.nn.functional.mse_loss(prediction.float(), target.float())
-        if model is optimizer:  # the DeepSpeed engine
-            model.backward(loss)
-            model.step()
-        else:
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        release_swapped_blocks(transformer)
-        run.losses.append(float(loss.detach()))  # waits for the GPU: the lagging run's queue drains here
-        if step == 0:
-            started = time.perf_counter()
-    run.seconds_per_step = (time.perf_counter() - started) / max(1, size.steps - 1)
+        record.add(
+            swapper_seconds=round(time.monotonic() - started, 1),
+            host_bytes=swapper.host_bytes(),
+            largest_block_bytes=swapper.largest_block_bytes(),
+            card_cap=cap_the_card(device, SWAPPED_CARD_BYTES),
+        )
+    parameters = trainable_parameters(transformer)
+    optimizer = torch.optim.AdamW(parameters, lr=LEARNING_RATE, **OPTIMIZER_HYPERPARAMETERS["adamw"])
+    record.add(trainable_params=sum(parameter.numel() for parameter in parameters))
+    reset_peaks(device)
+    trained = train_steps(transformer, optimizer, size, device, lambda: release_swapped_blocks(transformer))
     if swapper is not None:
         swapper.release()
-        run.most_resident_blocks = swapper.statistics.most_resident
-        run.largest_block_bytes = swapper.largest_block_bytes()
-    if cuda:
-        run.peak_allocated_bytes = torch.cuda.max_memory_allocated() - (run.left_by_earlier_runs_bytes or 0)
-        run.peak_reserved_bytes = torch.cuda.max_memory_reserved()
-        run.alloc_retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries_before
-    for hook in hooks:
-        hook.remove()
-    with torch.no_grad():
-        run.weights_checksum = float(sum(parameter.detach().double().abs().sum().cpu() for parameter in trainable_parameters(transformer)))
-    del transformer, model, optimizer, swapper
-    gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
+        trained["most_resident_blocks"] = swapper.statistics.most_resident
+    record.add(**trained, **device_memory(device))
 
 
-def predicted_charge(run: TrainingRun, size: ProbeSize, device: torch.device) -> None:
-    """The plan's training-phase GPU bytes (and its CUDA-context share) for the run's strategy and shape."""
-    from fluxbooth.hardware import GIB, hypothetical_hardware
-    from fluxbooth.plan import JobShape, Strategy, estimate_memory
-    from gpu_probe_sizes import model_size_of
+def cap_the_card(device: Any, card_bytes: int) -> float | None:
+    """The trainer's card emulation (FLUXBOOTH_CUDA_MEMORY_FRACTION through train/session.limit_cuda_memory),
+    applied once the model is built and its blocks are in host RAM; the fraction applied (None on the CPU)."""
+    import torch
 
-    swapped = run.variant.startswith("swapped")
-    strategy = {
-        "lora": Strategy("lora", False, 0, "none", "none", block_swap=swapped),
-        "lora-zero2": Strategy("lora", True, 2, "none", "none", block_swap=swapped),
-        "full-fused": Strategy("full", False, 0, "none", "none", block_swap=swapped, fused_backward_pass=True),
-    }[run.training]
-    job = JobShape(
-        training_type=strategy.training_type, lora_rank=LORA_RANK, resolution=(size.resolution, size.resolution),
-        max_sequence_length=size.text_tokens, optimizer="adafactor" if run.training == "full-fused" else "adamw",
+    from fluxbooth.contract.environment import CUDA_MEMORY_FRACTION_ENV
+    from fluxbooth.train.session import limit_cuda_memory
+
+    if device.type != "cuda":
+        return None
+    torch.cuda.empty_cache()
+    fraction = card_bytes / torch.cuda.get_device_properties(device).total_memory
+    return limit_cuda_memory({CUDA_MEMORY_FRACTION_ENV: f"{min(fraction, 1.0):.6f}"})
+
+
+@dataclass(frozen=True)
+class RenderAccelerator:
+    device: Any
+
+
+@dataclass(frozen=True)
+class RenderBase:
+    ops: Any
+
+
+@dataclass(frozen=True)
+class RenderSession:
+    """What `render_prompts` reads of the trainer's session: its config, its device, the base's family ops."""
+
+    config: Any
+    accelerator: RenderAccelerator
+    base: RenderBase
+
+
+def render_section(record: Record, size: ProbeSize, device_type: str) -> None:
+    """One image through train/validation.render_prompts, the pipeline built as the mid-training rounds build it,
+    its seconds and peak against the planner's render time and validation-phase charge."""
+    import torch
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
+    from gpu_probe_model import add_lora, build_transformer, device_memory, planned, reset_peaks, this_machine
+    from gpu_probe_sizes import scheduler_config, transformer_config, vae_config
+
+    from fluxbooth.train.validation import RenderTarget, render_prompts
+
+    device = torch.device(device_type)
+    record.add(planned=planned(size, this_machine(device), swapped=False))
+    started = time.monotonic()
+    transformer = build_transformer(size, device)
+    add_lora(transformer)
+    transformer.eval()
+    torch.manual_seed(2)
+    with torch.device(device):
+        vae = AutoencoderKL(**vae_config(size)).to(torch.bfloat16)
+    record.add(build_seconds=round(time.monotonic() - started, 1))
+    work = Path(tempfile.mkdtemp(prefix="gpu-probe-render-"))
+    state = render_state(size, device, work, transformer_config(size))
+    pipeline = state.session.base.ops.pipeline_on(
+        device, scheduler=FlowMatchEulerDiscreteScheduler(**scheduler_config()), vae=vae, transformer=transformer
     )
-    gpu_bytes = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 80 * GIB
-    hardware = hypothetical_hardware(gpus=1, gpu_memory_bytes=gpu_bytes, host_memory_bytes=128 * GIB, disk_bytes=64 * GIB)
-    estimate = estimate_memory(strategy, model_size_of(size), job, hardware, "bf16")
-    run.predicted_training_gpu_bytes = estimate.phase_gpu_bytes.get("training")
-    run.predicted_cuda_context_bytes = estimate.breakdown.get("gpu.cuda_context", 0)
+    pipeline.set_progress_bar_config(disable=True)
+    reset_peaks(device)
+    started = time.monotonic()
+    folder = work / "output" / "validation" / "probe"
+    render_prompts(state, pipeline, RenderTarget(folder, 0, "validation_probe"), dtype=torch.bfloat16, writes=True)
+    seconds = time.monotonic() - started
+    images = sorted(folder.glob("*.png"))
+    record.add(
+        render_seconds=round(seconds, 2),
+        images=[f"{path.name} ({path.stat().st_size} bytes)" for path in images],
+        **device_memory(device),
+    )
 
 
-def variants(device: torch.device) -> tuple[str, ...]:
-    # The CPU has no queue to fall behind on: the lagging run needs CUDA.
-    return ("resident", "resident-again", "swapped", "swapped-lagging") if device.type == "cuda" else ("resident", "resident-again", "swapped")
+def render_state(size: ProbeSize, device: Any, work: Path, transformer: dict[str, Any]) -> Any:
+    """A TrainerState holding what render_prompts reads: a trainer config of one validation prompt at the
+    probe's size, the FLUX.1 family's ops (from a model_index.json), the prompt's embeddings (random)."""
+    import diffusers
+    import torch
+
+    from fluxbooth.contract.buckets import Resolution
+    from fluxbooth.contract.settings_groups import Memory, Optimisation, Prompts, Sampling, Validation
+    from fluxbooth.contract.trainer_config import TrainerConfig
+    from fluxbooth.train.base_model import ops_for
+    from fluxbooth.train.state import CachedData, EncodedPrompts, TrainerState
+
+    base = work / "base"
+    base.mkdir(parents=True)
+    (base / "model_index.json").write_text(
+        json.dumps({"_class_name": "FluxPipeline", "_diffusers_version": diffusers.__version__})
+    )
+    config = TrainerConfig(
+        base_model=str(base),
+        instance_dir=str(work / "instance"),
+        class_dir=None,
+        output_dir=str(work / "output"),
+        cache_dir=str(work / "cache"),
+        resolution=Resolution(fixed=(size.resolution, size.resolution)),
+        training_type="lora",
+        prompts=Prompts(instance_prompt=RENDER_PROMPT),
+        optimisation=Optimisation(steps=1, learning_rate=1e-4, batch_size=1, gradient_accumulation_steps=1, seed=0),
+        sampling=Sampling(
+            max_sequence_length=size.text_tokens,
+            validation_inference_steps=size.render_steps,
+            validation_guidance_scale=3.5,
+            class_image_inference_steps=size.render_steps,
+        ),
+        memory=Memory(
+            mixed_precision="bf16",
+            checkpoint_every=1,
+            zero_stage=0,
+            offload_optimizer="none",
+            offload_param="none",
+        ),
+        validation=Validation(prompts=(RENDER_PROMPT,)),
+    )
+    generator = torch.Generator().manual_seed(3)
+    embeddings = EncodedPrompts(
+        prompts=[RENDER_PROMPT],
+        prompt_embeds=torch.randn(1, size.text_tokens, transformer["joint_attention_dim"], generator=generator),
+        pooled_prompt_embeds=torch.randn(1, transformer["pooled_projection_dim"], generator=generator),
+    )
+    session = RenderSession(config, RenderAccelerator(device), RenderBase(ops_for(base)))
+    # The cache stage's other fields (the encoded image sets) are not read by a render.
+    data = CachedData(instance_set=None, class_set=None, validation_prompts=embeddings, released_before_training=[])  # type: ignore[arg-type]
+    return TrainerState(session=session, data=data)  # type: ignore[arg-type]
 
 
-def write_record(out: Path, runs: list[TrainingRun]) -> None:
-    """The runs so far (rewritten after each: a process stopped at its deadline still leaves its rows)."""
-    record = {"alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "torch": torch.__version__, "runs": [asdict(run) for run in runs]}
-    out.write_text(json.dumps(record, indent=1) + "\n")
-
-
-def run_matrix(size: ProbeSize, device: torch.device, only: tuple[str, ...], out: Path) -> list[TrainingRun]:
-    lag_cycles = int(LAG_MILLISECONDS_PER_BLOCK * sleep_cycles_per_millisecond(device)) if device.type == "cuda" else 0
-    runs = []
-    for training in only:
-        for variant in variants(device):
-            run = TrainingRun(training, variant)
-            try:
-                predicted_charge(run, size, device)
-                train_steps(run, size, device, lag_cycles if variant == "swapped-lagging" else 0)
-            except Exception as error:  # a failed run is a finding: recorded, the others still run
-                run.error = f"{type(error).__name__}: {str(error)[:300]}"
-            print(json.dumps(asdict(run)), flush=True)
-            runs.append(run)
-            write_record(out, runs)
-    return runs
+def run_section(section: str, record: Record, size: ProbeSize, device_type: str) -> None:
+    runs: dict[str, Callable[[], None]] = {
+        "imports": lambda: imports_section(record, size, device_type),
+        "resident": lambda: training_section(record, size, device_type, swapped=False),
+        "swapped": lambda: training_section(record, size, device_type, swapped=True),
+        "render": lambda: render_section(record, size, device_type),
+    }
+    runs[section]()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="bench/gpu_probe.py's training matrix (one allocator setting)")
+    parser = argparse.ArgumentParser(description="one section of bench/gpu_probe.py")
+    parser.add_argument("--section", choices=SECTIONS, required=True)
     parser.add_argument("--device", choices=("cuda", "cpu"), required=True)
     parser.add_argument("--size", choices=sorted(SIZES), required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--trainings", default=",".join(TRAININGS))
+    parser.add_argument("--record", type=Path, required=True)
     arguments = parser.parse_args(argv)
-    device = torch.device(arguments.device)
-    runs = run_matrix(SIZES[arguments.size], device, tuple(arguments.trainings.split(",")), arguments.out)
-    return 0 if all(run.error is None for run in runs) else 1
+    record = Record(arguments.record, arguments.section)
+    started = time.monotonic()
+    try:
+        run_section(arguments.section, record, SIZES[arguments.size], arguments.device)
+    except Exception as error:  # recorded: the table shows the section's error, the next section still runs
+        traceback.print_exc()
+        record.add(error=f"{type(error).__name__}: {str(error)[:300]}")
+    record.add(seconds=round(time.monotonic() - started, 1))
+    return 1 if "error" in record or record.get("ok") is False else 0
 
 
 if __name__ == "__main__":

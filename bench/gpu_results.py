@@ -13,8 +13,24 @@ import re
 BEGIN, END = "<!-- gpu:begin -->", "<!-- gpu:end -->"
 SECTION_TITLE = "### GPU: the worker on a full-size synthetic FLUX.1-dev (bench/gpu.py)"
 COLUMNS = (
-    "run", "GPU", "versions", "recorded", "card", "base", "plan", "GPU pred GiB", "alloc peak", "reserved peak",
-    "NVML used peak", "host pred GiB", "host peak (PSS)", "s/step pred", "s/step", "phases (s)", "exit", "notes",
+    "run",
+    "GPU",
+    "versions",
+    "recorded",
+    "card",
+    "base",
+    "plan",
+    "GPU pred GiB",
+    "alloc peak",
+    "reserved peak",
+    "NVML used peak",
+    "host pred GiB",
+    "host peak (PSS)",
+    "s/step pred",
+    "s/step",
+    "phases (s)",
+    "exit",
+    "notes",
 )
 HEADER = "| " + " | ".join(COLUMNS) + " |\n" + "|" + "---|" * len(COLUMNS)
 NOTE = (
@@ -70,4 +86,4 @@ def merge_into(results_text: str, new_rows: list[str], skipped: list[str] | None
         separator = "" if results_text.endswith("\n") or not results_text else "\n"
         return results_text + separator + "\n" + section_text(merged_rows([], new_rows), skipped) + "\n"
     rows = merged_rows(table_rows(match.group(0)), new_rows)
-    return results_text[: match.start()] + section_text(rows, skipped) + results_text[match.end():]
+    return results_text[: match.start()] + section_text(rows, skipped) + results_text[match.end() :]

@@ -159,7 +159,7 @@ def parse_trainer_event(line: str) -> dict[str, Any] | None:
         index = line.find(prefix)
         if index >= 0:
             try:
-                payload = json.loads(line[index + len(prefix):])
+                payload = json.loads(line[index + len(prefix) :])
             except ValueError:
                 return None
             return payload if isinstance(payload, dict) and isinstance(payload.get("event"), str) else None
@@ -214,7 +214,9 @@ def dataset_zip(count: int, side: int, seed: int = 0) -> bytes:
     return archive.getvalue()
 
 
-def run_command(command: list[str], env: dict[str, str], log_path: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+def run_command(
+    command: list[str], env: dict[str, str], log_path: Path, timeout: float
+) -> subprocess.CompletedProcess[str]:
     completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     log_path.write_text(completed.stdout + "\n--- stderr ---\n" + completed.stderr)
     return completed
@@ -223,7 +225,10 @@ def run_command(command: list[str], env: dict[str, str], log_path: Path, timeout
 def predict(request_path: Path, env: dict[str, str], folder: Path) -> dict[str, Any]:
     """`python -m fluxbooth plan --json` for the request, as the worker would plan it here."""
     completed = run_command(
-        [sys.executable, "-m", "fluxbooth", "plan", "--json", "--request", str(request_path)], env, folder / "plan.log", 300
+        [sys.executable, "-m", "fluxbooth", "plan", "--json", "--request", str(request_path)],
+        env,
+        folder / "plan.log",
+        300,
     )
     try:
         report = json.loads(completed.stdout)
@@ -235,8 +240,16 @@ def predict(request_path: Path, env: dict[str, str], folder: Path) -> dict[str, 
         return {"error": f"{error.get('code', 'error')}: {str(error.get('message', report))[:300]}"}
     plan = report["plan"]
     keys = (
-        "training_type", "use_deepspeed", "zero_stage", "offload_optimizer", "offload_param", "base_precision",
-        "predicted_gpu_bytes", "predicted_host_bytes", "predicted_seconds_per_step", "cache_encoders_on_cpu",
+        "training_type",
+        "use_deepspeed",
+        "zero_stage",
+        "offload_optimizer",
+        "offload_param",
+        "base_precision",
+        "predicted_gpu_bytes",
+        "predicted_host_bytes",
+        "predicted_seconds_per_step",
+        "cache_encoders_on_cpu",
     )
     return {key: plan[key] for key in keys if key in plan}
 
@@ -250,7 +263,13 @@ def _kill_group(pid: int, record: RunRecord) -> None:
 
 
 def train(
-    request_path: Path, env: dict[str, str], folder: Path, record: RunRecord, nvml: Nvml, timeout: float, interval: float
+    request_path: Path,
+    env: dict[str, str],
+    folder: Path,
+    record: RunRecord,
+    nvml: Nvml,
+    timeout: float,
+    interval: float,
 ) -> dict[str, Any]:
     """Run the worker on the request; fill `record` with what the samplers and events show; the result JSON."""
     events = EventLog()
@@ -259,7 +278,12 @@ def train(
         process = subprocess.Popen(
             # --verbose: the worker's log, the trainer's events included, on stderr.
             [sys.executable, "-m", "fluxbooth", "train", str(request_path), "--job-id", record.name, "--verbose"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            start_new_session=True,
         )
         stdout_chunks: list[str] = []
         reader = threading.Thread(target=lambda: stdout_chunks.append(process.stdout.read() if process.stdout else ""))

@@ -2,7 +2,7 @@
 accelerator, through the real path: the worker's config files, `accelerate launch`, the trainer.
 
 Two models, both FLUX.1 architecture with random weights, built here (no download):
-- `tiny`: fluxbooth.tiny's pipeline (135 k transformer parameters) — the process baseline dominates;
+- `tiny`: fluxbooth.synthetic.tiny's pipeline (135 k transformer parameters) — the process baseline dominates;
 - `scaled`: the same encoders and VAE with a wider, deeper transformer (about 70 M parameters),
   so the model states the planner predicts (weights, fp32 master, Adam, gradients) are a large
   part of the peak.
@@ -21,8 +21,8 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,15 +34,17 @@ from typing import Any
 
 import psutil
 
-from fluxbooth.launch_files import child_environment, trainer_config_for, write_launch_files
 from fluxbooth.contract.events import EVENT_MARKER
-from fluxbooth.hardware import format_bytes, probe_hardware
-from fluxbooth.launch import trainer_command
-from fluxbooth.sizing import model_size
+from fluxbooth.host.hardware import probe_hardware
+from fluxbooth.job.launch import trainer_command
+from fluxbooth.job.launch_files import child_environment, trainer_config_for, write_launch_files
+from fluxbooth.job.op_builds import extensions_dir
+from fluxbooth.messages import format_bytes
 from fluxbooth.plan import Strategy, plan_for_strategy
-from fluxbooth.request import parse_request
+from fluxbooth.request.model import parse_request
+from fluxbooth.request.spec import JobSpec, resolve_job_spec
 from fluxbooth.settings import WorkerSettings
-from fluxbooth.spec import JobSpec, resolve_job_spec
+from fluxbooth.sizing import model_size
 
 SECTION_BEGIN = "<!-- memory:begin -->"
 SECTION_END = "<!-- memory:end -->"
@@ -104,7 +106,7 @@ def build_models(root: Path) -> dict[str, Path]:
     import torch
     from diffusers import FluxTransformer2DModel
 
-    from fluxbooth.tiny import TRANSFORMER_CONFIG, build_tiny_pipeline
+    from fluxbooth.synthetic.tiny import TRANSFORMER_CONFIG, build_tiny_pipeline
 
     tiny = build_tiny_pipeline(root / "tiny")
     scaled = root / "scaled"
@@ -179,7 +181,9 @@ class TreeSampler:
             time.sleep(SAMPLE_SECONDS)
 
 
-def predicted_host_bytes(plan_bytes: int, strategy: Strategy, spec: JobSpec, hardware: Any, size: Any, allocator: str) -> int:
+def predicted_host_bytes(
+    plan_bytes: int, strategy: Strategy, spec: JobSpec, hardware: Any, size: Any, allocator: str
+) -> int:
     """The plan's prediction; with glibc's mmap threshold fixed, less the allocator-retention term
     (which models glibc's default behaviour and is what the worker ships with)."""
     if allocator == "glibc default":
@@ -211,7 +215,10 @@ def bench_spec(strategy: Strategy, resolution: int, size: Any, **fields: Any) ->
 def run_one(
     model_name: str, model_dir: Path, strategy: Strategy, resolution: int, steps: int, work: Path, allocator: str
 ) -> Measurement:
-    job_dir = work / f"{model_name}-{strategy.training_type}-z{strategy.zero_stage}-{strategy.offload_optimizer}-{strategy.offload_param}"
+    job_dir = (
+        work
+        / f"{model_name}-{strategy.training_type}-z{strategy.zero_stage}-{strategy.offload_optimizer}-{strategy.offload_param}"
+    )
     shutil.rmtree(job_dir, ignore_errors=True)
     instance_dir = job_dir / "data" / "instance"
     make_images(instance_dir, BENCH_IMAGES, resolution)
@@ -223,17 +230,21 @@ def run_one(
         spec, plan, base_model=str(model_dir), instance_dir=instance_dir, class_dir=None, job_dir=job_dir
     )
     files = write_launch_files(job_dir, plan, trainer)
-    extensions = Path(
-        os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "fluxbooth" / "torch_extensions"
-    )
+    extensions = extensions_dir(WorkerSettings.from_environ(os.environ))
     env = child_environment(plan, os.environ, cpu_count=hardware.cpu_count, torch_extensions_dir=extensions)
     env.update(ALLOCATOR_VARIANTS[allocator])
     command = trainer_command(files, plan, hardware.cpu_count)
     started = time.monotonic()
     with (job_dir / "trainer.log").open("w") as log:
         process = subprocess.Popen(
-            command, cwd=job_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            errors="replace", start_new_session=True,
+            command,
+            cwd=job_dir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
         )
         with TreeSampler(process.pid) as sampler:
             deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
@@ -242,7 +253,7 @@ def run_one(
                 log.write(line)
                 if line.startswith(EVENT_MARKER):
                     try:
-                        event = json.loads(line[len(EVENT_MARKER):])
+                        event = json.loads(line[len(EVENT_MARKER) :])
                     except ValueError:
                         event = {}
                     if event.get("event") == "stage":

@@ -1,5 +1,5 @@
 """NF4 with double quantisation, fluxbooth's against bitsandbytes' (CPU backend): the block-absmax and
-weight errors on Gaussian, heavy-tailed (Student-t) and outlier weights (tests/nf4_reference.py), and the
+weight errors on Gaussian, heavy-tailed (Student-t) and outlier weights (tests/support/nf4_reference.py), and the
 quantise time of each. Prints the markdown table of docs/quantisation.md.
 
 Usage: .venv/bin/python bench/nf4_accuracy.py [--rows 3072 --columns 3072]
@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from tests import nf4_reference  # noqa: E402
+from tests.support import nf4_reference  # noqa: E402
 
 
 def timed(function: object, weight: torch.Tensor) -> tuple[nf4_reference.Nf4Errors, float]:
@@ -37,7 +37,9 @@ def main(argv: list[str]) -> int:
         f"{args.rows} x {args.columns} bf16 weights; torch {torch.__version__}, bitsandbytes {bitsandbytes.__version__}, "
         f"{platform.machine()}, {torch.get_num_threads()} threads\n"
     )
-    print("| weights | absmax error, mean (ours / bnb) | absmax error, worst block | weight RMSE | quantise + dequantise s |")
+    print(
+        "| weights | absmax error, mean (ours / bnb) | absmax error, worst block | weight RMSE | quantise + dequantise s |"
+    )
     print("|---|---|---|---|---|")
     for kind in nf4_reference.KINDS:
         weight = nf4_reference.sample_weight(kind, args.rows, args.columns)

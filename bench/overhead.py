@@ -73,14 +73,18 @@ def measure_dataset(work: Path) -> tuple[float, float]:
     import base64
 
     from fluxbooth.dataset import prepare_dataset
-    from fluxbooth.request import parse_request
+    from fluxbooth.request.model import parse_request
     from fluxbooth.settings import DatasetLimits
 
     archive = photo_like_zip(DATASET_IMAGES, DATASET_SIDE)
-    request = parse_request({
-        "model_name": "bench", "dataset": base64.b64encode(archive).decode(), "instance_prompt": "a photo of sks",
-        "resolution": "1024x1024",
-    })
+    request = parse_request(
+        {
+            "model_name": "bench",
+            "dataset": base64.b64encode(archive).decode(),
+            "instance_prompt": "a photo of sks",
+            "resolution": "1024x1024",
+        }
+    )
     counter = iter(range(1000))
     ours = median_seconds(lambda: prepare_dataset(request, work / f"job{next(counter)}", DatasetLimits()), 3)
     plain = median_seconds(lambda: plain_unzip_and_decode(archive, work / f"plain{next(counter)}"), 3)
@@ -92,29 +96,42 @@ def measure_upload(work: Path) -> tuple[float, float]:
     from botocore.config import Config
     from moto.server import ThreadedMotoServer
 
-    from fluxbooth.artifacts import sha256_file
     from fluxbooth.settings import BucketSettings
-    from fluxbooth.storage import S3Store
+    from fluxbooth.storage.artifacts import sha256_file
+    from fluxbooth.storage.s3 import S3Store
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
         host, port = server.get_host_and_port()
         bucket = BucketSettings(
-            endpoint_url=f"http://{host}:{port}", access_key_id="bench", secret_access_key="bench-secret",
-            bucket="bench", region="us-east-1", prefix="bench", presign_seconds=3600,
+            endpoint_url=f"http://{host}:{port}",
+            access_key_id="bench",
+            secret_access_key="bench-secret",
+            bucket="bench",
+            region="us-east-1",
+            prefix="bench",
+            presign_seconds=3600,
         )
         plain_client = boto3.client(
-            "s3", endpoint_url=bucket.endpoint_url, aws_access_key_id="bench", aws_secret_access_key="bench-secret",
-            region_name="us-east-1", config=Config(s3={"addressing_style": "path"}),
+            "s3",
+            endpoint_url=bucket.endpoint_url,
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench-secret",
+            region_name="us-east-1",
+            config=Config(s3={"addressing_style": "path"}),
         )
         plain_client.create_bucket(Bucket="bench")
         payload = work / "weights.safetensors"
         payload.write_bytes(os.urandom(UPLOAD_BYTES))
         store = S3Store(bucket, "bench/job")
         # The worker hashes once for the result anyway; the comparison includes it, as a job pays it.
-        ours = median_seconds(lambda: store.upload(payload, "weights.safetensors", sha256=sha256_file(payload)), UPLOAD_REPEATS)
-        plain = median_seconds(lambda: plain_client.upload_file(str(payload), "bench", "plain/weights.safetensors"), UPLOAD_REPEATS)
+        ours = median_seconds(
+            lambda: store.upload(payload, "weights.safetensors", sha256=sha256_file(payload)), UPLOAD_REPEATS
+        )
+        plain = median_seconds(
+            lambda: plain_client.upload_file(str(payload), "bench", "plain/weights.safetensors"), UPLOAD_REPEATS
+        )
         return ours, plain
     finally:
         server.stop()
@@ -141,8 +158,16 @@ def main() -> None:
         upload_ours, upload_plain = measure_upload(Path(scratch))
     rows = [
         ("cold import: `import handler` vs `import runpod`", import_ours, import_plain),
-        (f"dataset: prepare_dataset vs unzip + PIL decode ({DATASET_IMAGES} JPEGs, {DATASET_SIDE}²)", dataset_ours, dataset_plain),
-        (f"upload: S3Store.upload (+sha256, verify, presign) vs boto3 upload_file ({UPLOAD_BYTES // 2**20} MiB, moto)", upload_ours, upload_plain),
+        (
+            f"dataset: prepare_dataset vs unzip + PIL decode ({DATASET_IMAGES} JPEGs, {DATASET_SIDE}²)",
+            dataset_ours,
+            dataset_plain,
+        ),
+        (
+            f"upload: S3Store.upload (+sha256, verify, presign) vs boto3 upload_file ({UPLOAD_BYTES // 2**20} MiB, moto)",
+            upload_ours,
+            upload_plain,
+        ),
     ]
     lines = [
         "## Worker overhead (`bench/overhead.py`)",

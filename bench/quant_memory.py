@@ -4,7 +4,7 @@ The model: the `scaled` FLUX-architecture transformer of bench/memory.py (about 
 weights, stored in bf16 like FLUX.1's checkpoints), built here offline.
 
 Each precision runs in a fresh process, which measures its own resident memory (RSS) above a baseline
-taken after a warm-up: the same load and training step on the tiny FLUX model (fluxbooth.tiny). The first
+taken after a warm-up: the same load and training step on the tiny FLUX model (fluxbooth.synthetic.tiny). The first
 training step of a process leaves 30-40 MiB resident that no model term owns and that does not grow with the
 model: libtorch's backward and optimizer code paged in (file-backed, about 23 MiB) and runtime state
 allocated once (autograd's and oneDNN's, about 15-20 MiB anonymous). Without the warm-up that constant was
@@ -102,7 +102,14 @@ def train_lora(model: Any, before_first_step: Any = None) -> int:
     from fluxbooth.contract.names import DEFAULT_LORA_TARGET_MODULES
 
     model.requires_grad_(False)
-    model.add_adapter(LoraConfig(r=LORA_RANK, lora_alpha=LORA_RANK, init_lora_weights="gaussian", target_modules=list(DEFAULT_LORA_TARGET_MODULES)))
+    model.add_adapter(
+        LoraConfig(
+            r=LORA_RANK,
+            lora_alpha=LORA_RANK,
+            init_lora_weights="gaussian",
+            target_modules=list(DEFAULT_LORA_TARGET_MODULES),
+        )
+    )
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
     for parameter in trainable:
         parameter.data = parameter.data.float()
@@ -155,10 +162,10 @@ def training_inputs(config: Any) -> dict[str, Any]:
 
 
 def predicted(model_dir: Path, precision: str, work: Path) -> dict[str, int]:
-    from fluxbooth.hardware import probe_hardware
-    from fluxbooth.sizing import model_size
+    from fluxbooth.host.hardware import probe_hardware
     from fluxbooth.plan.memory import estimate_memory, frozen_base_bytes, layer_being_quantised
     from fluxbooth.plan.types import JobShape, Strategy
+    from fluxbooth.sizing import model_size
 
     size = model_size(str(model_dir))
     stored = sum(frozen_base_bytes(size, precision, 2).values())
@@ -213,7 +220,9 @@ def error(measured: int, expected: int) -> float:
 def section(rows: list[tuple[str, list[dict[str, int]], dict[str, int]]], parameters: int) -> str:
     import torch
 
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, Python {platform.python_version()}"
+    machine = (
+        f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, Python {platform.python_version()}"
+    )
     runs = len(rows[0][1])
     lines = [
         SECTION_BEGIN,
@@ -235,7 +244,9 @@ def section(rows: list[tuple[str, list[dict[str, int]], dict[str, int]]], parame
         for phase in PHASES_SHOWN:
             measured = " / ".join(mib(run[phase]) for run in measured_runs)
             errors = " / ".join(f"{error(run[phase], expected[phase]):+.1%}" for run in measured_runs)
-            lines.append(f"| {precision} | {phase.replace('_', ' ')} | {measured} | {mib(expected[phase])} | {errors} |")
+            lines.append(
+                f"| {precision} | {phase.replace('_', ' ')} | {measured} | {mib(expected[phase])} | {errors} |"
+            )
     lines += [
         "",
         f"Pass condition: stored and training peaks within {AGREEMENT:.0%} of the prediction in every run. The load "
@@ -267,7 +278,11 @@ def main() -> int:
             measured_runs = [run_child(models["scaled"], models["tiny"], precision) for _ in range(arguments.repeat)]
             rows.append((precision, measured_runs, expected))
             for measured in measured_runs:
-                print(precision, {phase: (mib(measured[phase]), mib(expected[phase])) for phase in PHASES_SHOWN}, flush=True)
+                print(
+                    precision,
+                    {phase: (mib(measured[phase]), mib(expected[phase])) for phase in PHASES_SHOWN},
+                    flush=True,
+                )
         from fluxbooth.sizing import model_size
 
         text = section(rows, model_size(str(models["scaled"])).transformer_params)

@@ -25,6 +25,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "src")]
 
 from bench.overhead import write_section  # noqa: E402
+from fluxbooth.job.op_builds import extensions_dir  # noqa: E402
+from fluxbooth.settings import WorkerSettings  # noqa: E402
 
 DEFAULT_PAIRS = 3
 
@@ -63,10 +65,13 @@ def timed_run(side: str, env: dict[str, str]) -> tuple[float, dict[str, float]]:
 def main(pairs: int) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         env = {
-            **os.environ, "FLUXBOOTH_WORK_DIR": f"{scratch}/work", "FLUXBOOTH_OUTPUT_DIR": f"{scratch}/out",
-            "FLUXBOOTH_CACHE_DIR": os.environ.get("FLUXBOOTH_CACHE_DIR", f"{scratch}/cache"), "RUNPOD_LOG_LEVEL": "ERROR",
+            **os.environ,
+            "FLUXBOOTH_WORK_DIR": f"{scratch}/work",
+            "FLUXBOOTH_OUTPUT_DIR": f"{scratch}/out",
+            "FLUXBOOTH_CACHE_DIR": os.environ.get("FLUXBOOTH_CACHE_DIR", f"{scratch}/cache"),
+            "RUNPOD_LOG_LEVEL": "ERROR",
             # DeepSpeed's CPU ops, built once per machine (minutes), not once per run.
-            "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "fluxbooth" / "torch_extensions")),
+            "TORCH_EXTENSIONS_DIR": str(extensions_dir(WorkerSettings.from_environ(os.environ))),
         }
         timed_run("with", env)  # builds the tiny model and warms the caches, not counted
         runs: dict[str, list[tuple[float, dict[str, float]]]] = {"with": [], "without": []}
@@ -75,7 +80,9 @@ def main(pairs: int) -> None:
                 runs[side].append(timed_run(side, env))
     walls = {side: [wall for wall, _ in results] for side, results in runs.items()}
     shares = [(seconds["checks"] + seconds["report"]) / seconds["total"] for _, seconds in runs["with"]]
-    pairs_added = [with_wall / without_wall - 1 for with_wall, without_wall in zip(walls["with"], walls["without"], strict=True)]
+    pairs_added = [
+        with_wall / without_wall - 1 for with_wall, without_wall in zip(walls["with"], walls["without"], strict=True)
+    ]
     lines = [
         "## The check and the report in the demo job (`bench/report_overhead.py`)",
         "",
@@ -85,12 +92,21 @@ def main(pairs: int) -> None:
         "",
         "| worker | wall s per run | median |",
         "|---|---|---:|",
-        *(f"| {side} the check and the report | {', '.join(f'{wall:.1f}' for wall in walls[side])} | {statistics.median(walls[side]):.1f} |"
-          for side in ("with", "without")),
+        *(
+            f"| {side} the check and the report | {', '.join(f'{wall:.1f}' for wall in walls[side])} | {statistics.median(walls[side]):.1f} |"
+            for side in ("with", "without")
+        ),
         "",
         "The measurement: the two stages' share of each full run's own time (`metrics.seconds`, checks + report over "
         f"total): {', '.join(f'{100 * share:.1f} %' for share in shares)}. Seconds of each stage in those runs: "
-        + "; ".join(", ".join(f"{name} {value:.2f}" for name, value in seconds.items() if name in ("checks", "report", "train", "total")) for _, seconds in runs["with"])
+        + "; ".join(
+            ", ".join(
+                f"{name} {value:.2f}"
+                for name, value in seconds.items()
+                if name in ("checks", "report", "train", "total")
+            )
+            for _, seconds in runs["with"]
+        )
         + ".",
         "",
         f"The pairs' wall times differ by {', '.join(f'{100 * added:+.1f} %' for added in pairs_added)} (with against "

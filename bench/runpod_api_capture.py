@@ -87,8 +87,13 @@ def main() -> None:
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     moto.start()
     moto_url = "http://{}:{}".format(*moto.get_host_and_port())
-    boto3.client("s3", endpoint_url=moto_url, aws_access_key_id=ACCESS_KEY_ID,
-                 aws_secret_access_key=SECRET_ACCESS_KEY, region_name="us-east-1").create_bucket(Bucket=BUCKET)
+    boto3.client(
+        "s3",
+        endpoint_url=moto_url,
+        aws_access_key_id=ACCESS_KEY_ID,
+        aws_secret_access_key=SECRET_ACCESS_KEY,
+        region_name="us-east-1",
+    ).create_bucket(Bucket=BUCKET)
     received: list[Any] = []
     webhook = start_webhook_receiver(received)
     webhook_url = f"http://127.0.0.1:{webhook.server_address[1]}/fluxbooth-done"
@@ -108,7 +113,11 @@ def main() -> None:
     log = (work / "api.log").open("wb")
     server = subprocess.Popen(
         [sys.executable, "handler.py", "--rp_serve_api", "--rp_api_host", "127.0.0.1", "--rp_api_port", str(port)],
-        cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -117,7 +126,7 @@ def main() -> None:
         print("### request: POST /runsync", json.dumps(invalid))
         show("POST /runsync (invalid job)", *post(f"{base}/runsync", invalid))
         demo = json.loads((REPO_ROOT / "test_input.json").read_text())["input"]
-        print(f"### request: POST /run with the demo job (test_input.json) and \"webhook\": \"{webhook_url}\"")
+        print(f'### request: POST /run with the demo job (test_input.json) and "webhook": "{webhook_url}"')
         status, queued = post(f"{base}/run", {"input": demo, "webhook": webhook_url})
         show("POST /run", status, queued)
         started = time.monotonic()

@@ -42,23 +42,35 @@ CARDS = (
     ("RTX 6000 Ada", 48, "NVIDIA RTX 6000 Ada Generation"),
     ("A100 PCIe", 80, "NVIDIA A100 80GB PCIe"),
     ("A100 SXM", 80, "NVIDIA A100-SXM4-80GB"),
-    ("H100 PCIe", 80, "NVIDIA H100 PCIe"),
     ("H100 SXM", 80, "NVIDIA H100 80GB HBM3"),
-    ("H100 NVL", 94, "NVIDIA H100 NVL"),
     ("H200", 141, "NVIDIA H200"),
 )
 GUIDE_BASIC = {
-    "model_name": "my_dreambooth_model", "dataset": "base64_encoded_dataset_zip",
-    "instance_prompt": "a photo of sks person", "class_prompt": "a photo of a person",
-    "steps": 2000, "learning_rate": 2e-6, "batch_size": 1, "use_deepspeed": True,
+    "model_name": "my_dreambooth_model",
+    "dataset": "base64_encoded_dataset_zip",
+    "instance_prompt": "a photo of sks person",
+    "class_prompt": "a photo of a person",
+    "steps": 2000,
+    "learning_rate": 2e-6,
+    "batch_size": 1,
+    "use_deepspeed": True,
 }
 GUIDE_ADVANCED = {
-    **GUIDE_BASIC, "gradient_accumulation_steps": 2, "resolution": "1024x1024", "with_prior_preservation": True,
-    "prior_loss_weight": 1.0, "num_class_images": 50, "mixed_precision": "fp16", "gradient_checkpointing": True,
+    **GUIDE_BASIC,
+    "gradient_accumulation_steps": 2,
+    "resolution": "1024x1024",
+    "with_prior_preservation": True,
+    "prior_loss_weight": 1.0,
+    "num_class_images": 50,
+    "mixed_precision": "fp16",
+    "gradient_checkpointing": True,
 }
 NO_TRAINING_TYPE = {
-    "model_name": "my-flux", "dataset_url": "https://example.com/photos.zip",
-    "instance_prompt": "a photo of sks person", "steps": 1000, "resolution": 1024,
+    "model_name": "my-flux",
+    "dataset_url": "https://example.com/photos.zip",
+    "instance_prompt": "a photo of sks person",
+    "steps": 1000,
+    "resolution": 1024,
 }
 # The deadline refusal's own words (plan/checks.py), and the changes it names after "; use ".
 _BEYOND_DEADLINE = "beyond the job deadline"
@@ -77,10 +89,31 @@ def plan(card: tuple[str, int, str], request: dict[str, Any], folder: Path) -> d
     path = folder / "request.json"
     path.write_text(json.dumps(request))
     completed = subprocess.run(
-        [sys.executable, "-m", "fluxbooth", "plan", "--gpus", "1", "--gpu-memory", f"{gpu_gib}GiB",
-         "--host-memory", host_memory, "--cpus", str(cpus), "--disk", "200GiB", "--gpu-name", nvml_name,
-         "--request", str(path), "--cached", "--json"],
-        capture_output=True, text=True, check=False,
+        [
+            sys.executable,
+            "-m",
+            "fluxbooth",
+            "plan",
+            "--gpus",
+            "1",
+            "--gpu-memory",
+            f"{gpu_gib}GiB",
+            "--host-memory",
+            host_memory,
+            "--cpus",
+            str(cpus),
+            "--disk",
+            "200GiB",
+            "--gpu-name",
+            nvml_name,
+            "--request",
+            str(path),
+            "--cached",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     try:
         return json.loads(completed.stdout)
@@ -96,7 +129,9 @@ def where(chosen: dict[str, Any]) -> str:
         placed = f"{base} offloaded to the {chosen['offload_param'].upper()}"
     else:
         placed = f"{base} on the GPU"
-    optimizer = f", optimizer on the {chosen['offload_optimizer'].upper()}" if chosen["offload_optimizer"] != "none" else ""
+    optimizer = (
+        f", optimizer on the {chosen['offload_optimizer'].upper()}" if chosen["offload_optimizer"] != "none" else ""
+    )
     return f"{placed}, ZeRO-{chosen['zero_stage']}{optimizer}"
 
 
@@ -105,7 +140,11 @@ def answer(result: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
     the deadline, the fastest strategy that fits memory and the change that would let it run."""
     if result.get("chosen"):
         close = any("the run may time out" in warning for warning in result.get("warnings", []))
-        verdict = f"starts, warned it is close to the {result['deadline_seconds'] / 60:.0f}-min deadline" if close else "trains"
+        verdict = (
+            f"starts, warned it is close to the {result['deadline_seconds'] / 60:.0f}-min deadline"
+            if close
+            else "trains"
+        )
         return verdict, result["chosen"]
     error = result.get("error") or {}
     message = str(error.get("message", "?"))
@@ -145,7 +184,10 @@ def table(request: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     if "--guide" in sys.argv[1:]:
-        for title, request in (("The guide's basic request", GUIDE_BASIC), ("The guide's advanced request", GUIDE_ADVANCED)):
+        for title, request in (
+            ("The guide's basic request", GUIDE_BASIC),
+            ("The guide's advanced request", GUIDE_ADVANCED),
+        ):
             print(f"{title}:\n")
             table(request)
             print()

@@ -38,6 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fluxbooth.job.op_builds import extensions_dir
+from fluxbooth.settings import WorkerSettings
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS = REPO_ROOT / "bench" / "RESULTS.md"
 sys.path.insert(0, str(REPO_ROOT / "bench"))
@@ -52,8 +55,6 @@ SEED = 42
 # The attention projections (what diffusers' FLUX LoRA script trains unless told otherwise); fluxbooth's
 # default also trains the feed-forward and single-block projections, so the request names these.
 LORA_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
-# Where tests/conftest.py keeps DeepSpeed's compiled ops, so the bench reuses the build.
-DEFAULT_TORCH_EXTENSIONS_DIR = Path.home() / ".cache" / "fluxbooth" / "torch_extensions"
 PROGRESS_LINE = re.compile(r"^\[(\d+):(\d\d)\] (\S+)(.*)$")
 
 
@@ -96,7 +97,9 @@ def scaled_model(cache: Path) -> Path:
     target = cache / "scaled-flux"
     subprocess.run(
         [sys.executable, "-m", "fluxbooth.synthetic", "--preset", "scaled", str(target)],
-        check=True, capture_output=True, cwd=REPO_ROOT,
+        check=True,
+        capture_output=True,
+        cwd=REPO_ROOT,
     )
     return target
 
@@ -107,11 +110,21 @@ def fluxbooth_request(model: Path, images: list[bytes]) -> dict[str, Any]:
         for index, image in enumerate(images):
             writer.writestr(f"photo{index}.jpg", image)
     return {
-        "model_name": "bench-overhead", "base_model": str(model), "dataset": base64.b64encode(archive.getvalue()).decode(),
-        "instance_prompt": PROMPT, "steps": STEPS, "learning_rate": LEARNING_RATE, "resolution": f"{SIDE}x{SIDE}",
-        "training_type": "lora", "lora_rank": RANK, "batch_size": 1, "mixed_precision": "no", "seed": SEED,
+        "model_name": "bench-overhead",
+        "base_model": str(model),
+        "dataset": base64.b64encode(archive.getvalue()).decode(),
+        "instance_prompt": PROMPT,
+        "steps": STEPS,
+        "learning_rate": LEARNING_RATE,
+        "resolution": f"{SIDE}x{SIDE}",
+        "training_type": "lora",
+        "lora_rank": RANK,
+        "batch_size": 1,
+        "mixed_precision": "no",
+        "seed": SEED,
         # What the reference writes: the diffusers LoRA file (fluxbooth's LoRA default adds a ComfyUI one).
-        "output_formats": ["diffusers"], "lora_target_modules": LORA_TARGETS,
+        "output_formats": ["diffusers"],
+        "lora_target_modules": LORA_TARGETS,
     }
 
 
@@ -138,13 +151,18 @@ def run_fluxbooth(work: Path, model: Path, images: list[bytes], index: int) -> R
     # The worker's caches persist between jobs, DeepSpeed's compiled ops above all (a first job builds
     # CPU Adam: minutes); a worker's steady state is what is compared.
     env = {
-        **os.environ, "FLUXBOOTH_WORK_DIR": str(work / "jobs"), "FLUXBOOTH_OUTPUT_DIR": str(work / "outputs"),
-        "FLUXBOOTH_CACHE_DIR": str(model.parent / "worker-cache"), "HF_HUB_OFFLINE": "1",
-        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR") or str(DEFAULT_TORCH_EXTENSIONS_DIR),
+        **os.environ,
+        "FLUXBOOTH_WORK_DIR": str(work / "jobs"),
+        "FLUXBOOTH_OUTPUT_DIR": str(work / "outputs"),
+        "FLUXBOOTH_CACHE_DIR": str(model.parent / "worker-cache"),
+        "HF_HUB_OFFLINE": "1",
+        # The ops folder the worker and the tests build into, so the bench reuses the build.
+        "TORCH_EXTENSIONS_DIR": str(extensions_dir(WorkerSettings.from_environ(os.environ))),
     }
     completed, seconds, cpu_seconds = timed(
         [sys.executable, "-m", "fluxbooth", "train", str(request), "--job-id", f"bench-{index}", "--verbose"],
-        env=env, cwd=work,
+        env=env,
+        cwd=work,
     )
     if completed.returncode != 0:
         raise RuntimeError(f"fluxbooth failed:\n{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}")
@@ -177,22 +195,24 @@ def section(references: list[Run], ours: list[Run], load: tuple[float, float]) -
     reference_step = statistics.median(second for run in references for second in run.step_seconds[1:])
     ours_step = statistics.median(second for run in ours for second in run.step_seconds[1:])
     timeline = ", ".join(f"{stage} {seconds:.0f}" for seconds, stage in ours[len(ours) // 2].timeline)
-    return "\n".join([
-        "## Trainer overhead vs a plain diffusers-style loop (`bench/trainer_overhead.py`)",
-        "",
-        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}; load average {load[0]:.1f} before, {load[1]:.1f} after (shared machine). "
-        f"Job: scaled FLUX transformer (70 M), {IMAGES} images, LoRA rank {RANK}, {SIDE}², {STEPS} steps, fp32; "
-        f"median of {len(ours)} alternating runs each.",
-        "",
-        "| | fluxbooth | reference loop | ratio |",
-        "|---|---:|---:|---:|",
-        f"| end to end, wall (s) | {ours_total:.1f} | {reference_total:.1f} | {ours_total / reference_total:.2f}× |",
-        f"| end to end, CPU (s) | {ours_cpu:.1f} | {reference_cpu:.1f} | {ours_cpu / reference_cpu:.2f}× |",
-        f"| per step, wall (s) | {ours_step:.2f} | {reference_step:.2f} | {ours_step / reference_step:.2f}× |",
-        "",
-        f"fluxbooth's timeline (s since start, stage begins): {timeline}.",
-    ])
+    return "\n".join(
+        [
+            "## Trainer overhead vs a plain diffusers-style loop (`bench/trainer_overhead.py`)",
+            "",
+            f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
+            f"{platform.python_version()}; load average {load[0]:.1f} before, {load[1]:.1f} after (shared machine). "
+            f"Job: scaled FLUX transformer (70 M), {IMAGES} images, LoRA rank {RANK}, {SIDE}², {STEPS} steps, fp32; "
+            f"median of {len(ours)} alternating runs each.",
+            "",
+            "| | fluxbooth | reference loop | ratio |",
+            "|---|---:|---:|---:|",
+            f"| end to end, wall (s) | {ours_total:.1f} | {reference_total:.1f} | {ours_total / reference_total:.2f}× |",
+            f"| end to end, CPU (s) | {ours_cpu:.1f} | {reference_cpu:.1f} | {ours_cpu / reference_cpu:.2f}× |",
+            f"| per step, wall (s) | {ours_step:.2f} | {reference_step:.2f} | {ours_step / reference_step:.2f}× |",
+            "",
+            f"fluxbooth's timeline (s since start, stage begins): {timeline}.",
+        ]
+    )
 
 
 def write_section(text: str, name: str = "trainer-overhead") -> None:
@@ -205,15 +225,20 @@ def compare(repeats: int, write: bool) -> None:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="trainer-overhead-") as scratch:
         work = Path(scratch)
-        model = scaled_model(Path(os.environ.get("FLUXBOOTH_BENCH_CACHE") or Path.home() / ".cache" / "fluxbooth" / "bench"))
+        model = scaled_model(
+            Path(os.environ.get("FLUXBOOTH_BENCH_CACHE") or Path.home() / ".cache" / "fluxbooth" / "bench")
+        )
         images = noisy_jpegs(IMAGES, SIDE + 64)
         references, ours = [], []
         for index in range(repeats):
             references.append(run_reference(work, model, images, index))
             ours.append(run_fluxbooth(work, model, images, index))
-            print(f"run {index}: reference {references[-1].seconds:.1f} s ({references[-1].cpu_seconds:.0f} CPU s, steps "
-                  f"{references[-1].step_seconds}), fluxbooth {ours[-1].seconds:.1f} s ({ours[-1].cpu_seconds:.0f} CPU s, "
-                  f"steps {ours[-1].step_seconds}, timeline {ours[-1].timeline})", flush=True)
+            print(
+                f"run {index}: reference {references[-1].seconds:.1f} s ({references[-1].cpu_seconds:.0f} CPU s, steps "
+                f"{references[-1].step_seconds}), fluxbooth {ours[-1].seconds:.1f} s ({ours[-1].cpu_seconds:.0f} CPU s, "
+                f"steps {ours[-1].step_seconds}, timeline {ours[-1].timeline})",
+                flush=True,
+            )
     text = section(references, ours, (load_before, os.getloadavg()[0]))
     print(text)
     if write:
@@ -259,14 +284,18 @@ def train(model: Path, image_dir: Path, output: Path, report: Path) -> None:
     dtype = torch.float32
     text_pipeline = FluxPipeline.from_pretrained(model, transformer=None, vae=None, torch_dtype=dtype)
     with torch.no_grad():
-        prompt_embeds, pooled_embeds, text_ids = text_pipeline.encode_prompt(PROMPT, prompt_2=None, max_sequence_length=512)
+        prompt_embeds, pooled_embeds, text_ids = text_pipeline.encode_prompt(
+            PROMPT, prompt_2=None, max_sequence_length=512
+        )
     del text_pipeline
     latents, vae_scale_factor = load_latents(model, image_dir)
 
     transformer = FluxTransformer2DModel.from_pretrained(model, subfolder="transformer", torch_dtype=dtype)
     transformer.requires_grad_(False)
     transformer.enable_gradient_checkpointing()
-    transformer.add_adapter(LoraConfig(r=RANK, lora_alpha=RANK, init_lora_weights="gaussian", target_modules=LORA_TARGETS))
+    transformer.add_adapter(
+        LoraConfig(r=RANK, lora_alpha=RANK, init_lora_weights="gaussian", target_modules=LORA_TARGETS)
+    )
     trainable = [parameter for parameter in transformer.parameters() if parameter.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=LEARNING_RATE, betas=(0.9, 0.999), weight_decay=1e-4, eps=1e-8)
     scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(model, subfolder="scheduler")
@@ -278,18 +307,27 @@ def train(model: Path, image_dir: Path, output: Path, report: Path) -> None:
         x0 = latents[step % len(latents)]
         batch, channels, height, width = x0.shape
         noise = torch.randn_like(x0)
-        u = compute_density_for_timestep_sampling(weighting_scheme="none", batch_size=batch, logit_mean=0.0, logit_std=1.0, mode_scale=1.29)
+        u = compute_density_for_timestep_sampling(
+            weighting_scheme="none", batch_size=batch, logit_mean=0.0, logit_std=1.0, mode_scale=1.29
+        )
         indices = (u * scheduler.config.num_train_timesteps).long()
         sigma = scheduler.sigmas[indices].view(batch, 1, 1, 1)
         packed = FluxPipeline._pack_latents((1.0 - sigma) * x0 + sigma * noise, batch, channels, height, width)
         img_ids = FluxPipeline._prepare_latent_image_ids(batch, height // 2, width // 2, x0.device, dtype)
         with torch.autocast("cpu", enabled=False):
             prediction = transformer(
-                hidden_states=packed.to(dtype), timestep=(scheduler.timesteps[indices] / 1000).to(dtype), guidance=guidance,
-                pooled_projections=pooled_embeds, encoder_hidden_states=prompt_embeds, txt_ids=text_ids, img_ids=img_ids,
+                hidden_states=packed.to(dtype),
+                timestep=(scheduler.timesteps[indices] / 1000).to(dtype),
+                guidance=guidance,
+                pooled_projections=pooled_embeds,
+                encoder_hidden_states=prompt_embeds,
+                txt_ids=text_ids,
+                img_ids=img_ids,
                 return_dict=False,
             )[0]
-        prediction = FluxPipeline._unpack_latents(prediction, height * vae_scale_factor, width * vae_scale_factor, vae_scale_factor)
+        prediction = FluxPipeline._unpack_latents(
+            prediction, height * vae_scale_factor, width * vae_scale_factor, vae_scale_factor
+        )
         loss = ((prediction.float() - (noise - x0)) ** 2).mean()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)

@@ -137,9 +137,23 @@ def import_base(tarball: Path, log: Path | None) -> str:
 def bud_command(settings_file: Path, pip: PipSettings, base: str, tag: str, context: Path) -> list[str]:
     mounts = [f"--volume={settings_file}:/etc/pip.conf:ro", *pip.mounts()]
     return [
-        "buildah", "bud", "--isolation", "chroot", "--network", "host", "--layers",
-        "--build-arg", f"BUILD_BASE={base}", "--build-arg", f"RUNTIME_BASE={base}",
-        *mounts, "--tag", tag, "--file", str(context / "Dockerfile"), str(context),
+        "buildah",
+        "bud",
+        "--isolation",
+        "chroot",
+        "--network",
+        "host",
+        "--layers",
+        "--build-arg",
+        f"BUILD_BASE={base}",
+        "--build-arg",
+        f"RUNTIME_BASE={base}",
+        *mounts,
+        "--tag",
+        tag,
+        "--file",
+        str(context / "Dockerfile"),
+        str(context),
     ]
 
 
@@ -181,7 +195,17 @@ def run_command(container: str, command: Sequence[str], environ: dict[str, str] 
     own store at the hostname, which buildah's own per-container hostname is not listed for in /etc/hosts."""
     env_flags = [f"--env={name}={value}" for name, value in (environ or {}).items()]
     return [
-        "buildah", "run", "--isolation", "chroot", "--network", "host", "--uts", "host", *env_flags, container, "--",
+        "buildah",
+        "run",
+        "--isolation",
+        "chroot",
+        "--network",
+        "host",
+        "--uts",
+        "host",
+        *env_flags,
+        container,
+        "--",
         *command,
     ]
 

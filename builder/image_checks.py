@@ -3,7 +3,7 @@
 Imports the installed torch and fails the build unless it is the one requirements-torch-cuda.txt means:
 torch 2.13.0 built for CUDA 13.x with kernels for every GPU generation RunPod rents. A CPU-only wheel (a pip
 configuration offering a local `2.13.0+cpu`) or a wheel for another CUDA then fails here, at build time,
-instead of the first job on a GPU. tests/test_image.py runs the same check inside the built image.
+instead of the first job on a GPU. tests/image/test_image.py runs the same check inside the built image.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from pathlib import Path
 # The accelerator DeepSpeed builds for. It is named, never detected: the build machine has no GPU.
 ACCELERATOR = "cuda"
 
-# What the trainer may load, with the DS_BUILD_* variable DeepSpeed's own builder reads (tests/test_dockerfile.py
+# What the trainer may load, with the DS_BUILD_* variable DeepSpeed's own builder reads (tests/image/test_dockerfile.py
 # checks each name against DeepSpeed): the offloaded CPU optimizers and async_io for NVMe offload (DeepSpeed
 # adds pin_memory, which async_io loads).
 REQUIRED_OPS = {

@@ -13,8 +13,24 @@ from types import ModuleType
 
 import pytest
 
-# s3server: the S3 fixtures; readme_citations: a run that skips a test the README or docs/ cite fails.
-pytest_plugins = ["tests.s3server", "tests.readme_citations"]
+from fluxbooth.host.op_cache import unbuilt_ops
+from fluxbooth.job.op_builds import extensions_dir
+from fluxbooth.settings import WorkerSettings
+
+# s3server: the S3 fixtures; readme_citations: a run that skips a test the README or docs/ cite fails; the others: the
+# fixtures that tests in more than one module share (a test module importing a fixture by name would shadow it).
+pytest_plugins = [
+    "tests.support.s3server",
+    "tests.support.readme_citations",
+    "tests.support.fake_trainer_jobs",
+    "tests.support.handler_api_server",
+    "tests.support.header_trickler",
+    "tests.support.http_fixtures",
+    "tests.support.model_hub",
+    "tests.support.runpod_api",
+    "tests.support.runpod_queue",
+    "tests.support.submit_client",
+]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,16 +50,30 @@ def load_builder_module(name: str) -> ModuleType:
 
 
 def default_torch_extensions_dir() -> Path:
-    # Outside any temporary directory on purpose: building DeepSpeed's CPU ops takes minutes,
-    # and CI reuses this cache between runs on the same machine.
-    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cache_home / "fluxbooth" / "torch_extensions")
+    # Outside any temporary directory on purpose: building DeepSpeed's CPU ops takes minutes, and CI reuses this
+    # cache between runs on the same machine. The worker's default folder for this environment (keyed by venv,
+    # torch and compiler), where the demo and CI's prebuild (builder/prebuild_ops.py) build them too.
+    return extensions_dir(WorkerSettings.from_environ(os.environ))
+
+
+# The ops the tests' CPU jobs load (CPU Adam on DeepSpeed's CPU accelerator), as builder/prebuild_ops.py names them.
+TEST_JOB_OPS = {"cpu_adam": "CPUAdamBuilder", "deepspeed_shm_comm": "ShareMemCommBuilder"}
 
 
 @pytest.fixture(scope="session")
 def torch_extensions_dir() -> Path:
+    """The ops folder, with the ops the tests' jobs load built: the worker counts an op still to build in its plan
+    (minutes), so without this a test's plan would depend on whether an earlier test had built them. CI's prebuild
+    builds them in the background; here a build already under way is waited for (torch's lock), not repeated."""
     path = default_torch_extensions_dir()
     path.mkdir(parents=True, exist_ok=True)
+    missing = unbuilt_ops(path, TEST_JOB_OPS)
+    if missing:
+        subprocess.run(
+            [sys.executable, str(REPO_ROOT / "builder" / "prebuild_ops.py"), *(TEST_JOB_OPS[op] for op in missing)],
+            env={**os.environ, "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(path)},
+            check=True,
+        )
     return path
 
 
@@ -67,7 +97,9 @@ def mounted_tmpfs(target: Path, size_bytes: int = 16 * 1024**2) -> Iterator[Path
     """A real tmpfs mounted at `target` (root only), unmounted afterwards. Where it cannot be mounted the test
     is skipped, except where FLUXBOOTH_REQUIRE_TMPFS=1 (CI, which runs as root) makes it fail."""
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "fluxbooth-test", str(target)], capture_output=True, text=True
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "fluxbooth-test", str(target)],
+        capture_output=True,
+        text=True,
     )
     if mounted.returncode != 0:
         message = f"cannot mount a tmpfs at {target}: {mounted.stderr.strip() or mounted.returncode}"
@@ -111,7 +143,7 @@ def worker_env(tmp_path: Path, model_cache_dir: Path, torch_extensions_dir: Path
 @pytest.fixture(scope="session")
 def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny FLUX pipeline (seed 0) that the trainer tests train on, built once per session."""
-    from fluxbooth.tiny import build_tiny_pipeline
+    from fluxbooth.synthetic.tiny import build_tiny_pipeline
 
     return build_tiny_pipeline(tmp_path_factory.mktemp("base") / "tiny-flux", seed=0)
 

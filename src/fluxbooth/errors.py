@@ -44,9 +44,7 @@ class FluxboothError(Exception):
         super().__init__(message)
         self.code = ErrorCode(code)
         self.message = message
-        self.refresh_worker = (
-            self.code in CODES_THAT_REFRESH_WORKER if refresh_worker is None else refresh_worker
-        )
+        self.refresh_worker = self.code in CODES_THAT_REFRESH_WORKER if refresh_worker is None else refresh_worker
         self.details = details or {}
 
     def to_result(self) -> dict[str, Any]:

@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from fluxbooth.contract.names import ERROR_CODES as TRAINER_CODES
 from fluxbooth.errors import CODES_THAT_REFRESH_WORKER, ErrorCode
-from fluxbooth.request_reference import print_or_write_page
+from fluxbooth.request.reference import print_or_write_page
 
 ERRORS_PAGE = Path("docs") / "errors.md"
 
@@ -34,48 +35,101 @@ CODE_DOCS: dict[ErrorCode, CodeDoc] = {
     ErrorCode.INVALID_INPUT: CodeDoc(
         "a field is wrong or unknown, or the request names a base model that does not exist, is not a diffusers "
         "FLUX folder, or whose configs are not readable JSON",
-        CALLER, "fix the field the message names", ("looked_in", "unmatched")),
+        CALLER,
+        "fix the field the message names",
+        ("looked_in", "unmatched"),
+    ),
     ErrorCode.INVALID_DATASET: CodeDoc(
         "the zip or a photo is unusable (undecodable, too large, a zip bomb, a strict dataset check)",
-        CALLER, "fix or remove the file named", ("findings", "finding_count", "needed_bytes", "free_bytes")),
+        CALLER,
+        "fix or remove the file named",
+        ("findings", "finding_count", "needed_bytes", "free_bytes", "exit_status", "log_tail", "trainer_code"),
+    ),
     ErrorCode.DOES_NOT_FIT: CodeDoc(
         "no strategy fits this worker's GPU, host RAM, disk and deadline",
         f"{CALLER}, or {OWNER} (another card, a bigger disk)",
         "the message names the change: fewer steps, a smaller resolution, another card, a longer deadline",
-        ("needed_bytes", "free_bytes", "plan_report", "gpu_memory_bytes", "host_available_bytes", "alternatives",
-         "estimated_seconds", "deadline_seconds", "steps_that_fit", "timeout_that_fits", "phase_seconds")),
+        (
+            "needed_bytes",
+            "free_bytes",
+            "plan_report",
+            "gpu_memory_bytes",
+            "host_available_bytes",
+            "alternatives",
+            "estimated_seconds",
+            "deadline_seconds",
+            "steps_that_fit",
+            "timeout_that_fits",
+            "phase_seconds",
+            "exit_status",
+            "log_tail",
+            "trainer_code",
+        ),
+    ),
     ErrorCode.CUDA_OOM: CodeDoc(
-        "the GPU ran out of memory although the plan fitted", CALLER,
+        "the GPU ran out of memory although the plan fitted",
+        CALLER,
         "a smaller `resolution` or `batch_size`, `base_precision` fp8 or nf4, or a bigger card; report it",
-        ("exit_status", "log_tail", "latest_checkpoint")),
+        ("exit_status", "log_tail", "trainer_code", "latest_checkpoint"),
+    ),
     ErrorCode.HOST_OOM: CodeDoc(
-        "the host ran out of RAM (the kernel killed the trainer)", f"{CALLER} or {OWNER}",
-        "as for `cuda_oom`, or a worker with more RAM", ("exit_status", "log_tail", "latest_checkpoint")),
+        "the host ran out of RAM (the kernel killed the trainer)",
+        f"{CALLER} or {OWNER}",
+        "as for `cuda_oom`, or a worker with more RAM",
+        ("exit_status", "log_tail", "trainer_code", "latest_checkpoint"),
+    ),
     ErrorCode.TRAINER_FAILED: CodeDoc(
-        "the trainer exited with an error", "whoever the log tail names; else report it", "read `details.log_tail`",
-        ("exit_status", "log_tail", "latest_checkpoint")),
+        "the trainer exited with an error",
+        "whoever the log tail names; else report it",
+        "read `details.log_tail`",
+        ("exit_status", "log_tail", "trainer_code", "latest_checkpoint"),
+    ),
     ErrorCode.TIMEOUT: CodeDoc(
         "the job's deadline passed: while fetching (`details.stage`) or in training, where the trainer stops at "
-        "a step boundary and the weights so far and a checkpoint are stored", CALLER,
-        "resubmit with `\"resume_from\": \"latest\"` and more time ([checkpoints.md](checkpoints.md))",
-        ("stage", "step", "steps", "last_step", "artifacts", "checkpoints", "latest_checkpoint", "resume_from",
-         "warnings", "deadline_seconds", "seconds_left", "stop_reserve_seconds"),
-        "false when the deadline passes before or at a step boundary (the worker is sound)"),
-    ErrorCode.CANCELLED: CodeDoc("the job was cancelled", CALLER, "—"),
+        "a step boundary and the weights so far and a checkpoint are stored",
+        CALLER,
+        'resubmit with `"resume_from": "latest"` and more time ([checkpoints.md](checkpoints.md))',
+        (
+            "stage",
+            "step",
+            "steps",
+            "last_step",
+            "artifacts",
+            "checkpoints",
+            "latest_checkpoint",
+            "resume_from",
+            "warnings",
+            "deadline_seconds",
+            "seconds_left",
+            "stop_reserve_seconds",
+        ),
+        "false when the deadline passes before or at a step boundary (the worker is sound)",
+    ),
+    ErrorCode.CANCELLED: CodeDoc(
+        "the job was cancelled", CALLER, "—", ("exit_status", "log_tail", "trainer_code", "latest_checkpoint")
+    ),
     ErrorCode.UPLOAD_FAILED: CodeDoc(
-        "the bucket refused or kept failing", OWNER,
-        "check the `BUCKET_*` settings; `details.kept_at` says where the files wait", ("kept_at",)),
+        "the bucket refused or kept failing",
+        OWNER,
+        "check the `BUCKET_*` settings; `details.kept_at` says where the files wait",
+        ("kept_at",),
+    ),
     ErrorCode.INTERNAL: CodeDoc(
-        "a bug in the worker", "the project", "report it with the worker's log",
-        refresh_exceptions="false where the worker is known to be sound"),
+        "a bug in the worker",
+        "the project",
+        "report it with the worker's log",
+        refresh_exceptions="false where the worker is known to be sound",
+    ),
     ErrorCode.WORKER_UNFIT: CodeDoc(
         "the worker cannot train for a reason in its endpoint: its start check failed (no CUDA, DeepSpeed's ops "
         "missing, a broken setting such as no bucket; the worker stays up and answers every job with this at "
         "once), or the endpoint's default base model, its Hugging Face token, its model cache or its reach to "
-        "the Hub fails a job (the message ends \"the endpoint's owner must fix this\")", OWNER,
+        'the Hub fails a job (the message ends "the endpoint\'s owner must fix this")',
+        OWNER,
         "fix what the message names in the endpoint (image, GPU type, environment) and send the job again",
         ("looked_in",),
-        "false for a base model the endpoint cannot get (a fresh worker shares its settings)"),
+        "false for a base model the endpoint cannot get (a fresh worker shares its settings)",
+    ),
 }
 
 HEADER = """# Errors
@@ -104,7 +158,7 @@ HTTP 200
 }
 ```
 
-`/run` then `/status/<id>` answers the same. In process (`fluxbooth.job.run_job`,
+`/run` then `/status/<id>` answers the same. In process (`fluxbooth.job.run.run_job`,
 `python -m fluxbooth train`) the error is the object itself:
 `{"error": {"code": "...", "message": "...", "details": {...}}, "refresh_worker": false}`.
 
@@ -112,6 +166,14 @@ HTTP 200
 
 | code | when | who fixes it | `refresh_worker` | what to do | `details` keys |
 |---|---|---|---|---|---|
+"""
+
+TRAINER_CODE_NOTE = """
+**`details.trainer_code`**, on an error that came from the trainer process, is the code the trainer itself
+reported ({codes}). It is a detail, never the error's `code`, which is always one of the codes above: the
+worker reads the trainer's code with its log (a trainer's `cuda_oom` is `cuda_oom`, its `invalid_dataset` is
+`invalid_dataset`, a full disk is `does_not_fit`), and any other trainer code, `missing_libaio` among them,
+reaches the caller as `trainer_failed`, its message naming the trainer's code: `trainer stopped (missing_libaio): ...`.
 """
 
 FOOTER = """
@@ -137,7 +199,9 @@ def _row(code: ErrorCode) -> str:
 
 def render_errors_page() -> str:
     """The whole of docs/errors.md."""
-    return HEADER + "\n".join(_row(code) for code in ErrorCode if code in CODE_DOCS) + "\n" + FOOTER
+    rows = "\n".join(_row(code) for code in ErrorCode if code in CODE_DOCS)
+    note = TRAINER_CODE_NOTE.format(codes=", ".join(f"`{code}`" for code in TRAINER_CODES))
+    return HEADER + rows + "\n" + note + FOOTER
 
 
 def undocumented_codes() -> list[str]:

@@ -83,3 +83,13 @@ def bounded_warnings(warnings: Sequence[str]) -> list[str]:
 def os_reason(error: OSError) -> str:
     """What went wrong with a file, for a message: the system's words, else the error's text or its type."""
     return error.strerror or str(error) or type(error).__name__
+
+
+def format_bytes(count: int | float) -> str:
+    """Bytes for people, binary units: 23807475712 → "22.2 GiB"."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from fluxbooth.contract.events import StageEvent, StepEvent, TrainerEvent
-from fluxbooth.hardware import format_bytes
+from fluxbooth.messages import format_bytes
 
 ProgressSink = Callable[[dict[str, Any]], None]
 PROGRESS_MIN_INTERVAL_SECONDS = 2.0
@@ -184,7 +184,11 @@ class ProgressReporter:
     def count_from_thread(self, name: str) -> Callable[[int, int], None]:
         """`count` for work running in a thread: the update is handed to the event loop, where the sink runs."""
         loop = asyncio.get_running_loop()
-        return lambda done, total: loop.call_soon_threadsafe(self.count, name, done, total)
+
+        def count(done: int, total: int) -> None:
+            loop.call_soon_threadsafe(self.count, name, done, total)
+
+        return count
 
     def trainer_event(self, event: TrainerEvent) -> None:
         if isinstance(event, StageEvent):

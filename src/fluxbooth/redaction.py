@@ -23,7 +23,9 @@ class Redactor:
 
     def __init__(self, secrets: Iterable[str | None]) -> None:
         # Longest first so a secret that contains another is masked whole.
-        self._secrets = sorted({value for value in secrets if value and len(value) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
+        self._secrets = sorted(
+            {value for value in secrets if value and len(value) >= MIN_SECRET_LENGTH}, key=len, reverse=True
+        )
 
     def __call__(self, text: str) -> str:
         for secret in self._secrets:

@@ -1,10 +1,12 @@
 """What the runpod SDK's own logger may print: never a job's input or its result.
 
 The SDK prints, at its default level (DEBUG, unless RUNPOD_LOG_LEVEL says otherwise), the whole local test
-job ("Retrieved local job: ..."; its base64 dataset is a customer's photos), each handler output, and in
-local test mode the result again at INFO ("Job result: ..."; a trained job's presigned URLs). Its logger is
-one object shared by every SDK module, so wrapping that object's `log` here (at start, never in
+job ("Retrieved local job: ..."; its base64 dataset is a customer's photos), each handler output, and the
+result again as `run_job` returns it ("run_job return: ..."), on a deployed worker and in local test mode; in
+local test mode it prints the result a third time at INFO ("Job result: ..."; a trained job's presigned URLs).
+Its logger is one object shared by every SDK module, so wrapping that object's `log` here (at start, never in
 site-packages) keeps those lines out of every log whatever the level; the SDK's other lines pass unchanged.
+What each level prints: docs/environment.md, "What RUNPOD_LOG_LEVEL prints".
 """
 
 from __future__ import annotations
@@ -14,10 +16,17 @@ from collections.abc import Callable
 from typing import Any
 
 # The SDK's messages that carry a job's input, output or progress (runpod/serverless/modules/rp_local.py,
-# rp_job.py, rp_progress.py).
+# rp_job.py, rp_progress.py); a job queue's reply the SDK cannot parse is printed whole, and is a job.
 JOB_BEARING_MARKERS = (
-    "Retrieved local job:", "Handler output:", "Job result:", "Stream output:", "Generator output:",
-    "Sending Progress Update:", "Progress Update Sent:",
+    "Retrieved local job:",
+    "Handler output:",
+    "run_job return:",
+    "Response content is not valid JSON.",
+    "Job result:",
+    "Stream output:",
+    "Generator output:",
+    "Sending Progress Update:",
+    "Progress Update Sent:",
 )
 WITHHELD = "(job input, output and progress are not logged)"
 # A URL's query string is where a presigned URL keeps its signature.
@@ -49,4 +58,4 @@ def keep_jobs_out_of_the_sdk_log() -> None:
 
     logger = RunPodLogger()
     if "log" not in vars(logger):
-        logger.log = withholding(logger.log)  # type: ignore[method-assign]
+        logger.log = withholding(logger.log)

@@ -184,13 +184,19 @@ def locate_bucket(endpoint_url: str) -> BucketLocation:
     segments = [segment for segment in parts.path.split("/") if segment]
     if spaces := _DIGITALOCEAN_SPACES.match(host):
         return BucketLocation(
-            f"{parts.scheme}://{spaces['region']}.digitaloceanspaces.com{port}", spaces["bucket"], spaces["region"],
-            "/".join(segments), in_host=True,
+            f"{parts.scheme}://{spaces['region']}.digitaloceanspaces.com{port}",
+            spaces["bucket"],
+            spaces["region"],
+            "/".join(segments),
+            in_host=True,
         )
     if hosted := _VIRTUAL_HOSTED_S3.match(host):
         return BucketLocation(
-            f"{parts.scheme}://{hosted['service']}{port}", hosted["bucket"], _region_in(hosted["rest"] or ""),
-            "/".join(segments), in_host=True,
+            f"{parts.scheme}://{hosted['service']}{port}",
+            hosted["bucket"],
+            _region_in(hosted["rest"] or ""),
+            "/".join(segments),
+            in_host=True,
         )
     region = _region_in(host.removeprefix("s3.").removeprefix("s3-")) if host.startswith("s3") else None
     service_url = f"{parts.scheme}://{host}{port}"
@@ -228,7 +234,9 @@ def bucket_from_environ(env: Mapping[str, str]) -> BucketSettings | None:
             "https://<host>/<bucket> (R2, MinIO, other S3-compatible stores), or set BUCKET_NAME"
         )
     prefix = "/".join(
-        part for part in (location.prefix.strip("/"), env.get("BUCKET_PREFIX", DEFAULT_BUCKET_PREFIX).strip("/")) if part
+        part
+        for part in (location.prefix.strip("/"), env.get("BUCKET_PREFIX", DEFAULT_BUCKET_PREFIX).strip("/"))
+        if part
     )
     return BucketSettings(
         endpoint_url=location.service_url or None,
@@ -292,9 +300,7 @@ def is_mount_point(path: Path) -> bool:
         return os.path.ismount(path)
 
 
-def persistent_volume(
-    env: Mapping[str, str], is_mounted: Callable[[Path], bool] = is_mount_point
-) -> Path | None:
+def persistent_volume(env: Mapping[str, str], is_mounted: Callable[[Path], bool] = is_mount_point) -> Path | None:
     """The folder whose files outlive this worker, or None. FLUXBOOTH_VOLUME_DIR (default /runpod-volume) counts
     when a file system is mounted there, or when FLUXBOOTH_VOLUME_PERSISTENT says so explicitly (1: it is
     persistent although not a mount point of its own; 0: it is not, although mounted)."""

@@ -25,7 +25,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TextIO
+from typing import TextIO
 
 from fluxbooth.cli.doctor import add_doctor_parser, run_doctor_command
 from fluxbooth.cli.exits import EXIT_CLOSED_PIPE, EXIT_FAILED, EXIT_USAGE
@@ -38,7 +38,7 @@ from fluxbooth.errors import ErrorCode, FluxboothError
 
 Command = Callable[[argparse.Namespace, Mapping[str, str], TextIO], int]
 # Each subcommand: (adds its parser, runs it), in the order `--help` lists them.
-COMMANDS: dict[str, tuple[Callable[[Any], None], Command]] = {
+COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], Command]] = {
     "plan": (add_plan_parser, run_plan_command),
     "doctor": (add_doctor_parser, run_doctor_command),
     "train": (add_train_parser, run_train_command),
@@ -48,7 +48,9 @@ COMMANDS: dict[str, tuple[Callable[[Any], None], Command]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m fluxbooth", description="fluxbooth: FLUX.1 DreamBooth under DeepSpeed")
+    parser = argparse.ArgumentParser(
+        prog="python -m fluxbooth", description="fluxbooth: FLUX.1 DreamBooth under DeepSpeed"
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     for name, (add_parser, run) in COMMANDS.items():
         add_parser(subparsers)

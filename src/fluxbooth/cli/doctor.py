@@ -5,19 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Mapping
-from typing import Any, TextIO
+from typing import TextIO
 
 from fluxbooth.cli.exits import EXIT_FAILED, EXIT_OK
-from fluxbooth.doctor import DoctorOptions, doctor_passed, run_doctor
+from fluxbooth.job.doctor import DoctorOptions, doctor_passed, run_doctor
 
 
-def add_doctor_parser(subparsers: Any) -> None:
+def add_doctor_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "doctor",
         help="check that this machine can train: DeepSpeed ops, accelerate, CUDA/bf16, configs, RAM, disk, model, bucket",
     )
     parser.add_argument("--allow-cpu", action="store_true", help="a machine without a GPU is not a failure")
-    parser.add_argument("--build-ops", action="store_true", help="JIT-build DeepSpeed ops that are not built yet (minutes)")
+    parser.add_argument(
+        "--build-ops", action="store_true", help="JIT-build DeepSpeed ops that are not built yet (minutes)"
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 

@@ -32,9 +32,10 @@ FIELD_FLAGS = (
 )
 
 
-def add_submit_parser(subparsers: Any) -> None:
+def add_submit_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "submit", help="submit photos and a request to an endpoint, follow the job, download its files",
+        "submit",
+        help="submit photos and a request to an endpoint, follow the job, download its files",
         description="Exit codes: 0 completed and verified, 1 job failed, 2 bad input, 3 cancelled, 4 timed out, "
         "5 download or sha256 check failed, 6 endpoint unreachable or refused, 130 Ctrl-C (job cancelled).",
     )
@@ -42,11 +43,16 @@ def add_submit_parser(subparsers: Any) -> None:
     parser.add_argument("--request", type=Path, required=True, help="JSON file: the job's input without its dataset")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--endpoint", help=f"RunPod endpoint ID (reads {API_KEY_VARIABLE})")
-    where.add_argument("--url", help="base URL of a local `python handler.py --rp_serve_api` (http://host:8000); "
-                       f"no API key is sent to it unless --url-api-key-env names one ({API_KEY_VARIABLE} is never "
-                       "sent there by default)")
+    where.add_argument(
+        "--url",
+        help="base URL of a local `python handler.py --rp_serve_api` (http://host:8000); "
+        f"no API key is sent to it unless --url-api-key-env names one ({API_KEY_VARIABLE} is never "
+        "sent there by default)",
+    )
     parser.add_argument(
-        "--url-api-key-env", metavar="NAME", default=None,
+        "--url-api-key-env",
+        metavar="NAME",
+        default=None,
         help="with --url: send the key in environment variable NAME to that server (only over https, or http to "
         "localhost)",
     )
@@ -66,8 +72,9 @@ def read_request(path: Path) -> dict[str, Any]:
     except OSError as error:
         raise ClientError(f"request file {path}: {error.strerror or error}", ExitCode.USAGE) from None
     except UnicodeDecodeError as error:
-        raise ClientError(f"request file {path}: not UTF-8 text (byte {error.start}); save it as UTF-8 JSON",
-                          ExitCode.USAGE) from None
+        raise ClientError(
+            f"request file {path}: not UTF-8 text (byte {error.start}); save it as UTF-8 JSON", ExitCode.USAGE
+        ) from None
     except ValueError as error:
         raise ClientError(f"request file {path}: {error}", ExitCode.USAGE) from None
     if isinstance(document, dict) and set(document) == {"input"}:
@@ -82,12 +89,20 @@ def submission_from(arguments: argparse.Namespace, environ: Mapping[str, str]) -
     from fluxbooth.client.submission import Submission
 
     job_input = read_request(arguments.request)
-    job_input.update({name: getattr(arguments, name) for _, name, _ in FIELD_FLAGS if getattr(arguments, name) is not None})
+    job_input.update(
+        {name: getattr(arguments, name) for _, name, _ in FIELD_FLAGS if getattr(arguments, name) is not None}
+    )
     base_url, api_key, key_source = _destination(arguments, environ)
     polling = {"poll_seconds": arguments.poll_seconds} if arguments.poll_seconds is not None else {}
     return Submission(
-        photos=arguments.photos, job_input=job_input, out_dir=arguments.out, base_url=base_url, api_key=api_key,
-        webhook=arguments.webhook, status_answers_at_once=bool(arguments.endpoint), key_source=key_source,
+        photos=arguments.photos,
+        job_input=job_input,
+        out_dir=arguments.out,
+        base_url=base_url,
+        api_key=api_key,
+        webhook=arguments.webhook,
+        status_answers_at_once=bool(arguments.endpoint),
+        key_source=key_source,
         **polling,
     )
 
@@ -95,15 +110,19 @@ def submission_from(arguments: argparse.Namespace, environ: Mapping[str, str]) -
 def _destination(arguments: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, str | None, str]:
     """Where the job goes, the key sent there (if any) and the variable it came from. RUNPOD_API_KEY goes only to
     RunPod's API; a --url server gets a key only when --url-api-key-env names one, and only over https or to
-    localhost (JobApi refuses anything else)."""
-    from fluxbooth.client.api import endpoint_url, key_may_go_to  # deferred, as in submission_from
+    localhost (JobApi refuses anything else). A --url whose host the parsers read differently is refused with or
+    without a key: that host also decides whether file:// artifacts are read."""
+    from fluxbooth.client.api import endpoint_url, host_problem, key_may_go_to  # deferred, as in submission_from
 
     if arguments.endpoint:
         if arguments.url_api_key_env:
             raise ClientError("--url-api-key-env goes with --url; --endpoint reads RUNPOD_API_KEY", ExitCode.USAGE)
         if not ENDPOINT_ID.fullmatch(arguments.endpoint):
-            raise ClientError(f"--endpoint {arguments.endpoint!r}: an endpoint ID is letters, digits, - and _ "
-                              "(the ID in the console's endpoint URL)", ExitCode.USAGE)
+            raise ClientError(
+                f"--endpoint {arguments.endpoint!r}: an endpoint ID is letters, digits, - and _ "
+                "(the ID in the console's endpoint URL)",
+                ExitCode.USAGE,
+            )
         api_key = environ.get(API_KEY_VARIABLE, "").strip()
         if not api_key:
             raise ClientError(f"--endpoint needs {API_KEY_VARIABLE} set to a RunPod API key", ExitCode.USAGE)
@@ -115,6 +134,9 @@ def _destination(arguments: argparse.Namespace, environ: Mapping[str, str]) -> t
         parts = urlsplit("")
     if parts.scheme not in {"http", "https"} or not parts.hostname:
         raise ClientError(f"--url {url!r}: give an http:// or https:// URL with a host", ExitCode.USAGE)
+    problem = host_problem(url)
+    if problem is not None:
+        raise ClientError(f"--url {url!r}: {problem}", ExitCode.USAGE)
     name = arguments.url_api_key_env
     if not name:
         return url, None, ""
@@ -122,8 +144,11 @@ def _destination(arguments: argparse.Namespace, environ: Mapping[str, str]) -> t
     if not api_key:
         raise ClientError(f"--url-api-key-env {name}: the variable {name} is not set", ExitCode.USAGE)
     if not key_may_go_to(url):
-        raise ClientError(f"--url {url}: the key in {name} is sent only over https, or over http to this machine "
-                          "(localhost); use an https:// URL", ExitCode.USAGE)
+        raise ClientError(
+            f"--url {url}: the key in {name} is sent only over https, or over http to this machine "
+            "(localhost); use an https:// URL",
+            ExitCode.USAGE,
+        )
     return url, api_key, name
 
 
@@ -143,5 +168,7 @@ def run_submit_command(arguments: argparse.Namespace, environ: Mapping[str, str]
         return int(ExitCode.INTERRUPTED)
     sys.stderr.write(("" if outcome.exit_code is ExitCode.COMPLETED else "error: ") + outcome.message + "\n")
     if outcome.job_id:
-        out.write(json.dumps({"id": outcome.job_id, "status": outcome.status, "exit_code": int(outcome.exit_code)}) + "\n")
+        out.write(
+            json.dumps({"id": outcome.job_id, "status": outcome.status, "exit_code": int(outcome.exit_code)}) + "\n"
+        )
     return int(outcome.exit_code)

@@ -24,15 +24,17 @@ from urllib.parse import urlsplit
 import requests
 
 from fluxbooth.client.errors import ClientError, ExitCode
-from fluxbooth.dataset.archive import CAPTION_EXTENSION, IMAGE_EXTENSIONS
 from fluxbooth.dataset.guards import ROLE_FOLDERS
-from fluxbooth.hardware import format_bytes
+from fluxbooth.dataset.members import CAPTION_EXTENSION, IMAGE_EXTENSIONS
+from fluxbooth.messages import format_bytes
 from fluxbooth.settings import BucketSettings, DatasetLimits, bucket_from_environ
 
 # RunPod refuses a /run body over 10 MB; the margin keeps headers and JSON framing out of the question.
 RUNPOD_RUN_BODY_LIMIT_BYTES = 10 * 1000 * 1000
 UPLOAD_TIMEOUT_SECONDS = 600.0
 UPLOADS_FOLDER = "uploads"
+# The files left out of the zip named in the client's output, at most this many (then a count).
+LEFT_OUT_NAMED = 10
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,18 @@ class DatasetSource:
     zip_bytes: bytes | None
     url: str | None
     description: str
+    # A folder's files that are not in the zip: not photos or captions (relative paths), and hidden ones (a count).
+    left_out: tuple[str, ...] = ()
+    hidden_left_out: int = 0
+
+
+@dataclass(frozen=True)
+class FolderFiles:
+    """A photo folder sorted: what goes into the zip, and what is left out."""
+
+    kept: list[Path]
+    left_out: list[Path]
+    hidden: int
 
 
 def is_link(photos: str) -> bool:
@@ -50,7 +64,7 @@ def is_link(photos: str) -> bool:
 
 def _walk(folder: Path) -> list[Path]:
     """Every file under folder; unlike Path.rglob, a folder that cannot be listed is an error, not skipped."""
-    found = []
+    found: list[Path] = []
     for root, _, names in os.walk(folder, onerror=_raise):
         found.extend(Path(root) / name for name in names)
     return found
@@ -60,20 +74,37 @@ def _raise(error: OSError) -> None:
     raise error
 
 
-def _dataset_files(folder: Path) -> list[Path]:
-    """Images and the captions beside them, in a stable order; hidden files and folders are skipped."""
+def _dataset_files(folder: Path) -> FolderFiles:
+    """Images and the captions beside them, in a stable order; hidden files and folders are skipped, and so is
+    anything else (a .pdf, a .docx, a raw photo), which the output then names."""
     try:
         paths = sorted(_walk(folder))
     except OSError as error:
-        raise ClientError(f"cannot read the photo folder {folder}: {error.strerror or error}", ExitCode.USAGE) from error
-    kept = []
+        raise ClientError(
+            f"cannot read the photo folder {folder}: {error.strerror or error}", ExitCode.USAGE
+        ) from error
+    kept, left_out, hidden = [], [], 0
     for path in paths:
         relative = path.relative_to(folder)
-        if any(part.startswith(".") for part in relative.parts) or not path.is_file():
-            continue
-        if path.suffix.lower() in IMAGE_EXTENSIONS or path.suffix.lower() == CAPTION_EXTENSION:
+        if any(part.startswith(".") for part in relative.parts):
+            hidden += 1
+        elif path.is_file() and (path.suffix.lower() in IMAGE_EXTENSIONS or path.suffix.lower() == CAPTION_EXTENSION):
             kept.append(path)
-    return kept
+        else:
+            left_out.append(path)
+    return FolderFiles(kept, left_out, hidden)
+
+
+def left_out_line(source: DatasetSource) -> str | None:
+    """The line naming what the zip left out of the folder, or None when nothing was."""
+    if not source.left_out and not source.hidden_left_out:
+        return None
+    named = list(source.left_out[:LEFT_OUT_NAMED])
+    if len(source.left_out) > LEFT_OUT_NAMED:
+        named.append(f"and {len(source.left_out) - LEFT_OUT_NAMED} more")
+    if source.hidden_left_out:
+        named.append(f"{source.hidden_left_out} hidden file(s)")
+    return f"left out of the zip (only photos and .txt captions travel): {', '.join(named)}"
 
 
 def _check_image_cap(folder: Path, images: list[Path], max_images: int) -> None:
@@ -88,17 +119,23 @@ def _check_image_cap(folder: Path, images: list[Path], max_images: int) -> None:
             where = folder if role == "instance" else folder / role
             raise ClientError(
                 f"{where} holds {count} {'photos' if role == 'instance' else role + ' images'}; the worker accepts at "
-                f"most {max_images} (FLUXBOOTH_MAX_IMAGES): choose your best {max_images}", ExitCode.USAGE,
+                f"most {max_images} (FLUXBOOTH_MAX_IMAGES): choose your best {max_images}",
+                ExitCode.USAGE,
             )
 
 
 def pack_folder(folder: Path, max_images: int = DatasetLimits.max_images) -> bytes:
     """The folder's images and `<stem>.txt` captions (and its `class/`, `control/` subfolders) as a zip."""
-    files = _dataset_files(folder)
+    return _pack(folder, _dataset_files(folder).kept, max_images)
+
+
+def _pack(folder: Path, files: list[Path], max_images: int) -> bytes:
     images = [path for path in files if path.suffix.lower() in IMAGE_EXTENSIONS]
     if not images:
         known = ", ".join(sorted(IMAGE_EXTENSIONS))
-        raise ClientError(f"no photos in {folder}: put the images ({known}) there, captions beside them as .txt", ExitCode.USAGE)
+        raise ClientError(
+            f"no photos in {folder}: put the images ({known}) there, captions beside them as .txt", ExitCode.USAGE
+        )
     _check_image_cap(folder, images, max_images)
     buffer = io.BytesIO()
     # Photos are compressed already; storing them keeps packing fast and the zip the same size.
@@ -119,18 +156,29 @@ def read_photos(photos: str) -> DatasetSource:
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
-        raise ClientError(f"{photos} does not exist: give a folder of photos, a .zip, or an https:// link", ExitCode.USAGE) from None
+        raise ClientError(
+            f"{photos} does not exist: give a folder of photos, a .zip, or an https:// link", ExitCode.USAGE
+        ) from None
     except OSError as error:
         raise ClientError(f"cannot read {path}: {error.strerror or error}", ExitCode.USAGE) from error
     if stat.S_ISDIR(mode):
-        packed = pack_folder(path)
-        return DatasetSource(packed, None, f"{path} packed into a zip of {format_bytes(len(packed))}")
+        sorted_files = _dataset_files(path)
+        packed = _pack(path, sorted_files.kept, DatasetLimits.max_images)
+        return DatasetSource(
+            packed,
+            None,
+            f"{path} packed into a zip of {format_bytes(len(packed))}",
+            tuple(item.relative_to(path).as_posix() for item in sorted_files.left_out),
+            sorted_files.hidden,
+        )
     try:
         data = path.read_bytes()
     except OSError as error:
         raise ClientError(f"cannot read {path}: {error.strerror or error}", ExitCode.USAGE) from error
     if not zipfile.is_zipfile(io.BytesIO(data)):
-        raise ClientError(f"{path} is not a zip file: give a folder of photos, a .zip, or an https:// link", ExitCode.USAGE)
+        raise ClientError(
+            f"{path} is not a zip file: give a folder of photos, a .zip, or an https:// link", ExitCode.USAGE
+        )
     return DatasetSource(data, None, f"{path} ({format_bytes(len(data))})")
 
 
@@ -182,7 +230,9 @@ def upload_zip(zip_bytes: bytes, bucket: BucketSettings) -> str:
     try:
         response = requests.put(put_url, data=zip_bytes, timeout=UPLOAD_TIMEOUT_SECONDS)
     except requests.RequestException as error:
-        raise ClientError(f"uploading the dataset to the bucket failed: {type(error).__name__}: {error}", ExitCode.API) from error
+        raise ClientError(
+            f"uploading the dataset to the bucket failed: {type(error).__name__}: {error}", ExitCode.API
+        ) from error
     if response.status_code >= 300:
         raise ClientError(
             f"the bucket refused the dataset upload (HTTP {response.status_code}): {response.text[:300]}; "

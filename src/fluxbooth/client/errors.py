@@ -15,7 +15,7 @@ class ExitCode(enum.IntEnum):
     TIMED_OUT = 4  # RunPod ended the job at the endpoint's or the policy's execution timeout
     DOWNLOAD = 5  # the job completed but an artifact could not be fetched or its sha256 did not match
     API = 6  # the endpoint could not be reached or refused the call (wrong ID, wrong key, ...)
-    INTERRUPTED = 130  # Ctrl-C: the job was cancelled through /cancel (128 + SIGINT, as a shell reports it)
+    INTERRUPTED = 130  # Ctrl-C: the job was cancelled through /cancel where the server has one (128 + SIGINT)
 
 
 class ClientError(Exception):

@@ -4,6 +4,8 @@
 Order: the request is checked here first (the worker's own model, so a typo costs nothing), the photos are
 packed and sent inline or through the bucket, /run, then /status until a terminal status (COMPLETED, FAILED,
 CANCELLED, TIMED_OUT), each with its own exit code. Ctrl-C while following cancels the job through /cancel.
+A --url server is asked what it offers first (fluxbooth.client.local_server): the runpod SDK's local server
+answers /status only at the end and has no /cancel, and the client says so instead of staying silent.
 """
 
 from __future__ import annotations
@@ -20,12 +22,20 @@ from typing import Any, TextIO
 from pydantic import ValidationError
 
 from fluxbooth.client.api import RUNPOD_API_BASE, JobApi, is_loopback
-from fluxbooth.client.artifacts import checked_artifacts, download_all
-from fluxbooth.client.dataset import dataset_fields, read_photos, run_body
+from fluxbooth.client.artifacts import RESULT_FILE, RESUME_REQUEST_FILE, checked_artifacts, download_all
+from fluxbooth.client.dataset import dataset_fields, left_out_line, read_photos, run_body
 from fluxbooth.client.errors import ClientError, ExitCode
+from fluxbooth.client.local_server import (
+    HEARTBEAT_SECONDS,
+    ServerRoutes,
+    answer_with_heartbeat,
+    probe_routes,
+    start_hint,
+)
 from fluxbooth.errors import ErrorCode
 from fluxbooth.progress import ProgressBar
-from fluxbooth.request import TrainingRequest, describe_validation_error
+from fluxbooth.request.model import TrainingRequest
+from fluxbooth.request.problems import describe_validation_error
 
 # RunPod's execution timeout counts from when a worker takes the job; the worker's own deadline
 # (timeout_seconds) must end it first, so that a job out of time still reports and keeps its work.
@@ -39,8 +49,6 @@ TERMINAL_EXIT_CODES = {
 }
 DATASET_FIELDS = ("dataset", "dataset_url")
 PLACEHOLDER_DATASET_URL = "https://example.com/dataset.zip"
-RESULT_FILE = "result.json"
-RESUME_REQUEST_FILE = "resume-request.json"
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,8 @@ class Submission:
     status_answers_at_once: bool = False
     # Where api_key came from: named when the server refuses it, and in the resubmission a `timeout` prints.
     key_source: str = "RUNPOD_API_KEY"
+    # How often the wait for a server that answers only at the end (the SDK's local one) says the time waited.
+    heartbeat_seconds: float = HEARTBEAT_SECONDS
 
 
 @dataclass
@@ -78,7 +88,8 @@ def check_request(job_input: Mapping[str, Any]) -> None:
     present = [name for name in DATASET_FIELDS if name in job_input]
     if present:
         raise ClientError(
-            f"the request file holds {', '.join(present)}: leave the dataset out, the client sends PHOTOS", ExitCode.USAGE
+            f"the request file holds {', '.join(present)}: leave the dataset out, the client sends PHOTOS",
+            ExitCode.USAGE,
         )
     try:
         TrainingRequest.model_validate({**job_input, "dataset_url": PLACEHOLDER_DATASET_URL})
@@ -134,25 +145,37 @@ def describe_failure(reply: Mapping[str, Any]) -> str:
 
 @dataclass
 class _Follower:
-    """Polls /status, drawing the worker's progress payloads, until the job reaches a terminal status."""
+    """Polls /status, drawing the worker's progress payloads, until the job reaches a terminal status; on a server
+    that answers only at the end, says the time waited instead."""
 
     api: JobApi
     job_id: str
     poll_seconds: float
     stream: TextIO
     bar: ProgressBar
+    routes: ServerRoutes = field(default_factory=ServerRoutes)
+    heartbeat_seconds: float = HEARTBEAT_SECONDS
     _last_status: str | None = None
     _last_payload: Any = None
 
     def follow(self) -> dict[str, Any]:
         while True:
-            reply = self.api.status(self.job_id)
+            reply = self._ask()
             status = str(reply.get("status", ""))
             if status in TERMINAL_EXIT_CODES:
                 self.bar.close()
                 return reply
             self._show(status, reply)
             self.api.sleep(self.poll_seconds)
+
+    def _ask(self) -> dict[str, Any]:
+        if not self.routes.sdk_development_api:
+            return self.api.status(self.job_id)
+        return answer_with_heartbeat(lambda: self.api.status(self.job_id), self._say, self.heartbeat_seconds)
+
+    def _say(self, line: str) -> None:
+        self.stream.write(line + "\n")
+        self.stream.flush()
 
     def _show(self, status: str, reply: Mapping[str, Any]) -> None:
         payload = reply.get("output")
@@ -165,15 +188,25 @@ class _Follower:
         self._last_status = status
 
 
-def _cancel(api: JobApi, job_id: str, say: Callable[[str], None]) -> Outcome:
+def _cancel(api: JobApi, job_id: str, say: Callable[[str], None], routes: ServerRoutes) -> Outcome:
+    if not routes.has_cancel:
+        return Outcome(ExitCode.INTERRUPTED, routes.no_cancel(job_id), job_id)
     say(f"\nCtrl-C: cancelling job {job_id} through /cancel")
     try:
         reply = api.cancel(job_id)
     except ClientError as error:
-        return Outcome(ExitCode.INTERRUPTED, f"interrupted; cancelling job {job_id} failed: {error.message}; "
-                       "it may still be running (cancel it in the console, or stop the worker)", job_id)
-    return Outcome(ExitCode.INTERRUPTED, f"interrupted; job {job_id} is {reply.get('status', 'being cancelled')}",
-                   job_id, str(reply.get("status")))
+        return Outcome(
+            ExitCode.INTERRUPTED,
+            f"interrupted; cancelling job {job_id} failed: {error.message}; "
+            "it may still be running (cancel it in the console, or stop the worker)",
+            job_id,
+        )
+    return Outcome(
+        ExitCode.INTERRUPTED,
+        f"interrupted; job {job_id} is {reply.get('status', 'being cancelled')}",
+        job_id,
+        str(reply.get("status")),
+    )
 
 
 def _write_json(path: Path, document: Any) -> None:
@@ -194,8 +227,18 @@ def resubmission(submission: Submission) -> str:
     else:
         where = ["--url", submission.base_url]
         where += ["--url-api-key-env", submission.key_source] if submission.api_key else []
-    words = ["python", "-m", "fluxbooth", "submit", submission.photos, "--request", str(request), *where,
-             "--out", str(submission.out_dir)]
+    words = [
+        "python",
+        "-m",
+        "fluxbooth",
+        "submit",
+        submission.photos,
+        "--request",
+        str(request),
+        *where,
+        "--out",
+        str(submission.out_dir),
+    ]
     return shlex.join(words)
 
 
@@ -207,13 +250,19 @@ def _timed_out(error: Mapping[str, Any], submission: Submission, job_id: str, sa
     try:
         artifacts = checked_artifacts(details.get("artifacts"), "error.details.artifacts")
         if artifacts:
-            say(f"job {job_id} timed out; the worker kept {len(artifacts)} artifact(s): downloading them into "
-                f"{submission.out_dir}")
+            say(
+                f"job {job_id} timed out; the worker kept {len(artifacts)} artifact(s): downloading them into "
+                f"{submission.out_dir}"
+            )
             files = download_all(artifacts, submission.out_dir, say, is_loopback(submission.base_url))
-            message += f"\nthe {len(files)} artifact(s) the worker kept are in {submission.out_dir}, each sha256 verified"
+            message += (
+                f"\nthe {len(files)} artifact(s) the worker kept are in {submission.out_dir}, each sha256 verified"
+            )
         if details.get("resume_from") == "latest":
-            message += ("\nto train the remaining steps from its checkpoint, resubmit with \"resume_from\": \"latest\" "
-                        f"(and more time):\n  {resubmission(submission)}")
+            message += (
+                '\nto train the remaining steps from its checkpoint, resubmit with "resume_from": "latest" '
+                f"(and more time):\n  {resubmission(submission)}"
+            )
     except ClientError as failure:
         return Outcome(failure.exit_code, f"{message}\n{failure.message}", job_id, "FAILED", dict(error), files)
     return Outcome(ExitCode.TIMED_OUT, message, job_id, "FAILED", dict(error), files)
@@ -222,8 +271,14 @@ def _timed_out(error: Mapping[str, Any], submission: Submission, job_id: str, sa
 def _completed(output: Any, submission: Submission, job_id: str, say: Callable[[str], None]) -> Outcome:
     status = "COMPLETED"
     if not isinstance(output, dict):
-        return Outcome(ExitCode.DOWNLOAD, f"job {job_id} completed, but its result is {type(output).__name__}, not an "
-                       "object with artifacts; the worker's answer is malformed", job_id, status, output)
+        return Outcome(
+            ExitCode.DOWNLOAD,
+            f"job {job_id} completed, but its result is {type(output).__name__}, not an "
+            "object with artifacts; the worker's answer is malformed",
+            job_id,
+            status,
+            output,
+        )
     try:
         artifacts = checked_artifacts(output.get("artifacts"), "artifacts")
         _write_json(submission.out_dir / RESULT_FILE, output)
@@ -234,8 +289,14 @@ def _completed(output: Any, submission: Submission, job_id: str, say: Callable[[
     warnings = output.get("warnings")
     for warning in warnings if isinstance(warnings, list) else []:
         say(f"warning: {str(warning)[:2000]}")
-    return Outcome(ExitCode.COMPLETED, f"done: {len(files)} file(s) in {submission.out_dir}, each sha256 verified",
-                   job_id, status, output, files)
+    return Outcome(
+        ExitCode.COMPLETED,
+        f"done: {len(files)} file(s) in {submission.out_dir}, each sha256 verified",
+        job_id,
+        status,
+        output,
+        files,
+    )
 
 
 def _finish(reply: Mapping[str, Any], submission: Submission, job_id: str, say: Callable[[str], None]) -> Outcome:
@@ -249,12 +310,26 @@ def _finish(reply: Mapping[str, Any], submission: Submission, job_id: str, say: 
     if status == "CANCELLED":
         return Outcome(code, f"job {job_id} was cancelled (from the console, the API or the endpoint)", job_id, status)
     if status == "TIMED_OUT":
-        return Outcome(code, f"job {job_id} timed out: RunPod stopped it at the execution timeout; raise the "
-                       "endpoint's execution timeout or the request's timeout_seconds", job_id, status)
+        return Outcome(
+            code,
+            f"job {job_id} timed out: RunPod stopped it at the execution timeout; raise the "
+            "endpoint's execution timeout or the request's timeout_seconds",
+            job_id,
+            status,
+        )
     return _completed(reply.get("output"), submission, job_id, say)
 
 
-def submit(submission: Submission, environ: Mapping[str, str], stream: TextIO | None = None, api: JobApi | None = None) -> Outcome:
+def _routes(submission: Submission, client: JobApi) -> ServerRoutes:
+    """What the server offers: RunPod's hosted API is known; a --url server is asked."""
+    if submission.status_answers_at_once or submission.base_url.startswith(f"{RUNPOD_API_BASE}/"):
+        return ServerRoutes()
+    return probe_routes(submission.base_url, client.session)
+
+
+def submit(
+    submission: Submission, environ: Mapping[str, str], stream: TextIO | None = None, api: JobApi | None = None
+) -> Outcome:
     """Run one submission to its end. Never raises for a failure it can describe: the Outcome carries it."""
     out = stream or sys.stderr
 
@@ -263,9 +338,12 @@ def submit(submission: Submission, environ: Mapping[str, str], stream: TextIO | 
         out.flush()
 
     policy = execution_policy(submission.job_input)
+    routes = ServerRoutes()
     try:
         client = api or JobApi(
-            submission.base_url, submission.api_key, submission.key_source,
+            submission.base_url,
+            submission.api_key,
+            submission.key_source,
             status_answers_at_once=submission.status_answers_at_once,
         )
         if policy and client.status_timeout_seconds is None:
@@ -276,17 +354,29 @@ def submit(submission: Submission, environ: Mapping[str, str], stream: TextIO | 
         extra = {"policy": policy, "webhook": submission.webhook}
         fields, how = dataset_fields(source, submission.job_input, extra, environ)
         say(how)
+        if (left_out := left_out_line(source)) is not None:
+            say(left_out)
+        routes = _routes(submission, client)
         queued = client.run(run_body({**submission.job_input, **fields}, policy, submission.webhook))
     except ClientError as error:
-        return Outcome(error.exit_code, error.message)
+        hint = f"\n{start_hint(submission.base_url)}" if routes.refused and is_loopback(submission.base_url) else ""
+        return Outcome(error.exit_code, error.message + hint)
+    if routes.refused:  # it started while /run was retried: ask again what it offers
+        routes = _routes(submission, client)
     job_id = str(queued["id"])
-    follower = _Follower(client, job_id, submission.poll_seconds, out, ProgressBar.for_stream(out))
+    bar = ProgressBar.for_stream(out)
+    follower = _Follower(client, job_id, submission.poll_seconds, out, bar, routes, submission.heartbeat_seconds)
     try:
-        say(f"job {job_id} submitted to {submission.base_url}" + (f" (executionTimeout {policy['executionTimeout']} ms)" if policy else ""))
+        say(
+            f"job {job_id} submitted to {submission.base_url}"
+            + (f" (executionTimeout {policy['executionTimeout']} ms)" if policy else "")
+        )
+        if (note := routes.submit_note()) is not None:
+            say(note)
         reply = follower.follow()
     except KeyboardInterrupt:
         follower.bar.close()
-        return _cancel(client, job_id, say)
+        return _cancel(client, job_id, say, routes)
     except ClientError as error:
         return Outcome(error.exit_code, f"following job {job_id}: {error.message}", job_id)
     return _finish(reply, submission, job_id, say)

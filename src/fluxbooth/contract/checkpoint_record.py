@@ -16,7 +16,7 @@ from typing import Any
 
 # Beside fluxbooth_state.json in each checkpoint-N folder.
 CHECKPOINT_RECORD_NAME = "fluxbooth_record.json"
-# The worker's index of an uploaded checkpoint, uploaded last (fluxbooth.checkpoints).
+# The worker's index of an uploaded checkpoint, uploaded last (fluxbooth.storage.checkpoints).
 COMPLETE_MARKER = "COMPLETE"
 # checkpoint-N folder names carry at most 9 digits (contract.layout); a step beyond is not a real checkpoint.
 MAX_CHECKPOINT_STEP = 999_999_999
@@ -30,7 +30,7 @@ class CheckpointRecord:
     """The base a checkpoint was trained on and the shape of what it trained."""
 
     base_model: str  # as the request (or the endpoint's default) named it
-    family: str  # fluxbooth.families' name
+    family: str  # fluxbooth.models.families' name
     training_type: str  # "full" | "lora"
     # A LoRA's shape; None for a full fine-tune.
     lora_rank: int | None = None
@@ -47,7 +47,7 @@ class CheckpointRecord:
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
         base_model, family, training_type = data.get("base_model"), data.get("family"), data.get("training_type")
-        if not all(isinstance(value, str) for value in (base_model, family, training_type)):
+        if not (isinstance(base_model, str) and isinstance(family, str) and isinstance(training_type, str)):
             raise ValueError("base_model, family and training_type must be strings")
         targets = data.get("lora_targets")
         if targets is not None and not (isinstance(targets, list) and all(isinstance(name, str) for name in targets)):
@@ -58,8 +58,12 @@ class CheckpointRecord:
         if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))):
             raise ValueError("lora_alpha must be a number")
         return cls(
-            base_model=base_model, family=family, training_type=training_type, lora_rank=rank,
-            lora_alpha=None if alpha is None else float(alpha), lora_targets=None if targets is None else tuple(targets),
+            base_model=base_model,
+            family=family,
+            training_type=training_type,
+            lora_rank=rank,
+            lora_alpha=None if alpha is None else float(alpha),
+            lora_targets=None if targets is None else tuple(targets),
         )
 
     def differences(self, job: CheckpointRecord) -> list[str]:
@@ -80,7 +84,11 @@ def checkpoint_record(
     if training_type != "lora":
         return CheckpointRecord(base_model=base_model, family=family, training_type=training_type)
     return CheckpointRecord(
-        base_model=base_model, family=family, training_type=training_type, lora_rank=rank, lora_alpha=float(alpha),
+        base_model=base_model,
+        family=family,
+        training_type=training_type,
+        lora_rank=rank,
+        lora_alpha=float(alpha),
         lora_targets=tuple(targets),
     )
 
@@ -93,7 +101,9 @@ class CompleteIndex:
     files: dict[str, tuple[int, str]]
 
     def to_json(self) -> str:
-        entries = [{"name": name, "bytes": size, "sha256": sha256} for name, (size, sha256) in sorted(self.files.items())]
+        entries = [
+            {"name": name, "bytes": size, "sha256": sha256} for name, (size, sha256) in sorted(self.files.items())
+        ]
         return json.dumps({"step": self.step, "files": entries}, indent=2, sort_keys=True) + "\n"
 
     @classmethod

@@ -8,6 +8,22 @@ from __future__ import annotations
 # ---- ZeRO-1/2: bucket sizes in elements. -------------------------------------------------------
 ZERO2_REDUCE_BUCKET_ELEMENTS = 200_000_000
 ZERO2_ALLGATHER_BUCKET_ELEMENTS = 200_000_000
+# Those two are sized for a whole model; a LoRA gets buckets the size of its adapter (its trainable parameters,
+# rounded up to whole multiples of this), since DeepSpeed allocates every bucket whole (2x the reduce bucket with
+# overlap_comm) however few gradients fill it: 0.75 GiB of bf16 buckets for a 65 M-parameter adapter otherwise.
+ZERO2_BUCKET_ROUNDING_ELEMENTS = 1 << 20
+
+
+def zero2_bucket_elements(bucket_elements: int, trainable: int | None) -> int:
+    """A ZeRO-1/2 bucket's size (`bucket_elements`, one of the constants above) for `trainable` trained parameters:
+    the constant, or the trainable count rounded up to ZERO2_BUCKET_ROUNDING_ELEMENTS when that is smaller (at least
+    the largest parameter, as DeepSpeed's contiguous gradients need). None (a hand-built plan): the constant. The
+    DeepSpeed JSON (job/launch_files.py) and the planner's memory for the buckets (plan/memory) both read this."""
+    if trainable is None:
+        return bucket_elements
+    rounding = ZERO2_BUCKET_ROUNDING_ELEMENTS
+    return min(bucket_elements, -(-max(trainable, 1) // rounding) * rounding)
+
 
 # ---- ZeRO-3: DiffSynth-Studio's low-VRAM settings (seed 004): small buckets, so the GPU holds little
 # more than the layer being computed. ----------------------------------------------------------------

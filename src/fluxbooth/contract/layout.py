@@ -11,7 +11,7 @@ and likeness scoring read them). Torch-free: the worker imports it.
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 CHECKPOINT_PREFIX = "checkpoint-"
 CHECKPOINT_STATE_NAME = "fluxbooth_state.json"
@@ -23,6 +23,7 @@ _CHECKPOINT_NAME = re.compile(r"checkpoint-(\d{1,9})")
 # step-NNNNNN/ folders, every one indexed (prompt, seed, training step) in VALIDATION_INDEX_NAME.
 VALIDATION_FOLDER = "validation"
 VALIDATION_INDEX_NAME = "validation.json"
+_RENDER_NAME = re.compile(r"validation_(\d{2,9})\.png")
 # Under the output folder: the exported LoRA's files.
 LORA_FOLDER = "lora"
 
@@ -30,6 +31,19 @@ LORA_FOLDER = "lora"
 def step_folder_name(step: int) -> str:
     """The folder of one training step's files: its validation renders, its LoRA (keep_best_step)."""
     return f"step-{step:06d}"
+
+
+def validation_render_name(index: int) -> str:
+    """The file of the render of validation prompt `index`: its position in the request's list, so a prompt
+    given twice has two renders, told apart by their file names only."""
+    return f"validation_{index:02d}.png"
+
+
+def render_index(file: str) -> int | None:
+    """The prompt position a render's file (as validation.json names it, folders included) carries; None for
+    a name the trainer does not write."""
+    match = _RENDER_NAME.fullmatch(PurePosixPath(file).name)
+    return int(match.group(1)) if match else None
 
 
 def checkpoint_folder_name(step: int) -> str:

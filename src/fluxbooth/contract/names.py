@@ -46,10 +46,20 @@ FUSED_ADAFACTOR_CLASS = "FusedBackwardAdafactor"
 # projection and feed-forward layer of both block kinds. The one definition: the request, the planner and
 # the trainer read it from here (via TrainerConfig's LoraSettings).
 DEFAULT_LORA_TARGET_MODULES: tuple[str, ...] = (
-    "to_q", "to_k", "to_v", "to_out.0",
-    "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
-    "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2",
-    "proj_mlp", "proj_out",
+    "to_q",
+    "to_k",
+    "to_v",
+    "to_out.0",
+    "add_q_proj",
+    "add_k_proj",
+    "add_v_proj",
+    "to_add_out",
+    "ff.net.0.proj",
+    "ff.net.2",
+    "ff_context.net.0.proj",
+    "ff_context.net.2",
+    "proj_mlp",
+    "proj_out",
 )
 
 
@@ -71,7 +81,9 @@ TIMESTEP_DISTILLED_SAMPLING = SamplingDefaults(max_sequence_length=256, inferenc
 
 def sampling_defaults(transformer_config: dict[str, object]) -> SamplingDefaults:
     """The variant's defaults, told apart by the transformer's config.json (`guidance_embeds`)."""
-    return GUIDANCE_DISTILLED_SAMPLING if transformer_config.get("guidance_embeds", True) else TIMESTEP_DISTILLED_SAMPLING
+    return (
+        GUIDANCE_DISTILLED_SAMPLING if transformer_config.get("guidance_embeds", True) else TIMESTEP_DISTILLED_SAMPLING
+    )
 
 
 # Learning-rate schedules (with optional linear warm-up in front).

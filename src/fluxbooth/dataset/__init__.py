@@ -24,14 +24,16 @@ import os
 import re
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fluxbooth.contract.buckets import Shape, mix_to_json
+from fluxbooth.addresses import forbidden_address_reason
 from fluxbooth.clock import JobClock
+from fluxbooth.contract.buckets import Resolution, Shape, mix_to_json
+from fluxbooth.contract.pairing import normalised_stem, pair_key
 from fluxbooth.dataset.archive import ExtractedArchive, ExtractedImage, extract_archive
-from fluxbooth.dataset.fetch import decode_base64_dataset, download_dataset, fetch_archive, forbidden_address_reason
+from fluxbooth.dataset.fetch import decode_base64_dataset, download_dataset, fetch_archive
 from fluxbooth.dataset.guards import (
     DISK_RESERVE_BYTES,
     Role,
@@ -50,9 +52,8 @@ from fluxbooth.dataset.images import (
     read_caption,
 )
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.request import TrainingRequest
+from fluxbooth.request.dataset_spec import DatasetSpec
 from fluxbooth.settings import DatasetLimits
-from fluxbooth.contract.pairing import normalised_stem, pair_key
 
 __all__ = [
     "ExtractedArchive",
@@ -134,7 +135,7 @@ def _output_stem(member: str, taken: set[str]) -> str:
     return candidate
 
 
-def _output_stems(images: list[ExtractedImage]) -> list[str]:
+def _output_stems(images: Sequence[ExtractedImage]) -> list[str]:
     """Each image's stored stem, in order; a control image gets its training image's, so the trainer pairs the
     stored files by the same rule (fluxbooth.contract.pairing) the upload was checked by."""
     taken: dict[Role, set[str]] = {"instance": set(), "class": set(), "control": set()}
@@ -162,12 +163,12 @@ def _stems_of(extracted: ExtractedArchive, role: Role) -> dict[str, str]:
     return stems
 
 
-def _check_pairs(extracted: ExtractedArchive, request: TrainingRequest) -> None:
+def _check_pairs(extracted: ExtractedArchive, with_prior_preservation: bool) -> None:
     """With a `control/` folder, every instance image has the control image of its file stem and every control
     image its instance image, and prior preservation is off (the trainer's rules), before any image is decoded."""
     if not extracted.count("control"):
         return
-    if request.with_prior_preservation:
+    if with_prior_preservation:
         raise FluxboothError(
             ErrorCode.INVALID_INPUT,
             "input.with_prior_preservation: the zip has a control/ folder (image pairs), and image-pair training has "
@@ -211,7 +212,7 @@ def _same_file_again(earlier: Path, destination: Path) -> None:
 def _normalise_all(
     extracted: ExtractedArchive,
     output_dirs: dict[Role, Path],
-    request: TrainingRequest,
+    resolution: Resolution,
     limits: DatasetLimits,
     job_dir: Path,
     on_image: Callable[[int, int], None] | None,
@@ -230,9 +231,7 @@ def _normalise_all(
             earlier, result = stored[item.digest]
             _same_file_again(earlier, destination)
         else:
-            result = normalise_image(
-                item.path, destination, member=item.member, limits=limits, resolution=request.resolution
-            )
+            result = normalise_image(item.path, destination, member=item.member, limits=limits, resolution=resolution)
             stored[item.digest or str(item.path)] = (destination, result)
         item.path.unlink()
         if item.role == "instance":
@@ -240,7 +239,7 @@ def _normalise_all(
         counts[f"{item.role}_images"] += 1
         counts["downscaled"] += result.downscaled
         counts["cropped"] += result.cropped
-        shapes = request.resolution.shapes_for(result.width, result.height)
+        shapes = resolution.shapes_for(result.width, result.height)
         counts["smaller"] += any(result.width < width or result.height < height for width, height in shapes)
         if item.role == "instance":
             buckets.update(shapes)
@@ -255,9 +254,9 @@ def _normalise_all(
     return counts
 
 
-def _notes(counts: Counter[str], request: TrainingRequest, limits: DatasetLimits) -> tuple[str, ...]:
+def _notes(counts: Counter[str], spec: DatasetSpec, limits: DatasetLimits) -> tuple[str, ...]:
     notes: list[str] = []
-    resolution = request.resolution
+    resolution = spec.resolution
     if counts["smaller"]:
         shape = resolution.describe() if resolution.fixed else f"their aspect bucket at {resolution.sizes[-1]} px"
         notes.append(
@@ -268,20 +267,20 @@ def _notes(counts: Counter[str], request: TrainingRequest, limits: DatasetLimits
             f"{counts['cropped']} image(s) are longer than {limits.max_image_aspect_ratio:g}:1 and were cropped to "
             "their middle, the part training uses"
         )
-    if counts["class_images"] and not request.with_prior_preservation:
+    if counts["class_images"] and not spec.with_prior_preservation:
         notes.append("the archive's class/ images are unused because with_prior_preservation is false")
     return tuple(notes)
 
 
 def prepare_dataset(
-    request: TrainingRequest,
+    spec: DatasetSpec,
     job_dir: Path,
     limits: DatasetLimits,
     *,
     on_image: Callable[[int, int], None] | None = None,
     clock: JobClock | None = None,
 ) -> PreparedDataset:
-    """Fetch, check, extract and normalise the request's dataset inside `job_dir`.
+    """Fetch, check, extract and normalise the job's dataset (`spec`) inside `job_dir`.
 
     Every budget (archive size and expansion, decoded pixels, stored bytes, free disk) is checked before
     the work it bounds. `on_image(done, total)` is called after each image, for progress reporting. A download
@@ -294,13 +293,13 @@ def prepare_dataset(
         raw_dir = ensure_inside(job_dir / "raw", job_dir)
         data_dir = ensure_inside(job_dir / "data", job_dir)
 
-        fetch_archive(request, archive_path, limits, clock)
+        fetch_archive(spec, archive_path, limits, clock)
         extracted = extract_archive(archive_path, raw_dir, limits)
         archive_path.unlink()
-        _check_pairs(extracted, request)
+        _check_pairs(extracted, spec.with_prior_preservation)
         pixels, stored_bound = check_image_budgets(
             ((item.digest or str(item.path), item.path, item.member) for item in extracted.images),
-            request.resolution,
+            spec.resolution,
             limits,
         )
         captions_bound = _CAPTION_BYTES_BOUND * sum(item.caption_path is not None for item in extracted.images)
@@ -315,7 +314,9 @@ def prepare_dataset(
             directory.mkdir(parents=True, exist_ok=True)
         needed = stored_bound + captions_bound + DISK_RESERVE_BYTES
         with disk_stage(data_dir, needed, purpose="storing the normalised images"):
-            counts = _normalise_all(extracted, output_dirs, request, limits, job_dir, on_image, uploaded_names, buckets)
+            counts = _normalise_all(
+                extracted, output_dirs, spec.resolution, limits, job_dir, on_image, uploaded_names, buckets
+            )
         shutil.rmtree(raw_dir, ignore_errors=True)
 
     return PreparedDataset(
@@ -331,8 +332,8 @@ def prepare_dataset(
         downscaled=counts["downscaled"],
         cropped=counts["cropped"],
         pixels=pixels,
-        notes=_notes(counts, request, limits),
-        trigger_word=request.trigger_word,
+        notes=_notes(counts, spec, limits),
+        trigger_word=spec.trigger_word,
         bucket_mix=dict(buckets),
         uploaded_names=uploaded_names,
     )

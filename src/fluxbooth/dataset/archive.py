@@ -1,26 +1,27 @@
 """Zip hardening and the archive's total-work budgets: every member is checked before anything is
 decompressed (names, types, no two members sharing compressed data, sizes summed over the whole archive
 against a cap and a ratio to the upload), then streamed through byte counters into files with generated
-names (member names are inspected, never used as paths)."""
+names (member names are inspected, never used as paths).
+
+Which members are read, and as what, is `fluxbooth.dataset.members`; here, the limits checked before
+anything is written and the extraction itself.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import lzma
 import re
-import stat
 import struct
 import zipfile
 import zlib
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from fluxbooth.dataset.guards import (
     CHUNK_BYTES,
     DISK_RESERVE_BYTES,
-    ROLE_FOLDERS,
     Role,
     dataset_error,
     disk_stage,
@@ -28,26 +29,10 @@ from fluxbooth.dataset.guards import (
     quoted,
 )
 from fluxbooth.dataset.images import ALLOWED_IMAGE_FORMATS, MAX_CAPTION_CHARS
-from fluxbooth.hardware import format_bytes
+from fluxbooth.dataset.members import MAX_CAPTION_BYTES, PlannedMember, plan_extraction
+from fluxbooth.messages import format_bytes
 from fluxbooth.settings import DatasetLimits
-from fluxbooth.contract.pairing import pair_key
 
-IMAGE_EXTENSIONS = frozenset(
-    {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".heic", ".heif", ".hif", ".avif"}
-)
-UNSUPPORTED_IMAGE_EXTENSIONS = frozenset(
-    {".jxl", ".svg", ".psd", ".raw", ".dng", ".cr2", ".cr3", ".nef", ".arw",
-     ".orf", ".rw2", ".ico", ".tga", ".jp2", ".exr", ".hdr"}
-)
-ARCHIVE_EXTENSIONS = frozenset(
-    {".zip", ".tar", ".gz", ".tgz", ".bz2", ".tbz", ".tbz2", ".xz", ".txz", ".zst", ".7z", ".rar", ".lz",
-     ".lzma", ".cab", ".jar", ".cbz", ".cbr"}
-)
-CAPTION_EXTENSION = ".txt"
-MAX_CAPTION_BYTES = 64 * 1024
-SUPPORTED_COMPRESSION = frozenset({zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA})
-COMPRESSION_NAMES = {1: "Shrink", 6: "Implode", 9: "Deflate64", 93: "Zstandard", 95: "XZ", 98: "PPMd",
-                     99: "AES encryption"}
 # Small members may legitimately compress very well (a flat-colour PNG, an empty caption); only big
 # members with huge ratios look like bombs.
 RATIO_CHECK_MIN_BYTES = 1024 * 1024
@@ -57,9 +42,6 @@ ARCHIVE_RATIO_FLOOR_BYTES = 64 * 1024 * 1024
 # A local file header: signature, 22 bytes of fields the central directory repeats, name and extra lengths.
 _LOCAL_HEADER = struct.Struct("<4s22xHH")
 _LOCAL_HEADER_SIGNATURE = b"PK\x03\x04"
-
-_DRIVE_LETTER = re.compile(r"^[A-Za-z]:")
-_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -79,7 +61,6 @@ class ExtractedArchive:
 
     def count(self, role: Role) -> int:
         return sum(1 for image in self.images if image.role == role)
-
 
 
 def describe_non_zip(head: bytes) -> str:
@@ -106,135 +87,7 @@ def describe_non_zip(head: bytes) -> str:
     return "the upload is not a zip archive; put the images in a .zip"
 
 
-def _member_parts(info: zipfile.ZipInfo) -> tuple[str, ...]:
-    """The member's path components, or an invalid_dataset error for a hostile or unsafe name."""
-    name = info.filename
-    shown = quoted(name)
-    if _CONTROL_CHARACTERS.search(name):
-        raise dataset_error(f"member {shown} has control characters in its name; rename it and re-zip")
-    if "\\" in name:
-        raise dataset_error(
-            f"member {shown} uses backslashes in its path (a non-standard zip); re-zip with a standard tool"
-        )
-    if name.startswith("/"):
-        raise dataset_error(f"member {shown} has an absolute path; re-zip with relative paths")
-    if _DRIVE_LETTER.match(name):
-        raise dataset_error(f"member {shown} starts with a drive letter; re-zip with relative paths")
-    parts = name.split("/")
-    if ".." in parts:
-        raise dataset_error(f"member {shown} escapes the archive root; remove it and re-zip")
-    return tuple(part for part in parts if part not in ("", "."))
-
-
-def _check_member_type(info: zipfile.ZipInfo) -> bool:
-    """True for a regular file, False for a directory; refuses links and special files."""
-    mode = info.external_attr >> 16
-    kind = stat.S_IFMT(mode)
-    shown = quoted(info.filename)
-    if kind == stat.S_IFLNK:
-        raise dataset_error(f"member {shown} is a symbolic link; zip the real files instead")
-    if info.is_dir() or kind == stat.S_IFDIR:
-        return False
-    if kind not in (0, stat.S_IFREG):
-        raise dataset_error(f"member {shown} is not a regular file (a device, pipe or socket); remove it")
-    if info.flag_bits & 0x1:
-        raise dataset_error(f"member {shown} is encrypted; re-zip without a password")
-    if info.compress_type not in SUPPORTED_COMPRESSION:
-        method = COMPRESSION_NAMES.get(info.compress_type, f"method {info.compress_type}")
-        raise dataset_error(
-            f"member {shown} uses unsupported compression ({method}); re-zip with standard Deflate"
-        )
-    return True
-
-
-def _skip_reason(parts: tuple[str, ...]) -> str | None:
-    basename = parts[-1]
-    if parts[0] == "__MACOSX" or basename == ".DS_Store" or any(part.startswith("._") for part in parts):
-        return "macos_metadata"
-    if any(part.startswith(".") for part in parts):
-        return "hidden"
-    suffixes = [suffix.lower() for suffix in PurePosixPath(basename).suffixes]
-    if suffixes and suffixes[-1] in ARCHIVE_EXTENSIONS:
-        return "nested_archive"
-    if suffixes and suffixes[-1] in UNSUPPORTED_IMAGE_EXTENSIONS:
-        return "unsupported_image_format"
-    if suffixes and suffixes[-1] in IMAGE_EXTENSIONS | {CAPTION_EXTENSION}:
-        return None
-    return "not_image"
-
-
-_Candidate = tuple[tuple[str, ...], zipfile.ZipInfo]
-
-
-def _strip_wrapper_folder(members: list[_Candidate]) -> list[_Candidate]:
-    """Zipping a folder puts everything under `folder/`; treat that folder as the archive root."""
-    if not members or any(len(parts) < 2 for parts, _ in members):
-        return members
-    roots = {parts[0] for parts, _ in members}
-    if len(roots) != 1 or next(iter(roots)).lower() in ROLE_FOLDERS:
-        return members
-    return [(parts[1:], info) for parts, info in members]
-
-
-def _role(parts: tuple[str, ...]) -> Role:
-    folder = parts[0].lower() if len(parts) > 1 else ""
-    return "class" if folder == "class" else "control" if folder == "control" else "instance"
-
-
-def _pairing_key(parts: tuple[str, ...]) -> tuple[str, ...]:
-    """A caption's and its image's shared key: their folder and file stem, by the pairing rule images use."""
-    return tuple(part.casefold() for part in parts[:-1]) + (pair_key(parts[-1]),)
-
-
-@dataclass(frozen=True)
-class _PlannedMember:
-    info: zipfile.ZipInfo
-    name: str
-    role: Role
-    caption: zipfile.ZipInfo | None = None
-
-
-def _plan_extraction(infos: Iterable[zipfile.ZipInfo]) -> tuple[list[_PlannedMember], Counter[str]]:
-    skipped: Counter[str] = Counter()
-    candidates: list[_Candidate] = []
-    for info in infos:
-        parts = _member_parts(info)
-        if not _check_member_type(info) or not parts:
-            continue
-        reason = _skip_reason(parts)
-        if reason is not None:
-            skipped[reason] += 1
-            continue
-        candidates.append((parts, info))
-    candidates = _strip_wrapper_folder(candidates)
-
-    captions: dict[tuple[str, ...], _Candidate] = {}
-    images: list[_Candidate] = []
-    for parts, info in candidates:
-        if parts[-1].lower().endswith(CAPTION_EXTENSION):
-            key = (_role(parts), *_pairing_key(parts))
-            if key in captions:  # `Photo.txt` beside `photo.txt`: one image, one caption; the second is counted
-                skipped["duplicate_caption"] += 1
-                continue
-            captions[key] = (parts, info)
-        else:
-            images.append((parts, info))
-
-    planned: list[_PlannedMember] = []
-    used_captions: set[tuple[str, ...]] = set()
-    for parts, info in sorted(images, key=lambda item: item[1].filename):
-        role = _role(parts)
-        key = (role, *_pairing_key(parts))
-        caption = captions.get(key) if role == "instance" else None
-        if caption is not None:
-            used_captions.add(key)
-        planned.append(_PlannedMember(info, info.filename, role, caption[1] if caption else None))
-    for key in captions.keys() - used_captions:
-        skipped[f"{key[0]}_caption" if key[0] in ROLE_FOLDERS else "unpaired_caption"] += 1
-    return planned, skipped
-
-
-def _check_declared_sizes(planned: list[_PlannedMember], limits: DatasetLimits, archive_bytes: int) -> int:
+def _check_declared_sizes(planned: list[PlannedMember], limits: DatasetLimits, archive_bytes: int) -> int:
     """Refuse on what the headers declare, before anything is decompressed; returns the declared total.
 
     The totals are summed over every member that will be extracted, so many modest members cannot add
@@ -307,11 +160,13 @@ def _check_no_shared_data(archive_path: Path, infos: list[zipfile.ZipInfo], dire
         )
 
 
-def _check_counts(planned: list[_PlannedMember], skipped: Counter[str], limits: DatasetLimits) -> None:
+def _check_counts(planned: list[PlannedMember], skipped: Counter[str], limits: DatasetLimits) -> None:
     instance = sum(1 for member in planned if member.role == "instance")
     class_count = sum(1 for member in planned if member.role == "class")
     if sum(1 for member in planned if member.role == "control") > limits.max_images:
-        raise dataset_error(f"found more than {limits.max_images} control images; at most {limits.max_images} are accepted")
+        raise dataset_error(
+            f"found more than {limits.max_images} control images; at most {limits.max_images} are accepted"
+        )
     if instance == 0:
         found = ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items())) or "nothing"
         held = f" (class/ holds {class_count})" if class_count else ""
@@ -342,7 +197,7 @@ def count_instance_images(infos: list[zipfile.ZipInfo], limits: DatasetLimits, a
     members declare), without a byte of member data: what a dry run plans for. A directory the stage would
     refuse is refused the same way."""
     _check_member_count(infos, limits)
-    planned, skipped = _plan_extraction(infos)
+    planned, skipped = plan_extraction(infos)
     _check_counts(planned, skipped, limits)
     _check_declared_sizes(planned, limits, archive_bytes)
     return sum(1 for member in planned if member.role == "instance")
@@ -380,9 +235,7 @@ class _ExpansionCounter:
             )
 
 
-def _extract_member(
-    archive: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, counter: _ExpansionCounter
-) -> str:
+def _extract_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, counter: _ExpansionCounter) -> str:
     """Stream one member into `target` through the counter; returns the sha256 of its bytes."""
     member_bytes = 0
     digest = hashlib.sha256()
@@ -421,7 +274,7 @@ def extract_archive(archive_path: Path, destination: Path, limits: DatasetLimits
         infos = archive.infolist()
         _check_member_count(infos, limits)
         _check_no_shared_data(archive_path, infos, archive.start_dir)
-        planned, skipped = _plan_extraction(infos)
+        planned, skipped = plan_extraction(infos)
         _check_counts(planned, skipped, limits)
         declared_total = _check_declared_sizes(planned, limits, archive_path.stat().st_size)
         destination.mkdir(parents=True, exist_ok=True)
@@ -432,7 +285,7 @@ def extract_archive(archive_path: Path, destination: Path, limits: DatasetLimits
 
 
 def _extract_planned(
-    archive: zipfile.ZipFile, planned: list[_PlannedMember], root: Path, limits: DatasetLimits
+    archive: zipfile.ZipFile, planned: list[PlannedMember], root: Path, limits: DatasetLimits
 ) -> list[ExtractedImage]:
     counter = _ExpansionCounter(limits)
     images: list[ExtractedImage] = []

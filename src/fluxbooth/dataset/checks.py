@@ -2,8 +2,8 @@
 
 Each instance image is measured as the trainer will read it (the prepared file, after orientation and the
 aspect cap), once, in `measure_image`; `assess` (pure) turns the measurements into findings:
-- duplicates: identical pixels, or a perceptual hash (dHash, 64 bits) within NEAR_DUPLICATE_BITS of another
-  image's, which catches re-encoded, resized or lightly edited copies;
+- duplicates: identical pixels, or the same photo re-encoded, resized or cropped (near_duplicates.py: small
+  colour thumbnails of the image and of its crops, so that another photo of the subject does not match);
 - blurry images: the variance of the Laplacian (the standard sharpness measure) below BLUR_SHARE of the set's
   median, or below BLUR_FLOOR whatever the set, measured at no more than SHARPNESS_SIDE pixels on the
   shorter side so that sizes compare;
@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from PIL import Image
 
+from fluxbooth.dataset.near_duplicates import NEAR_DUPLICATE_DISTANCE, crop_thumbnails, near_duplicate_distances
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.messages import bounded_list, short_name
-from fluxbooth.request import DatasetCheckMode
+from fluxbooth.request.limits import DatasetCheckMode
 
 if TYPE_CHECKING:
     from fluxbooth.dataset import PreparedDataset
@@ -47,10 +48,6 @@ if TYPE_CHECKING:
 # The shape an image of (width, height) trains at: the request's fixed shape, or its largest bucket.
 TrainingShape = Callable[[int, int], tuple[int, int]]
 
-HASH_SIDE = 8  # dHash over a 9x8 greyscale thumbnail: 64 bits
-# Re-encodes (JPEG 95 to 10), rescales and blurs of a photo differ by 0-2 bits; distinct photos by 10 or more, another
-# framing of the same portrait by 17 (bench/dataset_checks.py).
-NEAR_DUPLICATE_BITS = 6
 SHARPNESS_SIDE = 512
 # Of the set's median sharpness (with BLUR_MIN_SET images or more). bench/dataset_checks.py, against a portrait at 512²:
 # a Gaussian blur of 1 px leaves 0.08 of its sharpness, 2 px 0.01; JPEG quality 40 keeps 0.87, and a sharp scene with
@@ -75,7 +72,7 @@ CHECK_THREADS = 2  # OpenCV and Pillow release the GIL; the worker's CPUs are ot
 CheckName = Literal["duplicate", "near_duplicate", "blurry", "too_small", "aspect_ratio", "no_face", "several_faces"]
 CHECK_ADVICE: dict[CheckName, str] = {
     "duplicate": "the same photo more than once: keep one",
-    "near_duplicate": "the same photo re-encoded, resized or lightly edited: keep one",
+    "near_duplicate": "the same photo re-encoded, resized or cropped: keep one",
     "blurry": "blurry: the model learns the blur; replace it with a sharp photo",
     "too_small": "smaller than the training size: it is upscaled and trains soft",
     "aspect_ratio": f"more than {EXTREME_ASPECT:g}:1: the crop to the training shape loses much of it, or it trains in a bucket of its own",
@@ -92,7 +89,7 @@ class ImageMeasures:
     width: int
     height: int
     pixel_digest: str
-    dhash: int
+    thumbnails: np.ndarray = field(compare=False, repr=False)  # near_duplicates.crop_thumbnails
     sharpness: float
     faces: int | None  # None when no face detector could run
 
@@ -138,9 +135,10 @@ class DatasetChecks:
         for check, advice in CHECK_ADVICE.items():
             found = [finding.message for finding in self.findings if finding.check == check]
             if found:
-                lines.append(f"dataset check, {advice}: " + "; ".join(
-                    bounded_list(found, MAX_FINDINGS_NAMED, MAX_LINE_CHARS, MAX_FILES_CHARS + 200)
-                ))
+                lines.append(
+                    f"dataset check, {advice}: "
+                    + "; ".join(bounded_list(found, MAX_FINDINGS_NAMED, MAX_LINE_CHARS, MAX_FILES_CHARS + 200))
+                )
         return lines + list(self.notes)
 
     def faces_by_file(self) -> dict[str, int | None]:
@@ -156,13 +154,6 @@ class DatasetChecks:
             "sharpness": {image.name: round(image.sharpness, 1) for image in self.images},
             "notes": list(self.notes),
         }
-
-
-def difference_hash(grey: Image.Image) -> int:
-    """dHash: each bit says whether a pixel of a (HASH_SIDE+1)xHASH_SIDE thumbnail is brighter than its left neighbour."""
-    thumbnail = np.asarray(grey.resize((HASH_SIDE + 1, HASH_SIDE), Image.Resampling.BOX), dtype=np.int16)
-    bits = (thumbnail[:, 1:] > thumbnail[:, :-1]).flatten()
-    return int("".join("1" if bit else "0" for bit in bits), 2)
 
 
 def _scaled(grey: Image.Image, side: int, *, longer: bool) -> Image.Image:
@@ -183,7 +174,7 @@ class FaceCounter:
     """OpenCV's bundled frontal-face Haar cascade; one per thread (a cascade is not safe to share)."""
 
     def __init__(self) -> None:
-        import cv2  # deferred, as in laplacian_variance
+        import cv2.data  # deferred, as in laplacian_variance; cv2.data named: the stubs leave the submodule out
 
         self._file = str(Path(cv2.data.haarcascades) / FACE_CASCADE)
         self._local = threading.local()
@@ -214,13 +205,14 @@ def measure_image(name: str, path: Path, count_faces: Callable[[Image.Image], in
     image with one encoder and settings, so identical pixels make identical files."""
     data = path.read_bytes()
     with Image.open(io.BytesIO(data)) as opened:
-        grey = opened.convert("L")
+        colour = opened.convert("RGB")
+    grey = colour.convert("L")
     return ImageMeasures(
         name=name,
         width=grey.width,
         height=grey.height,
         pixel_digest=hashlib.sha256(data).hexdigest(),
-        dhash=difference_hash(grey),
+        thumbnails=crop_thumbnails(colour),
         sharpness=laplacian_variance(grey),
         faces=count_faces(grey) if count_faces is not None else None,
     )
@@ -244,12 +236,6 @@ def _groups(count: int, pairs: Iterable[tuple[int, int]]) -> list[list[int]]:
     return [group for group in members.values() if len(group) > 1]
 
 
-def hash_distances(images: Sequence[ImageMeasures]) -> np.ndarray:
-    """Bits that differ between every two images' dHashes (a square matrix)."""
-    hashes = np.array([image.dhash for image in images], dtype=np.uint64)
-    return np.bitwise_count(hashes[:, None] ^ hashes[None, :]).astype(np.int64)
-
-
 def _duplicate_findings(images: Sequence[ImageMeasures]) -> list[Finding]:
     findings = []
     by_digest: dict[str, list[int]] = {}
@@ -258,14 +244,18 @@ def _duplicate_findings(images: Sequence[ImageMeasures]) -> list[Finding]:
     exact = [group for group in by_digest.values() if len(group) > 1]
     for group in exact:
         findings.append(Finding("duplicate", tuple(images[i].name for i in group), "identical pixels"))
-    distances = hash_distances(images)
-    near = zip(*np.nonzero(np.triu(distances <= NEAR_DUPLICATE_BITS, k=1)), strict=True)
+    distances = near_duplicate_distances([image.thumbnails for image in images])
+    near = zip(*np.nonzero(np.triu(distances <= NEAR_DUPLICATE_DISTANCE, k=1)), strict=True)
     for group in _groups(len(images), ((int(a), int(b)) for a, b in near)):
         if any(set(group) <= set(same) for same in exact):
             continue  # only exact copies of each other: already said
-        widest = max(int(distances[a, b]) for a in group for b in group)
+        closest = max(min(float(distances[a, b]) for b in group if b != a) for a in group)
         findings.append(
-            Finding("near_duplicate", tuple(images[i].name for i in group), f"perceptual hashes within {widest} of 64 bits")
+            Finding(
+                "near_duplicate",
+                tuple(images[i].name for i in group),
+                f"each matches another's pixels or a crop of them within {closest:.2f} (the limit is {NEAR_DUPLICATE_DISTANCE:g})",
+            )
         )
     return findings
 
@@ -274,7 +264,11 @@ def _blur_findings(images: Sequence[ImageMeasures]) -> list[Finding]:
     median = statistics.median(image.sharpness for image in images) if images else 0.0
     threshold = max(BLUR_FLOOR, BLUR_SHARE * median) if len(images) >= BLUR_MIN_SET else BLUR_FLOOR
     return [
-        Finding("blurry", (image.name,), f"sharpness {image.sharpness:.0f}, below {threshold:.0f} (the set's median is {median:.0f})")
+        Finding(
+            "blurry",
+            (image.name,),
+            f"sharpness {image.sharpness:.0f}, below {threshold:.0f} (the set's median is {median:.0f})",
+        )
         for image in images
         if image.sharpness < threshold
     ]
@@ -286,13 +280,23 @@ def _size_findings(images: Sequence[ImageMeasures], training_shape: TrainingShap
         width, height = training_shape(image.width, image.height)
         upscale = max(width / image.width, height / image.height)
         if upscale > 1:
-            findings.append(Finding("too_small", (image.name,), f"{image.width}x{image.height}, upscaled {upscale:.1f}x to cover {width}x{height}"))
+            findings.append(
+                Finding(
+                    "too_small",
+                    (image.name,),
+                    f"{image.width}x{image.height}, upscaled {upscale:.1f}x to cover {width}x{height}",
+                )
+            )
         aspect = max(image.width / image.height, image.height / image.width)
         if aspect > EXTREME_ASPECT:
             stretch = (image.width / image.height) / (width / height)
             kept = 100 / max(stretch, 1 / stretch)
             findings.append(
-                Finding("aspect_ratio", (image.name,), f"{aspect:.1f}:1 ({image.width}x{image.height}), trained at {width}x{height} from {kept:.0f} % of it")
+                Finding(
+                    "aspect_ratio",
+                    (image.name,),
+                    f"{aspect:.1f}:1 ({image.width}x{image.height}), trained at {width}x{height} from {kept:.0f} % of it",
+                )
             )
     return findings
 
@@ -303,13 +307,20 @@ def _face_findings(images: Sequence[ImageMeasures]) -> list[Finding]:
     if not counted or with_faces * 2 <= len(counted):
         return []
     findings = [Finding("no_face", (image.name,), "0 faces") for image in counted if image.faces == 0]
-    findings += [Finding("several_faces", (image.name,), f"{image.faces} faces") for image in counted if (image.faces or 0) > 1]
+    findings += [
+        Finding("several_faces", (image.name,), f"{image.faces} faces") for image in counted if (image.faces or 0) > 1
+    ]
     return findings
 
 
 def assess(images: Sequence[ImageMeasures], training_shape: TrainingShape) -> list[Finding]:
     """Every finding about a measured set, in CHECK_ADVICE order."""
-    findings = _duplicate_findings(images) + _blur_findings(images) + _size_findings(images, training_shape) + _face_findings(images)
+    findings = (
+        _duplicate_findings(images)
+        + _blur_findings(images)
+        + _size_findings(images, training_shape)
+        + _face_findings(images)
+    )
     order = list(CHECK_ADVICE)
     return sorted(findings, key=lambda finding: order.index(finding.check))
 
@@ -358,14 +369,18 @@ def enforce(checks: DatasetChecks) -> None:
     if checks.mode != "strict" or not checks.findings:
         return
     reasons = bounded_list(
-        [f"{finding.message} ({CHECK_ADVICE[finding.check]})" for finding in checks.findings], MAX_FINDINGS_NAMED,
-        MAX_LINE_CHARS, MAX_FILES_CHARS + 400,
+        [f"{finding.message} ({CHECK_ADVICE[finding.check]})" for finding in checks.findings],
+        MAX_FINDINGS_NAMED,
+        MAX_LINE_CHARS,
+        MAX_FILES_CHARS + 400,
     )
     files = {name for finding in checks.findings for name in finding.files}
     raise FluxboothError(
         ErrorCode.INVALID_DATASET,
         f"dataset: dataset_checks is strict and {len(files)} file(s) failed the dataset check: {'; '.join(reasons)}. "
         'Remove or replace them, or set dataset_checks to "warn"',
-        details={"findings": [finding.to_dict() for finding in checks.findings[:MAX_FINDINGS_NAMED]],
-                 "finding_count": len(checks.findings)},
+        details={
+            "findings": [finding.to_dict() for finding in checks.findings[:MAX_FINDINGS_NAMED]],
+            "finding_count": len(checks.findings),
+        },
     )

@@ -15,8 +15,8 @@ from fluxbooth.dataset.fetch import decode_base64_dataset, download_dataset
 from fluxbooth.dataset.guards import ensure_inside
 from fluxbooth.dataset.images import normalise_image
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.families import Family
-from fluxbooth.request import TrainingRequest
+from fluxbooth.models.families import Family
+from fluxbooth.request.dataset_spec import DatasetSpec
 from fluxbooth.settings import DatasetLimits
 
 FOLDER = "validation-images"
@@ -35,10 +35,10 @@ def _named(field: str) -> Iterator[None]:
         raise FluxboothError(error.code, message, refresh_worker=error.refresh_worker, details=error.details) from error
 
 
-def check_validation_images_used(request: TrainingRequest, family: Family) -> None:
+def check_validation_images_used(spec: DatasetSpec, family: Family) -> None:
     """Control images are for a family that edits an input image (FLUX.1 Kontext); for another they would be
     fetched and then never used, so they are refused before anything is fetched."""
-    if request.validation_images and not family.control_images:
+    if spec.validation_images and not family.control_images:
         raise FluxboothError(
             ErrorCode.INVALID_INPUT,
             f"input.validation_images: {family.title} renders validation prompts from text alone and does not use "
@@ -47,16 +47,16 @@ def check_validation_images_used(request: TrainingRequest, family: Family) -> No
 
 
 def fetch_validation_images(
-    request: TrainingRequest, job_dir: Path, limits: DatasetLimits, clock: JobClock | None = None
+    spec: DatasetSpec, job_dir: Path, limits: DatasetLimits, clock: JobClock | None = None
 ) -> tuple[Path, ...]:
     """The stored control image of each validation prompt that has one, in prompt order; every download within
     the job's `clock`, shared with the dataset's."""
-    if not request.validation_images:
+    if not spec.validation_images:
         return ()
     folder = ensure_inside(job_dir / FOLDER, job_dir)
     folder.mkdir(parents=True, exist_ok=True)
     stored = []
-    for index, value in enumerate(request.validation_images):
+    for index, value in enumerate(spec.validation_images):
         field = f"validation_images[{index}]"
         upload = ensure_inside(folder / f"{index:02d}.upload", job_dir)
         with _named(field):
@@ -65,7 +65,7 @@ def fetch_validation_images(
             else:
                 upload.write_bytes(decode_base64_dataset(value, limits, content="the image", link="an http(s) URL"))
         destination = ensure_inside(folder / f"{index:02d}.png", job_dir)
-        normalise_image(upload, destination, member=f"input.{field}", limits=limits, resolution=request.resolution)
+        normalise_image(upload, destination, member=f"input.{field}", limits=limits, resolution=spec.resolution)
         upload.unlink()
         stored.append(destination)
     return tuple(stored)

@@ -30,8 +30,8 @@ from fluxbooth.dataset.guards import (
     url_error,
 )
 from fluxbooth.errors import FluxboothError
-from fluxbooth.hardware import format_bytes
-from fluxbooth.request import TrainingRequest
+from fluxbooth.messages import format_bytes
+from fluxbooth.request.dataset_spec import DatasetSpec
 from fluxbooth.settings import DatasetLimits
 
 MAX_REDIRECTS = 5
@@ -83,7 +83,9 @@ def _resolve_allowed_addresses(host: str, port: int, limits: DatasetLimits) -> l
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as error:
         raise url_error(f"cannot resolve host {host!r} ({error}); check the URL") from None
-    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    # sockaddr[0] is the address string for IPv4 and IPv6; typeshed also allows an int (an IPv6 answer to a
+    # Python built without IPv6), which str() keeps from passing as an address it is not.
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
     if not addresses:
         raise url_error(f"host {host!r} has no addresses; check the URL")
     for text in addresses:
@@ -288,14 +290,24 @@ def download_dataset(
 
 
 def _response(
-    connection: http.client.HTTPConnection, target: str, url: str, idle_timeout: float,
+    connection: http.client.HTTPConnection,
+    target: str,
+    url: str,
+    idle_timeout: float,
     extra_headers: Mapping[str, str] | None = None,
 ) -> http.client.HTTPResponse:
     """The GET's status line and headers (`extra_headers`: the dry run's Range)."""
     try:
-        connection.request("GET", target, headers={
-            "User-Agent": "fluxbooth-worker", "Accept-Encoding": "identity", "Accept": "*/*", **(extra_headers or {}),
-        })
+        connection.request(
+            "GET",
+            target,
+            headers={
+                "User-Agent": "fluxbooth-worker",
+                "Accept-Encoding": "identity",
+                "Accept": "*/*",
+                **(extra_headers or {}),
+            },
+        )
         return connection.getresponse()
     except TimeoutError:
         raise url_error(
@@ -366,9 +378,7 @@ def _stream_to_file(
                 need.bytes = max(need.bytes, received + DISK_RESERVE_BYTES)
                 sink.write(chunk)
         if declared_bytes is not None and received != declared_bytes:
-            raise url_error(
-                f"{display_url(url)} promised {declared_bytes:,} bytes but sent {received:,}; try again"
-            )
+            raise url_error(f"{display_url(url)} promised {declared_bytes:,} bytes but sent {received:,}; try again")
         if received == 0:
             raise url_error(f"{display_url(url)} returned an empty body; check the URL")
         partial.replace(destination)
@@ -377,16 +387,14 @@ def _stream_to_file(
         partial.unlink(missing_ok=True)
 
 
-def fetch_archive(
-    request: TrainingRequest, archive_path: Path, limits: DatasetLimits, clock: JobClock | None = None
-) -> None:
-    """The request's zip, from `dataset` (base64) or `dataset_url` (within the job's `clock`), written to
+def fetch_archive(spec: DatasetSpec, archive_path: Path, limits: DatasetLimits, clock: JobClock | None = None) -> None:
+    """The job's zip, from `dataset` (base64) or `dataset_url` (within the job's `clock`), written to
     `archive_path`."""
-    if request.dataset is not None:
-        data = decode_base64_dataset(request.dataset, limits)
+    if spec.dataset is not None:
+        data = decode_base64_dataset(spec.dataset, limits)
         with disk_stage(archive_path.parent, len(data) + DISK_RESERVE_BYTES, purpose="storing the dataset"):
             archive_path.write_bytes(data)
-    elif request.dataset_url is not None:
-        download_dataset(request.dataset_url, archive_path, limits, clock=clock)
+    elif spec.dataset_url is not None:
+        download_dataset(spec.dataset_url, archive_path, limits, clock=clock)
     else:
         raise input_error("dataset", "give the dataset zip as base64 in dataset, or a link in dataset_url")

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.hardware import format_bytes
-from fluxbooth.messages import MAX_NAME_CHARS, short_name
+from fluxbooth.messages import MAX_NAME_CHARS, format_bytes, short_name
 
 DISK_RESERVE_BYTES = 64 * 1024 * 1024
 CHUNK_BYTES = 1024 * 1024

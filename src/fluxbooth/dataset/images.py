@@ -10,16 +10,17 @@ import re
 import struct
 import warnings
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
 
 from fluxbooth.contract.buckets import Resolution
 from fluxbooth.dataset.guards import dataset_error, quoted
-from fluxbooth.hardware import format_bytes
+from fluxbooth.messages import format_bytes
 from fluxbooth.settings import DatasetLimits
 
 # HEIF is the iPhone's HEIC (read through pi-heif's plugin); Pillow reads AVIF itself.
@@ -52,12 +53,12 @@ def _to_eight_bit(image: Image.Image) -> Image.Image:
     if image.mode.startswith("I;16"):
         image = image.convert("I")
     if image.mode == "I":
-        _, high = image.getextrema()
+        _, high = cast("tuple[float, float]", image.getextrema())  # one band: (min, max), not one per band
         if high > 255:
             image = image.point(lambda value: value * (1 / 256))
         return image.convert("L")
     if image.mode == "F":
-        _, high = image.getextrema()
+        _, high = cast("tuple[float, float]", image.getextrema())  # one band: (min, max), not one per band
         if high <= 1.0:
             image = image.point(lambda value: value * 255)
         return image.convert("L")
@@ -213,44 +214,50 @@ def register_heif_decoder() -> None:
     register_heif_opener(thumbnails=False, depth_images=False, aux_images=False)
 
 
+# What a reader raises for an unreadable image: each stage its own kind (the dataset stage its INVALID_DATASET
+# error, the `score` command an input error, the report a warning), the message naming the file.
+ImageError = Callable[[str], Exception]
+
+
 @contextmanager
-def _opened_image(source: Path, shown: str, limits: DatasetLimits) -> Iterator[Image.Image]:
+def _opened_image(
+    source: Path, shown: str, max_pixels: int, min_side: int, error: ImageError = dataset_error
+) -> Iterator[Image.Image]:
     """`source` opened (its header read, nothing decoded) and checked against the per-image caps; Pillow's
     own pixel cap is set to ours while it is open."""
     register_heif_decoder()
     previous_cap = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = limits.max_image_pixels
+    Image.MAX_IMAGE_PIXELS = max_pixels
     try:
         with warnings.catch_warnings():
             # Pillow warns between 1x and 2x its cap and raises above; the size check below is exact.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             try:
                 opened = Image.open(source, formats=ALLOWED_IMAGE_FORMATS)
-            except Image.DecompressionBombError as error:
-                declared = re.search(r"\((\d+) pixels\)", str(error))
+            except Image.DecompressionBombError as bomb:
+                declared = re.search(r"\((\d+) pixels\)", str(bomb))
                 amount = f"{int(declared.group(1)):,}" if declared else "too many"
-                raise dataset_error(
-                    f"image {shown} declares {amount} pixels, over the {limits.max_image_pixels:,}-pixel cap; "
-                    "downscale it"
+                raise error(
+                    f"image {shown} declares {amount} pixels, over the {max_pixels:,}-pixel cap; downscale it"
                 ) from None
             except UnidentifiedImageError:
-                raise dataset_error(
+                raise error(
                     f"image {shown} is not a readable {'/'.join(ALLOWED_IMAGE_FORMATS)} file; "
                     "re-export it as JPEG or PNG"
                 ) from None
-            except (OSError, SyntaxError, ValueError, EOFError, struct.error) as error:
-                raise dataset_error(f"image {shown} is corrupt ({error}); re-export it") from None
+            except (OSError, SyntaxError, ValueError, EOFError, struct.error) as corrupt:
+                raise error(f"image {shown} is corrupt ({corrupt}); re-export it") from None
             with opened:
                 width, height = opened.size
-                if width * height > limits.max_image_pixels:
-                    raise dataset_error(
-                        f"image {shown} declares {width}x{height} pixels, over the "
-                        f"{limits.max_image_pixels:,}-pixel cap; downscale it"
+                if width * height > max_pixels:
+                    raise error(
+                        f"image {shown} declares {width}x{height} pixels, over the {max_pixels:,}-pixel cap; "
+                        "downscale it"
                     )
-                if min(width, height) < limits.min_image_side:
-                    raise dataset_error(
+                if min(width, height) < min_side:
+                    raise error(
                         f"image {shown} is {width}x{height}; the shorter side must be at least "
-                        f"{limits.min_image_side} px. Use a larger photo or remove it"
+                        f"{min_side} px. Use a larger photo or remove it"
                     )
                 yield opened
     finally:
@@ -259,19 +266,17 @@ def _opened_image(source: Path, shown: str, limits: DatasetLimits) -> Iterator[I
 
 def read_header(source: Path, *, member: str, limits: DatasetLimits) -> ImageHeader:
     """The image's declared size, read without decoding it, after the per-image checks."""
-    with _opened_image(source, quoted(member), limits) as opened:
+    with _opened_image(source, quoted(member), limits.max_image_pixels, limits.min_image_side) as opened:
         return ImageHeader(*opened.size)
 
 
-def _decoded(opened: Image.Image, shown: str, limits: DatasetLimits) -> None:
+def _decoded(opened: Image.Image, shown: str, max_pixels: int, error: ImageError = dataset_error) -> None:
     try:
         opened.load()
     except Image.DecompressionBombError:
-        raise dataset_error(
-            f"image {shown} has frames over the {limits.max_image_pixels:,}-pixel cap; downscale it"
-        ) from None
-    except (OSError, SyntaxError, ValueError, EOFError, struct.error, MemoryError) as error:
-        raise dataset_error(f"image {shown} is truncated or corrupt ({error}); re-export it") from None
+        raise error(f"image {shown} has frames over the {max_pixels:,}-pixel cap; downscale it") from None
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error, MemoryError) as corrupt:
+        raise error(f"image {shown} is truncated or corrupt ({corrupt}); re-export it") from None
 
 
 def normalise_image(
@@ -286,12 +291,12 @@ def normalise_image(
     to 8-bit sRGB, downscale to cover its training shapes and save as a fast-compressed PNG."""
     shown = quoted(member)
     shapes = as_resolution(resolution)
-    with _opened_image(source, shown, limits) as opened:
+    with _opened_image(source, shown, limits.max_image_pixels, limits.min_image_side) as opened:
         planned_size = _covering_size(*opened.size, shapes)
         if planned_size is not None and opened.format in ("JPEG", "MPO"):
             # JPEG can decode at 1/2, 1/4 or 1/8 scale directly; it still reads the whole stream.
             opened.draft(opened.mode, planned_size)
-        _decoded(opened, shown, limits)
+        _decoded(opened, shown, limits.max_image_pixels)
         # Everything happens while `opened` is open: a closed Pillow image refuses further work.
         image = _transposed(opened)
         box = middle_crop_box(image.width, image.height, shapes, limits.max_image_aspect_ratio)
@@ -311,9 +316,32 @@ def normalise_image(
         )
         # `planned_size` also counts a JPEG that draft() already reduced on decode.
         downscaled = planned_size is not None or target_size is not None
-        return NormalisedImage(
-            width=image.width, height=image.height, downscaled=downscaled, cropped=box is not None
-        )
+        return NormalisedImage(width=image.width, height=image.height, downscaled=downscaled, cropped=box is not None)
+
+
+def read_image(
+    source: Path,
+    *,
+    name: str,
+    max_side: int,
+    error: ImageError = dataset_error,
+    max_pixels: int = DatasetLimits.max_image_pixels,
+) -> Image.Image:
+    """`source` read as the dataset stage reads a photo (the pixel cap, the first frame decoded in full so a
+    truncated file fails, EXIF orientation applied, 16-bit, palette and CMYK to 8-bit sRGB RGB) and shrunk as
+    it is read to at most `max_side` on its longer side: a JPEG decodes at 1/2 to 1/8 scale, any other format
+    is reduced right after its decode, so what a caller keeps is at most max_side² RGB pixels. An unreadable
+    file raises `error(message)`, the message naming it as `name`."""
+    shown = quoted(name)
+    with _opened_image(source, shown, max_pixels, 1, error) as opened:
+        if opened.format in ("JPEG", "MPO"):
+            # draft() keeps the decoded size at or above the one asked for; thumbnail() below does the rest.
+            opened.draft(opened.mode, (max_side, max_side))
+        _decoded(opened, shown, max_pixels, error)
+        image = _to_rgb(_transposed(opened))
+        image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS, reducing_gap=3.0)
+        # A copy when nothing above made one: the pixels must outlive the file, which closes here.
+        return image.copy() if image is opened else image
 
 
 def read_caption(path: Path, *, member: str) -> str:
@@ -328,9 +356,7 @@ def read_caption(path: Path, *, member: str) -> str:
     if "\x00" in text:
         raise dataset_error(f"caption {shown} contains NUL bytes; save it as plain UTF-8 text")
     if len(text) > MAX_CAPTION_CHARS:
-        raise dataset_error(
-            f"caption {shown} has {len(text)} characters; the limit is {MAX_CAPTION_CHARS}. Shorten it"
-        )
+        raise dataset_error(f"caption {shown} has {len(text)} characters; the limit is {MAX_CAPTION_CHARS}. Shorten it")
     return text
 
 

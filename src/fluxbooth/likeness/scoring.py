@@ -19,17 +19,38 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from fluxbooth.contract.budgets import MAX_SCORED_PHOTOS
+from fluxbooth.contract.scoring import BASE_STEP, PROXY_NOTE, ScoringInput
+from fluxbooth.dataset.members import IMAGE_EXTENSIONS
 from fluxbooth.likeness.embedders import DinoEmbedder, SiglipScorer, load_dino, load_siglip
 from fluxbooth.likeness.faces import FaceEmbedder, load_face_embedder
-from fluxbooth.likeness.inputs import NothingToScore, RenderSet, folder_set, image_files, load_image, validation_sets
-from fluxbooth.likeness.interface import BASE_STEP, MAX_SCORED_PHOTOS, PROXY_NOTE, ScoringInput
+from fluxbooth.likeness.inputs import (
+    MAX_NAMED_UNSCORED,
+    NothingToScore,
+    RenderSet,
+    folder_set,
+    image_files,
+    load_image,
+    unscored_files,
+    validation_sets,
+)
 from fluxbooth.likeness.selection import DLIB_MATCH_DISTANCE, Metric, StepEmbeddings, score_steps
-from fluxbooth.likeness.weights import DINO, SIGLIP, HubModel, ModelRecord, ModelUnavailable, resolve_weights, unavailable_record
+from fluxbooth.likeness.weights import (
+    DINO,
+    SIGLIP,
+    HubModel,
+    ModelRecord,
+    ModelUnavailable,
+    resolve_weights,
+    unavailable_record,
+)
 
 # The scale's zero when no base renders were made (the `score` command without --base-renders): for faces, dlib's
 # published same-person boundary; for images, a cosine of 0 (an unrelated direction).
-FACE_FALLBACK_ZERO = (1.0 - DLIB_MATCH_DISTANCE,
-                      "no base renders: dlib's same-person boundary (distance 0.6), so 0 = just not the same person")
+FACE_FALLBACK_ZERO = (
+    1.0 - DLIB_MATCH_DISTANCE,
+    "no base renders: dlib's same-person boundary (distance 0.6), so 0 = just not the same person",
+)
 IMAGE_FALLBACK_ZERO = (0.0, "no base renders: cosine similarity 0, so 0 = no likeness at all (a lenient zero)")
 UNSCORED_REASON = "the job's deadline: step 0 and the final step come first, then the newest steps while time was left"
 
@@ -67,7 +88,9 @@ def _try_face_embedder() -> tuple[FaceEmbedder | None, str | None]:
         return None, str(error)
 
 
-def decide_subject_type(requested: str, photos: Sequence[Image.Image], faces: FaceEmbedder | None, why_no_faces: str | None) -> tuple[str, str]:
+def decide_subject_type(
+    requested: str, photos: Sequence[Image.Image], faces: FaceEmbedder | None, why_no_faces: str | None
+) -> tuple[str, str]:
     """The subject type and where it came from: the request, or (auto) the photos' faces."""
     if requested != "auto":
         return requested, "request"
@@ -78,24 +101,32 @@ def decide_subject_type(requested: str, photos: Sequence[Image.Image], faces: Fa
     return subject, f"auto: {single} of {len(photos)} photos hold exactly one face"
 
 
-def _optional(model: HubModel, environ: Mapping[str, str], role: str, loader: Callable[[Path], Any]) -> tuple[Any, ModelRecord]:
+def _optional(
+    model: HubModel, environ: Mapping[str, str], role: str, loader: Callable[[Path], Any]
+) -> tuple[Any, ModelRecord]:
     try:
         weights = resolve_weights(model, environ, role)
         return loader(weights.folder), weights.record
     except ModelUnavailable as error:
         return None, unavailable_record(model, str(error), role)
     except Exception as error:  # a folder the loader cannot read: the model is unavailable, scoring goes on
-        return None, unavailable_record(model, f"{model.repo_id} could not be loaded ({type(error).__name__}: {error})", role)
+        return None, unavailable_record(
+            model, f"{model.repo_id} could not be loaded ({type(error).__name__}: {error})", role
+        )
 
 
-def load_scorers(requested: str, photos: Sequence[Image.Image], environ: Mapping[str, str], with_fidelity: bool) -> Scorers:
+def load_scorers(
+    requested: str, photos: Sequence[Image.Image], environ: Mapping[str, str], with_fidelity: bool
+) -> Scorers:
     """The models for this subject; ModelUnavailable when its likeness model is missing."""
     faces, why_no_faces = _try_face_embedder() if requested in ("person", "auto") else (None, None)
     subject, source = decide_subject_type(requested, photos, faces, why_no_faces)
     scorers = Scorers(subject, source)
     if subject == "person":
         if faces is None:
-            raise ModelUnavailable(f"persons are scored by dlib's face recogniser, which is unavailable: {why_no_faces}")
+            raise ModelUnavailable(
+                f"persons are scored by dlib's face recogniser, which is unavailable: {why_no_faces}"
+            )
         scorers.faces = faces
         scorers.records.append(faces.record)
     scorers.dino, dino_record = _optional(DINO, environ, "likeness" if subject != "person" else "variety", load_dino)
@@ -133,8 +164,13 @@ def scoring_order(steps: Sequence[int], final_step: int) -> list[int]:
     return first + sorted((step for step in steps if step not in first), reverse=True)
 
 
-def embed_steps(scorers: Scorers, sets: Sequence[RenderSet], final_step: int, stop_at: float | None,
-                clock: Callable[[], float] = time.time) -> tuple[list[StepEmbeddings], dict[int, int]]:
+def embed_steps(
+    scorers: Scorers,
+    sets: Sequence[RenderSet],
+    final_step: int,
+    stop_at: float | None,
+    clock: Callable[[], float] = time.time,
+) -> tuple[list[StepEmbeddings], dict[int, int]]:
     """Every step's embeddings the deadline allows, and the skipped steps with their render counts."""
     by_step = {renders.step: renders for renders in sets}
     done: list[StepEmbeddings] = []
@@ -151,16 +187,31 @@ def embed_steps(scorers: Scorers, sets: Sequence[RenderSet], final_step: int, st
     return done, skipped
 
 
-def scored_section(scorers: Scorers, photos: np.ndarray, steps: Sequence[StepEmbeddings], skipped: dict[int, int],
-                   keep_best_step: bool) -> dict[str, Any]:
+def scored_section(
+    scorers: Scorers, photos: np.ndarray, steps: Sequence[StepEmbeddings], skipped: dict[int, int], keep_best_step: bool
+) -> dict[str, Any]:
     """The section (status "scored") from the embeddings."""
-    scored = score_steps(scorers.metric, photos, steps, faces=scorers.subject_type == "person",
-                         keep_best_step=keep_best_step, fallback_zero=scorers.fallback_zero, unscored=skipped)
+    scored = score_steps(
+        scorers.metric,
+        photos,
+        steps,
+        faces=scorers.subject_type == "person",
+        keep_best_step=keep_best_step,
+        fallback_zero=scorers.fallback_zero,
+        unscored=skipped,
+    )
     return {
-        "status": "scored", "subject_type": scorers.subject_type, "subject_type_source": scorers.subject_type_source,
-        "models": [record.to_json() for record in scorers.records], "calibration": scored.calibration.to_json(),
-        "steps": scored.steps, "selected_step": scored.choice.step, "selection": scored.choice.sentence,
-        "unscored_steps": sorted(skipped), "unscored_reason": UNSCORED_REASON if skipped else None, "note": PROXY_NOTE,
+        "status": "scored",
+        "subject_type": scorers.subject_type,
+        "subject_type_source": scorers.subject_type_source,
+        "models": [record.to_json() for record in scorers.records],
+        "calibration": scored.calibration.to_json(),
+        "steps": scored.steps,
+        "selected_step": scored.choice.step,
+        "selection": scored.choice.sentence,
+        "unscored_steps": sorted(skipped),
+        "unscored_reason": UNSCORED_REASON if skipped else None,
+        "note": PROXY_NOTE,
     }
 
 
@@ -190,12 +241,27 @@ def score_job(scoring_input: ScoringInput, clock: Callable[[], float] = time.tim
 
 # The `score` command's one set of renders, and its base renders (when given) as the base model's step.
 FOLDER_RENDERS_STEP = 1
-SUMMARY_KEYS = ("renders", "likeness", "likeness_se", "face_detect_rate", "face_match_rate", "copies", "prompt_fidelity",
-                "prompt_fidelity_change", "variety")
+SUMMARY_KEYS = (
+    "renders",
+    "likeness",
+    "likeness_se",
+    "face_detect_rate",
+    "face_match_rate",
+    "copies",
+    "prompt_fidelity",
+    "prompt_fidelity_change",
+    "variety",
+)
 
 
-def score_folders(photos_dir: Path, renders_dir: Path, base_dir: Path | None, subject_type: str, prompt: str | None,
-                  environ: Mapping[str, str]) -> dict[str, Any]:
+def score_folders(
+    photos_dir: Path,
+    renders_dir: Path,
+    base_dir: Path | None,
+    subject_type: str,
+    prompt: str | None,
+    environ: Mapping[str, str],
+) -> dict[str, Any]:
     """The `score` command: one folder of renders against the photos, with an optional folder of base renders."""
     sets = [folder_set(FOLDER_RENDERS_STEP, renders_dir, prompt)]
     if base_dir is not None:
@@ -211,4 +277,15 @@ def score_folders(photos_dir: Path, renders_dir: Path, base_dir: Path | None, su
         base = next(step for step in section["steps"] if step["step"] == BASE_STEP)
         summary["base_renders"] = {key: base[key] for key in SUMMARY_KEYS if key != "prompt_fidelity_change"}
     keep = ("subject_type", "subject_type_source", "calibration", "models", "note")
-    return {**summary, **{key: section[key] for key in keep}}
+    folders = [folder for folder in (photos_dir, renders_dir, base_dir) if folder is not None]
+    return {**summary, **{key: section[key] for key in keep}, "not_scored": not_scored(folders)}
+
+
+def not_scored(folders: Sequence[Path]) -> dict[str, Any]:
+    """The files in the `score` command's folders that it left out, named (the first MAX_NAMED_UNSCORED)."""
+    files = [str(path) for folder in folders for path in unscored_files(folder)]
+    return {
+        "count": len(files),
+        "files": files[:MAX_NAMED_UNSCORED],
+        "reason": f"not an image format the command reads ({', '.join(sorted(IMAGE_EXTENSIONS))})",
+    }

@@ -1,4 +1,4 @@
-"""Where the scoring models come from: DINOv2 and SigLIP, resolved like the base model (fluxbooth.model_source).
+"""Where the scoring models come from: DINOv2 and SigLIP, resolved like the base model (fluxbooth.models.source).
 
 In order: an operator's own folder (FLUXBOOTH_LIKENESS_DINO, FLUXBOOTH_LIKENESS_SIGLIP: any folder
 `save_pretrained` wrote; its weights are hashed and reported, not held to the pin), then the pinned revision in
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fluxbooth.artifacts import sha256_file
-from fluxbooth.model_source import ModelPlaces
+from fluxbooth.models.source import ModelPlaces
+from fluxbooth.storage.artifacts import sha256_file
 
 WEIGHTS_FILE = "model.safetensors"
 # What every model folder must hold; the processor's and tokenizer's files come with the patterns below.
@@ -44,14 +44,22 @@ class HubModel:
 # The pins: the repositories' commits and the sha256 of their model.safetensors, as the hub lists them (the
 # same values are published in several independent projects that pin these models). Change them together.
 DINO = HubModel(
-    role="likeness", repo_id="facebook/dinov2-small", revision="ed25f3a31f01632728cabb09d1542f84ab7b0056",
-    sha256="ae1e99fcefd534ed978cdeb8326f08030c96e28b7a81ffcbc98a857c84d14be1", licence="Apache-2.0",
-    override_variable="FLUXBOOTH_LIKENESS_DINO", patterns=("*.json", WEIGHTS_FILE),
+    role="likeness",
+    repo_id="facebook/dinov2-small",
+    revision="ed25f3a31f01632728cabb09d1542f84ab7b0056",
+    sha256="ae1e99fcefd534ed978cdeb8326f08030c96e28b7a81ffcbc98a857c84d14be1",
+    licence="Apache-2.0",
+    override_variable="FLUXBOOTH_LIKENESS_DINO",
+    patterns=("*.json", WEIGHTS_FILE),
 )
 SIGLIP = HubModel(
-    role="prompt_fidelity", repo_id="google/siglip-base-patch16-224", revision="7fd15f0689c79d79e38b1c2e2e2370a7bf2761ed",
-    sha256="2c63cb7d1f2e95ba501893cbb8faeb4ea9a3af295498d35097126228659c2af8", licence="Apache-2.0",
-    override_variable="FLUXBOOTH_LIKENESS_SIGLIP", patterns=("*.json", "spiece.model", WEIGHTS_FILE),
+    role="prompt_fidelity",
+    repo_id="google/siglip-base-patch16-224",
+    revision="7fd15f0689c79d79e38b1c2e2e2370a7bf2761ed",
+    sha256="2c63cb7d1f2e95ba501893cbb8faeb4ea9a3af295498d35097126228659c2af8",
+    licence="Apache-2.0",
+    override_variable="FLUXBOOTH_LIKENESS_SIGLIP",
+    patterns=("*.json", "spiece.model", WEIGHTS_FILE),
 )
 
 
@@ -68,8 +76,15 @@ class ModelRecord:
     reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"role": self.role, "name": self.name, "revision": self.revision, "sha256": self.sha256,
-                "licence": self.licence, "status": self.status, "reason": self.reason}
+        return {
+            "role": self.role,
+            "name": self.name,
+            "revision": self.revision,
+            "sha256": self.sha256,
+            "licence": self.licence,
+            "status": self.status,
+            "reason": self.reason,
+        }
 
 
 @dataclass(frozen=True)
@@ -79,7 +94,9 @@ class ResolvedWeights:
 
 
 def unavailable_record(model: HubModel, reason: str, role: str | None = None) -> ModelRecord:
-    return ModelRecord(role or model.role, model.repo_id, model.revision, model.sha256, model.licence, "unavailable", reason)
+    return ModelRecord(
+        role or model.role, model.repo_id, model.revision, model.sha256, model.licence, "unavailable", reason
+    )
 
 
 def _missing_files(folder: Path) -> list[str]:
@@ -105,8 +122,14 @@ def _override(model: HubModel, folder: Path, role: str) -> ResolvedWeights:
     missing = _missing_files(folder) if folder.is_dir() else ["the folder itself"]
     if missing:
         raise ModelUnavailable(f"{where} lacks {', '.join(missing)}: give a folder that save_pretrained wrote")
-    record = ModelRecord(role, model.repo_id, f"operator's folder ({model.override_variable})",
-                         sha256_file(folder / WEIGHTS_FILE), model.licence, "used")
+    record = ModelRecord(
+        role,
+        model.repo_id,
+        f"operator's folder ({model.override_variable})",
+        sha256_file(folder / WEIGHTS_FILE),
+        model.licence,
+        "used",
+    )
     return ResolvedWeights(folder, record)
 
 
@@ -117,8 +140,15 @@ def _in_cache(model: HubModel, cache_root: Path) -> Path | None:
     if not cache_root.is_dir():
         return None
     try:
-        folder = Path(snapshot_download(model.repo_id, revision=model.revision, cache_dir=cache_root,
-                                        local_files_only=True, allow_patterns=list(model.patterns)))
+        folder = Path(
+            snapshot_download(
+                model.repo_id,
+                revision=model.revision,
+                cache_dir=cache_root,
+                local_files_only=True,
+                allow_patterns=list(model.patterns),
+            )
+        )
     except (LocalEntryNotFoundError, OSError):
         return None
     return folder if not _missing_files(folder) else None
@@ -128,8 +158,16 @@ def _download(model: HubModel, places: ModelPlaces) -> Path:
     from huggingface_hub import snapshot_download  # on use only: see _in_cache
 
     try:
-        return Path(snapshot_download(model.repo_id, revision=model.revision, cache_dir=places.hub_cache,
-                                      endpoint=places.endpoint, token=places.token, allow_patterns=list(model.patterns)))
+        return Path(
+            snapshot_download(
+                model.repo_id,
+                revision=model.revision,
+                cache_dir=places.hub_cache,
+                endpoint=places.endpoint,
+                token=places.token,
+                allow_patterns=list(model.patterns),
+            )
+        )
     except Exception as error:  # the hub client's errors (unreachable, not found) or the cache's disk
         # The hub client's message runs over several lines (its advice on the cache): the first says what failed.
         first_line = next(iter(str(error).splitlines()), "")[:200]

@@ -1,6 +1,6 @@
 """Choosing how a job runs: ZeRO stage, offload targets, precision, training type, base precision.
 
-- `types`: the job as the planner reads it (built from the job spec, fluxbooth.spec), strategies,
+- `types`: the job as the planner reads it (built from the job spec, fluxbooth.request.spec), strategies,
   estimates, candidates, the `Plan`;
 - `memory`: predicted GPU, host and disk bytes per strategy and per phase (docs/memory.md);
 - `gpus`, `timing`: the GPU datasheet table and the time model per step and per phase;
@@ -10,7 +10,6 @@
 No torch here.
 """
 
-from fluxbooth.sizing import model_size
 from fluxbooth.plan.candidates import (
     as_job,
     effective_precision,
@@ -41,11 +40,34 @@ from fluxbooth.plan.types import (
     Plan,
     Strategy,
 )
+from fluxbooth.sizing import model_size
 
 __all__ = [
-    "PHASES", "Candidate", "JobShape", "MemoryEstimate", "PhaseEstimate",
-    "Plan", "Strategy", "activation_bytes", "as_job", "check_job", "choose_plan", "compute_dtype_bytes",
-    "deadline_check", "effective_precision", "estimate_memory", "evaluate_candidates", "frozen_base_bytes", "full_finetune_host_bytes",
-    "honours_request", "image_tokens", "model_size", "model_state_bytes", "optimizer_for", "pick",
-    "plan_for_strategy", "seconds_per_step", "strategies_for",
+    "PHASES",
+    "Candidate",
+    "JobShape",
+    "MemoryEstimate",
+    "PhaseEstimate",
+    "Plan",
+    "Strategy",
+    "activation_bytes",
+    "as_job",
+    "check_job",
+    "choose_plan",
+    "compute_dtype_bytes",
+    "deadline_check",
+    "effective_precision",
+    "estimate_memory",
+    "evaluate_candidates",
+    "frozen_base_bytes",
+    "full_finetune_host_bytes",
+    "honours_request",
+    "image_tokens",
+    "model_size",
+    "model_state_bytes",
+    "optimizer_for",
+    "pick",
+    "plan_for_strategy",
+    "seconds_per_step",
+    "strategies_for",
 ]

@@ -7,9 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from fluxbooth.contract.names import FUSED_ADAFACTOR_CLASS, normalise_optimizer_name
 from fluxbooth.contract.precision import BASE_PRECISIONS, QUANTISED_PRECISIONS
-from fluxbooth.hardware import Hardware, format_bytes
-from fluxbooth.sizing import ModelSize
+from fluxbooth.host.hardware import Hardware
+from fluxbooth.messages import format_bytes
+from fluxbooth.plan.container_limits import memlock_problem, memlock_ratio
 from fluxbooth.plan.memory import DISK_MARGIN, GPU_MARGIN, HOST_MARGIN, compute_dtype_bytes, estimate_memory
 from fluxbooth.plan.timing import mixed_seconds_per_step, phase_seconds
 from fluxbooth.plan.types import (
@@ -20,29 +22,47 @@ from fluxbooth.plan.types import (
     Offload,
     Strategy,
 )
-from fluxbooth.contract.names import FUSED_ADAFACTOR_CLASS, normalise_optimizer_name
-from fluxbooth.request import fused_pass_conflicts
+from fluxbooth.request.fused import fused_pass_conflicts
+from fluxbooth.request.spec import JobSpec
 from fluxbooth.settings import DatasetLimits
-from fluxbooth.spec import JobSpec
+from fluxbooth.sizing import ModelSize
 
 PHASE_VERBS = {
-    "loading": "loading the transformer", "caching": "caching embeddings", "class_images": "generating class images",
-    "training": "training", "validation": "rendering validation images", "export": "exporting",
+    "loading": "loading the transformer",
+    "caching": "caching embeddings",
+    "class_images": "generating class images",
+    "training": "training",
+    "validation": "rendering validation images",
+    "export": "exporting",
 }
 # The class that steps each optimizer when DeepSpeed offloads it to the CPU (or NVMe).
 OFFLOADED_OPTIMIZER_CLASSES = {
-    "adamw": "DeepSpeedCPUAdam", "adam": "DeepSpeedCPUAdam", "adagrad": "DeepSpeedCPUAdagrad",
-    "lion": "DeepSpeedCPULion", "sgd": "SGD", "adafactor": "Adafactor",
+    "adamw": "DeepSpeedCPUAdam",
+    "adam": "DeepSpeedCPUAdam",
+    "adagrad": "DeepSpeedCPUAdagrad",
+    "lion": "DeepSpeedCPULion",
+    "sgd": "SGD",
+    "adafactor": "Adafactor",
 }
 # Not offloaded, with or without DeepSpeed: the trainer's own (torch's fused AdamW and Adam, train/lion.py's Lion),
 # handed to DeepSpeed as a client optimizer; DeepSpeed's GPU kernels would need nvcc to build.
 TORCH_OPTIMIZER_CLASSES = {
-    "adamw": "AdamW", "adam": "Adam", "adagrad": "Adagrad", "lion": "Lion", "sgd": "SGD", "adafactor": "Adafactor",
+    "adamw": "AdamW",
+    "adam": "Adam",
+    "adagrad": "Adagrad",
+    "lion": "Lion",
+    "sgd": "SGD",
+    "adafactor": "Adafactor",
 }
 # kohya's FLUX full fine-tune: bf16 weights, Adafactor fused into the backward pass, no DeepSpeed, one process.
 FUSED_STRATEGY = Strategy("full", False, 0, "none", "none", fused_backward_pass=True)
 # The same with the trained blocks in pinned host RAM, streamed in as the passes reach them (kohya's --blocks_to_swap).
 FUSED_SWAP_STRATEGY = Strategy("full", False, 0, "none", "none", block_swap=True, fused_backward_pass=True)
+
+
+# Activation checkpointing the planner weighs when the request leaves it unset (Strategy.checkpoint_every): none,
+# every 4th, 3rd or 2nd block, every block; the memory each needs grows from the last to the first.
+CHECKPOINT_GRANULARITIES = (0, 4, 3, 2, 1)
 
 
 def as_job(
@@ -67,7 +87,10 @@ def strategies_for(
         # The trainer's own swapper (train/blockswap.py), outside DeepSpeed's partitioning: ZeRO-2 at most.
         swapped = [Strategy("lora", False, 0, "none", "none", base_precision, block_swap=True)]
         if use_deepspeed:
-            swapped = [Strategy("lora", True, 2, optimizer, "none", base_precision, block_swap=True) for optimizer in ("none", "cpu")]
+            swapped = [
+                Strategy("lora", True, 2, optimizer, "none", base_precision, block_swap=True)
+                for optimizer in ("none", "cpu")
+            ]
     if base_precision in QUANTISED_PRECISIONS:
         # A quantised base stays out of ZeRO-3 (train/quantize.py refuses it: its partitioning would gather
         # and cast the codes, and DeepSpeed ignores offload_param below ZeRO-3): whole on each GPU, or swapped.
@@ -97,6 +120,16 @@ def base_precisions_for(training_type: str, requested: str) -> tuple[str, ...]:
     if training_type == "full":
         return ("bf16",)
     return BASE_PRECISIONS if requested == "auto" else (requested,)
+
+
+def checkpointing_for(strategy: Strategy, job: JobShape) -> tuple[int, ...]:
+    """The granularities `strategy` is weighed at: the request's (`true` every block, `false` none), or, unset,
+    every one of CHECKPOINT_GRANULARITIES; swapped blocks need every block recomputed (train/blockswap.py)."""
+    if strategy.block_swap or job.gradient_checkpointing is True:
+        return (1,)
+    if job.gradient_checkpointing is False:
+        return (0,)
+    return CHECKPOINT_GRANULARITIES
 
 
 def requested_stage(job: JobShape) -> int | None:
@@ -171,6 +204,8 @@ def fit_reason(estimate: MemoryEstimate, hardware: Hardware) -> str:
             f"needs ≈{format_bytes(estimate.nvme_bytes)} at the offload path{headroom(DISK_MARGIN)}, has "
             f"{format_bytes(hardware.nvme_free_bytes or 0)}"
         )
+    if locked := memlock_problem(estimate, hardware):
+        problems.append(locked)
     return "; ".join(problems)
 
 
@@ -189,6 +224,8 @@ def resource_ratios(estimate: MemoryEstimate, hardware: Hardware) -> dict[str, f
     }
     if hardware.accelerator == "cuda":
         ratios["gpu"] = estimate.gpu_bytes * (1 + GPU_MARGIN) / max(1, hardware.gpu_memory_bytes)
+    if (locked := memlock_ratio(estimate, hardware)) is not None:
+        ratios["locked memory"] = locked
     return ratios
 
 
@@ -196,7 +233,7 @@ def evaluate_candidate(
     strategy: Strategy, job: JobShape, hardware: Hardware, model: ModelSize, precision: str, *, honours: bool
 ) -> Candidate:
     estimate = estimate_memory(strategy, model, job, hardware, precision)
-    trainable = estimate.breakdown["trainable_params"]
+    trainable = int(estimate.breakdown["trainable_params"])  # a count, in the breakdown of (float) bytes
     step = mixed_seconds_per_step(strategy, model, job, hardware, trainable, compute_dtype_bytes(precision))
     reason = fit_reason(estimate, hardware)
     return Candidate(
@@ -207,7 +244,9 @@ def evaluate_candidate(
         reason=reason or "fits",
         lora_rank=job.lora_rank if strategy.training_type == "lora" else None,
         honours_request=honours,
-        phase_seconds=phase_seconds(strategy, model, replace(job, mixed_precision=precision), hardware, trainable, step),
+        phase_seconds=phase_seconds(
+            strategy, model, replace(job, mixed_precision=precision), hardware, trainable, step
+        ),
     )
 
 
@@ -221,10 +260,13 @@ def evaluate_candidates(
     precision, _ = effective_precision(job, hardware)
     has_nvme = bool(hardware.nvme_path)
     # Swapping blocks saves GPU memory only where there is one, and needs each block recomputed in the backward.
-    swap = hardware.accelerator == "cuda" and job.gradient_checkpointing
+    swap = hardware.accelerator == "cuda" and job.gradient_checkpointing is not False
     plans: list[tuple[Strategy, int]] = []
     for base in base_precisions_for(job.training_type, job.base_precision):
-        plans += [(s, job.lora_rank) for s in strategies_for(job.training_type, job.use_deepspeed, has_nvme, base, block_swap=swap)]
+        plans += [
+            (s, job.lora_rank)
+            for s in strategies_for(job.training_type, job.use_deepspeed, has_nvme, base, block_swap=swap)
+        ]
     if fused_pass_possible(hardware, precision) and (job.training_type == "full" or include_alternatives):
         plans += [(FUSED_STRATEGY, job.lora_rank)] + ([(FUSED_SWAP_STRATEGY, job.lora_rank)] if swap else [])
     if job.use_deepspeed and requested_stage(job) == 1:
@@ -235,17 +277,33 @@ def evaluate_candidates(
         rank = ALTERNATIVE_LORA_RANK if other == "lora" else job.lora_rank
         for base in base_precisions_for(other, "auto"):
             plans += [(s, rank) for s in strategies_for(other, True, has_nvme, base, block_swap=swap)]
-    candidates = [
-        evaluate_candidate(
-            strategy,
+    candidates = []
+    for strategy, rank in plans:
+        honours = honours_request(strategy, job) and rank == job.lora_rank
+        granularities = checkpointing_for(strategy, job)
+        # The most checkpointed first: what does not fit with it fits with none of the others, which saves
+        # evaluating them (the planner runs often, and refusals re-plan every variant).
+        first = evaluate_candidate(
+            replace(strategy, checkpoint_every=granularities[-1]),
             replace(job, lora_rank=rank),
             hardware,
             model,
             precision,
-            honours=honours_request(strategy, job) and rank == job.lora_rank,
+            honours=honours,
         )
-        for strategy, rank in plans
-    ]
+        candidates.append(first)
+        if first.fits and honours:
+            candidates += [
+                evaluate_candidate(
+                    replace(strategy, checkpoint_every=every),
+                    replace(job, lora_rank=rank),
+                    hardware,
+                    model,
+                    precision,
+                    honours=honours,
+                )
+                for every in granularities[:-1]
+            ]
     fastest = min(candidate.seconds_per_step for candidate in candidates)
     return [replace(candidate, relative_speed=fastest / candidate.seconds_per_step) for candidate in candidates]
 
@@ -274,9 +332,12 @@ def fused_pass_changes(job: JobShape) -> list[str]:
     """The request settings a full fine-tune would have to change to run the fused pass (none: it may)."""
     stage = requested_stage(job)
     conflicts = fused_pass_conflicts(
-        gradient_accumulation_steps=job.gradient_accumulation_steps, optimizer=job.optimizer,
-        optimizer_named=job.optimizer_named, mixed_precision=job.mixed_precision,
-        zero_stage="auto" if stage is None else stage, offload=job.offload,
+        gradient_accumulation_steps=job.gradient_accumulation_steps,
+        optimizer=job.optimizer,
+        optimizer_named=job.optimizer_named,
+        mixed_precision=job.mixed_precision,
+        zero_stage="auto" if stage is None else stage,
+        offload=job.offload,
     )
     return [conflict.change for conflict in conflicts]
 

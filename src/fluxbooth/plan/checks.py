@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import math
 
+from fluxbooth.contract.precision import QUANTISED_PRECISIONS
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.messages import describe_seconds
-from fluxbooth.sizing import ModelSize, lora_target_suffixes, unmatched_lora_targets
-from fluxbooth.request import MAX_TIMEOUT_SECONDS
-from fluxbooth.contract.precision import QUANTISED_PRECISIONS
 from fluxbooth.plan.types import Candidate, JobShape
+from fluxbooth.request.limits import MAX_TIMEOUT_SECONDS
+from fluxbooth.sizing import ModelSize, lora_target_suffixes, unmatched_lora_targets
 
 DEADLINE_WARN_FRACTION = 0.8
 # A deadline suggested in a refusal leaves this much room over the estimate.
@@ -69,8 +69,13 @@ def _remedies(candidate: Candidate, job: JobShape, deadline: float) -> list[str]
         per_image = phases["class_images"] / job.num_class_images
         affordable = int((budget - phases.get("training", 0.0) - phases.get("validation", 0.0)) / per_image)
         if affordable >= 1:
-            remedies.append((phases["class_images"], f"num_class_images about {affordable} (≈{per_image:.0f} s per "
-                             "generated image; images in the zip's class/ folder are not generated)"))
+            remedies.append(
+                (
+                    phases["class_images"],
+                    f"num_class_images about {affordable} (≈{per_image:.0f} s per "
+                    "generated image; images in the zip's class/ folder are not generated)",
+                )
+            )
     if phases.get("validation"):
         text = f"fewer validation_prompts ({job.validation_prompts} now; [] renders none)"
         if job.validation_rounds_during_training:
@@ -89,7 +94,9 @@ def _remedies(candidate: Candidate, job: JobShape, deadline: float) -> list[str]
 def steps_that_fit(candidate: Candidate, deadline: float) -> int:
     """The most optimizer steps that, with every other phase as planned (but those that shrink), finish before
     `deadline`."""
-    others = sum(seconds for name, seconds in candidate.phase_seconds.items() if name not in ("training", *SHRINKING_PHASES))
+    others = sum(
+        seconds for name, seconds in candidate.phase_seconds.items() if name not in ("training", *SHRINKING_PHASES)
+    )
     return max(0, int((deadline - others) / max(candidate.seconds_per_step, 1e-9)))
 
 
@@ -145,7 +152,9 @@ def deadline_check(candidate: Candidate, job: JobShape, deadline_seconds: float 
     return []
 
 
-def auto_checkpointing(candidate: Candidate, job: JobShape, deadline_seconds: float | None) -> tuple[int | None, list[str]]:
+def auto_checkpointing(
+    candidate: Candidate, job: JobShape, deadline_seconds: float | None
+) -> tuple[int | None, list[str]]:
     """(checkpointing_steps, warnings): the request's own, or, for a run predicted to use more than half of its
     deadline, a checkpoint about every quarter of the run, said in a warning, so a run cut short keeps its work."""
     if job.checkpointing_steps or not deadline_seconds or job.steps < 2:

@@ -8,23 +8,24 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.hardware import Hardware
-from fluxbooth.sizing import ModelSize
-from fluxbooth.settings import TransferRates
+from fluxbooth.host.hardware import Hardware
 from fluxbooth.plan.candidates import (
-    requested_stage,
     as_job,
     effective_precision,
     evaluate_candidate,
     evaluate_candidates,
     optimizer_for,
     pick,
+    requested_stage,
 )
 from fluxbooth.plan.checks import auto_checkpointing, check_job, deadline_check
+from fluxbooth.plan.container_limits import container_notes, nccl_shm_disabled
 from fluxbooth.plan.refusal import refusal_message
 from fluxbooth.plan.timing import deadline_stop_reserve_seconds, gpu_spec_for
 from fluxbooth.plan.types import Candidate, JobShape, Plan, Strategy
-from fluxbooth.spec import JobSpec
+from fluxbooth.request.spec import JobSpec
+from fluxbooth.settings import TransferRates
+from fluxbooth.sizing import ModelSize
 
 
 def _request_warnings(job: JobShape, hardware: Hardware) -> list[str]:
@@ -63,20 +64,24 @@ def choose_plan(
     bucket_mix: Mapping[tuple[int, int], int] | None = None,
     download_bytes: int | None = None,
     transfer_rates: TransferRates | None = None,
+    op_build_seconds: float | None = None,
 ) -> Plan:
     """The fastest strategy that fits with a margin, or `does_not_fit` with the numbers and the
-    nearest strategies that would fit. `spec_or_job` is the job spec (fluxbooth.spec) or a hand-built
+    nearest strategies that would fit. `spec_or_job` is the job spec (fluxbooth.request.spec) or a hand-built
     JobShape. `deadline_seconds` defaults to the request's `timeout_seconds`; `instance_images` to
     the dataset cap (the count is unknown before the dataset is fetched). Once the dataset is prepared,
     plan again with its `instance_images` and `bucket_mix` (PreparedDataset's): samples per training shape,
     so memory is sized for the largest bucket it holds and time for its mix. `download_bytes`: the base model's
     bytes still to download (0: cached), timed at `transfer_rates` (the worker's) with the upload; unset, a
-    JobShape's own (a spec's: nothing to download, the default rates)."""
+    JobShape's own (a spec's: nothing to download, the default rates). `op_build_seconds`: the DeepSpeed ops the
+    trainer must still JIT-build, counted in its loading phase (host/op_cache.py)."""
     job = as_job(spec_or_job, instance_images, bucket_mix)
     if download_bytes is not None:
         job = replace(job, download_bytes=download_bytes)
     if transfer_rates is not None:
         job = replace(job, transfer_rates=transfer_rates)
+    if op_build_seconds is not None:
+        job = replace(job, op_build_seconds=op_build_seconds)
     check_job(job, model)
     precision, warnings = effective_precision(job, hardware)
     warnings += _request_warnings(job, hardware)
@@ -111,22 +116,26 @@ def choose_plan(
 def plan_from(candidate: Candidate, job: JobShape, hardware: Hardware, precision: str, warnings: list[str]) -> Plan:
     strategy = candidate.strategy
     on_cpu = hardware.accelerator == "cpu"
+    processes = 1 if on_cpu else hardware.gpu_count
+    trainable = int(candidate.estimate.breakdown["trainable_params"])
     return Plan(
         accelerator="cpu" if on_cpu else "cuda",
-        num_processes=1 if on_cpu else hardware.gpu_count,
+        num_processes=processes,
         training_type=strategy.training_type,  # type: ignore[arg-type]
         use_deepspeed=strategy.use_deepspeed,
         zero_stage=strategy.zero_stage,
         offload_optimizer=strategy.offload_optimizer,
         offload_param=strategy.offload_param,
         mixed_precision=precision,  # type: ignore[arg-type]
-        gradient_checkpointing=job.gradient_checkpointing,
+        gradient_checkpointing=strategy.checkpoint_every > 0,
+        checkpoint_every=strategy.checkpoint_every,
         optimizer=optimizer_for(strategy, job.optimizer),
         predicted_gpu_bytes=candidate.estimate.gpu_bytes,
         predicted_host_bytes=candidate.estimate.host_bytes,
         predicted_disk_bytes=candidate.estimate.disk_bytes,
         nvme_path=hardware.nvme_path if "nvme" in (strategy.offload_optimizer, strategy.offload_param) else None,
-        warnings=tuple(warnings),
+        warnings=(*warnings, *container_notes(candidate.estimate, hardware, processes)),
+        nccl_shm_disable=nccl_shm_disabled(hardware, processes),
         predicted_seconds_per_step=round(candidate.seconds_per_step, 4),
         cache_encoders_on_cpu=candidate.estimate.cache_encoders_on_cpu,
         base_precision=strategy.base_precision,
@@ -135,19 +144,28 @@ def plan_from(candidate: Candidate, job: JobShape, hardware: Hardware, precision
         predicted_total_seconds=round(candidate.total_seconds, 1),
         fused_backward_pass=strategy.fused_backward_pass,
         checkpointing_steps=job.checkpointing_steps,
+        trainable_params=trainable,
         predicted_stop_reserve_seconds=round(
-            deadline_stop_reserve_seconds(candidate.phase_seconds, job, candidate.estimate.breakdown["trainable_params"]), 1
+            deadline_stop_reserve_seconds(candidate.phase_seconds, job, trainable),
+            1,
         ),
     )
 
 
 def plan_for_strategy(
-    strategy: Strategy, spec_or_job: JobSpec | JobShape, hardware: Hardware, model: ModelSize, *,
+    strategy: Strategy,
+    spec_or_job: JobSpec | JobShape,
+    hardware: Hardware,
+    model: ModelSize,
+    *,
     instance_images: int | None = None,
 ) -> Plan:
     """The plan for one given strategy with its predictions, without checking that it fits:
     for benchmarks and hand launches that must run a particular strategy."""
     job = replace(as_job(spec_or_job, instance_images), training_type=strategy.training_type)
+    if job.gradient_checkpointing is not None:
+        # The request's checkpointing over the strategy's default (every block).
+        strategy = replace(strategy, checkpoint_every=1 if job.gradient_checkpointing else 0)
     precision, warnings = effective_precision(job, hardware)
     candidate = evaluate_candidate(strategy, job, hardware, model, precision, honours=True)
     return plan_from(candidate, job, hardware, precision, warnings)

@@ -2,7 +2,7 @@
 copied to the host and cast to fp32, then the fp32 shadow updated in place (`mul_` then `add_`). For a LoRA it
 is nothing; for a full fine-tune of FLUX.1 it is about 24 GB over the host link and some 300 GB of host-memory
 traffic every step, seconds that the deadline check must see. The shadow's own host bytes are a memory term
-(`host.ema_shadow` in plan/memory.py). No torch here.
+(`host.ema_shadow` in plan/memory/model_states.py). No torch here.
 """
 
 from __future__ import annotations

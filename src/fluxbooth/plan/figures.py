@@ -3,11 +3,11 @@ that the text quotes the computed value). No torch here."""
 
 from __future__ import annotations
 
-from fluxbooth.hardware import hypothetical_hardware
-from fluxbooth.sizing import FLUX_DEV_NAME, ModelSize, model_size
+from fluxbooth.host.hardware import hypothetical_hardware
 from fluxbooth.plan.candidates import strategies_for
 from fluxbooth.plan.memory import estimate_memory
 from fluxbooth.plan.types import JobShape
+from fluxbooth.sizing import FLUX_DEV_NAME, ModelSize, model_size
 
 
 def full_finetune_host_bytes(model: ModelSize | None = None) -> int:
@@ -23,7 +23,8 @@ def full_finetune_host_bytes(model: ModelSize | None = None) -> int:
     # One GPU; how much memory it has does not change what the host holds.
     card = hypothetical_hardware(gpus=1, gpu_memory_bytes=0, host_memory_bytes=0, disk_bytes=0, cpu_count=1)
     offloaded = [
-        strategy for strategy in strategies_for("full", use_deepspeed=True, has_nvme=False)
+        strategy
+        for strategy in strategies_for("full", use_deepspeed=True, has_nvme=False)
         if strategy.offload_optimizer == "cpu"
     ]
     return min(estimate_memory(strategy, model, job, card, job.mixed_precision).host_bytes for strategy in offloaded)

@@ -18,7 +18,14 @@ PCIE3_X16 = 16 * GB
 PCIE4_X16 = 32 * GB
 PCIE5_X16 = 64 * GB
 # One lane, one direction, by generation (x16 halves with each generation back; gen6 doubles gen5).
-PCIE_LANE_BYTES_PER_SECOND = {1: 0.25 * GB, 2: 0.5 * GB, 3: PCIE3_X16 / 16, 4: PCIE4_X16 / 16, 5: PCIE5_X16 / 16, 6: 8 * GB}
+PCIE_LANE_BYTES_PER_SECOND = {
+    1: 0.25 * GB,
+    2: 0.5 * GB,
+    3: PCIE3_X16 / 16,
+    4: PCIE4_X16 / 16,
+    5: PCIE5_X16 / 16,
+    6: 8 * GB,
+}
 
 
 def pcie_link_bytes_per_second(generation: int, lanes: int) -> float | None:

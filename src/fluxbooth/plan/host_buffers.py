@@ -1,5 +1,5 @@
 """The host buffers a plan allocates, listed one allocation at a time with the bytes requested and whether it is
-pinned, so the planner charges each as it is really allocated (`fluxbooth.pinned` owns the rounding):
+pinned, so the planner charges each as it is really allocated (`fluxbooth.host.pinned` owns the rounding):
 - the block swapper's tensors, each pinned in place at its own size (to the page);
 - DeepSpeed ZeRO-1/2's CPU-offload buffers, as deepspeed/runtime/zero/stage_1_and_2.py (0.19) allocates them
   per process and per parameter group (the trainer gives DeepSpeed one group): the fp32 master partition and
@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fluxbooth.contract.precision import block_of, is_quantised_layer
+from fluxbooth.host.pinned import block_store_layout, block_store_pinned_bytes, caching_host_allocation_bytes
 from fluxbooth.sizing import ModelSize, matches_lora_target, norm_params_per_module
-from fluxbooth.pinned import block_store_layout, block_store_pinned_bytes, caching_host_allocation_bytes
 
 # The ZeRO-1/2 flat partition is padded to this many elements per process (stage_1_and_2.py:
 # nccl_start_alignment_factor, 4-byte alignment of 16-bit elements).
@@ -77,21 +77,26 @@ def block_tensor_bytes(model: ModelSize, precision: str, width: int) -> dict[str
 
 
 def block_store_sizes(model: ModelSize, precision: str, width: int) -> dict[str, int]:
-    """Each block's bytes laid out in a device slot (fluxbooth.pinned.block_store_layout)."""
+    """Each block's bytes laid out in a device slot (fluxbooth.host.pinned.block_store_layout)."""
     return {name: block_store_layout(sizes)[1] for name, sizes in block_tensor_bytes(model, precision, width).items()}
 
 
 def block_store_bytes(model: ModelSize, precision: str, width: int) -> dict[str, int]:
-    """Each block's tensors as pinned (fluxbooth.pinned.block_store_pinned_bytes): what block swapping pins."""
-    return {name: block_store_pinned_bytes(sizes) for name, sizes in block_tensor_bytes(model, precision, width).items()}
+    """Each block's tensors as pinned (fluxbooth.host.pinned.block_store_pinned_bytes): what block swapping pins."""
+    return {
+        name: block_store_pinned_bytes(sizes) for name, sizes in block_tensor_bytes(model, precision, width).items()
+    }
 
 
 def largest_trainable_parameter(model: ModelSize, training_type: str, lora_rank: int, targets: Sequence[str]) -> int:
     """Elements of the largest single trainable parameter (DeepSpeed sizes its gradient copy buffer by it)."""
     if training_type == "lora":
         return max(
-            (lora_rank * max(layer.in_features, layer.out_features) for layer in model.linear_layers
-             if matches_lora_target(layer.name, tuple(targets))),
+            (
+                lora_rank * max(layer.in_features, layer.out_features)
+                for layer in model.linear_layers
+                if matches_lora_target(layer.name, tuple(targets))
+            ),
             default=0,
         )
     return max((layer.in_features * layer.out_features for layer in model.linear_layers), default=0)
@@ -123,7 +128,9 @@ def allocated_bytes(allocations: Sequence[HostAllocation]) -> int:
     return sum(allocation.allocated_bytes for allocation in allocations)
 
 
-def zero3_optimizer_offload_allocations(trainable: int, processes: int, state: int, sub_group: int, pinned: bool) -> list[HostAllocation]:
+def zero3_optimizer_offload_allocations(
+    trainable: int, processes: int, state: int, sub_group: int, pinned: bool
+) -> list[HostAllocation]:
     """ZeRO-3's host buffers with `offload_optimizer: cpu`, for every process (see the module doc)."""
     partition = math.ceil(trainable / processes)
     per_process = [

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from fluxbooth.hardware import Hardware, format_bytes
-from fluxbooth.sizing import ModelSize
+from fluxbooth.host.container_limits import MEMLOCK_FIX
+from fluxbooth.host.hardware import Hardware
+from fluxbooth.messages import format_bytes
 from fluxbooth.plan.candidates import (
     describe_candidate,
     evaluate_candidates,
@@ -18,6 +19,7 @@ from fluxbooth.plan.candidates import (
     shortfall,
 )
 from fluxbooth.plan.types import Candidate, JobShape
+from fluxbooth.sizing import ModelSize
 
 
 def job_variants(job: JobShape) -> list[tuple[str, JobShape]]:
@@ -29,14 +31,27 @@ def job_variants(job: JobShape) -> list[tuple[str, JobShape]]:
     if job.training_type == "full" and changes:
         # The same job as the fused Adafactor pass runs it (no gradient buffer, no fp32 master weights).
         fused = replace(
-            job, gradient_accumulation_steps=1, optimizer="adafactor", optimizer_named=True, mixed_precision="bf16",
-            zero_stage="auto", offload="auto", fused_backward_pass="auto",
+            job,
+            gradient_accumulation_steps=1,
+            optimizer="adafactor",
+            optimizer_named=True,
+            mixed_precision="bf16",
+            zero_stage="auto",
+            offload="auto",
+            fused_backward_pass="auto",
         )
         variants.append((" and ".join(changes), fused))
-    if not job.gradient_checkpointing:
+    if job.gradient_checkpointing is False:
         variants.append(("gradient_checkpointing true", replace(job, gradient_checkpointing=True)))
     if job.batch_size > 1:
-        variants.append(("batch_size 1", replace(job, batch_size=1, gradient_accumulation_steps=job.gradient_accumulation_steps * job.batch_size)))
+        variants.append(
+            (
+                "batch_size 1",
+                replace(
+                    job, batch_size=1, gradient_accumulation_steps=job.gradient_accumulation_steps * job.batch_size
+                ),
+            )
+        )
     if job.training_type == "lora" and job.base_precision in ("bf16", "fp8"):
         variants.append(("base_precision 'auto'", replace(job, base_precision="auto")))
     if max(job.resolution) > 512:
@@ -72,6 +87,8 @@ def _last_resort(job: JobShape, closest: Candidate, hardware: Hardware) -> str:
     options = []
     if short & {"gpu", "host"}:
         options.append("use a larger GPU or more host RAM")
+    if "locked memory" in short:
+        options.append(MEMLOCK_FIX)
     if "disk" in short:
         options.append(f"free disk space at {hardware.work_dir} or point FLUXBOOTH_WORK_DIR at a larger volume")
     if short & {"gpu", "host"} and max(job.resolution) > 512:

@@ -12,6 +12,10 @@ a900806 of 2026-08-20):
   the table docs.runpod.io/serverless/pricing shows. It prices pools, not cards: every card of a row costs the
   row's price. RunPod publishes no serverless price for the RTX 5090 (pool ADA_32_PRO): its preset has none, and
   the quote then prices only with FLUXBOOTH_PRICE_PER_HOUR.
+- which pool (the endpoint's and hub.json's `gpuIds`) holds which types: the runpod SDK's `GpuGroup` enum, whose
+  members name their cards, and the pricing table's rows, which group the cards the same way. (RunPod's Flash page,
+  flash/configuration/gpu-types.mdx, lists the A4500 under AMPERE_24 and the L4 under ADA_24; the SDK and the
+  prices say AMPERE_16 and AMPERE_24. Its ADA_80_PRO holds only the H100 SXM, the one H100 serverless lists.)
 - host RAM and vCPUs: RunPod does not publish what a serverless worker gets beside each card (the Pods pricing page
   lists per-GPU RAM and vCPUs for Pods only, and a worker's share varies by host). The presets assume the hosts
   bench/runpod_gpu_tiers.py has used for the README's tables, by GPU memory (`ASSUMED_HOSTS`): low rather than
@@ -34,8 +38,16 @@ GIB = 1024**3
 # The container disk a Hub deploy gets (.runpod/hub.json containerDiskInGb); --disk overrides it.
 RUNPOD_CONTAINER_DISK_GB = 80
 # Assumed host of a serverless worker by the card's memory in GiB (the smallest key at or above it): (RAM GiB, vCPUs).
-ASSUMED_HOSTS = {16: (62, 8), 24: (62, 8), 32: (62, 8), 48: (94, 8), 80: (188, 16), 96: (188, 16), 141: (188, 16),
-                 180: (188, 16)}
+ASSUMED_HOSTS = {
+    16: (62, 8),
+    24: (62, 8),
+    32: (62, 8),
+    48: (94, 8),
+    80: (188, 16),
+    96: (188, 16),
+    141: (188, 16),
+    180: (188, 16),
+}
 
 
 @dataclass(frozen=True)
@@ -56,8 +68,14 @@ class RunpodGpu:
         return assumed_host(self.memory_gib)[1]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "gpu_id": self.gpu_id, "pool": self.pool, "price_per_second": self.price_per_second,
-                "assumed_host_memory_gib": self.host_memory_gib, "assumed_vcpus": self.vcpus}
+        return {
+            "name": self.name,
+            "gpu_id": self.gpu_id,
+            "pool": self.pool,
+            "price_per_second": self.price_per_second,
+            "assumed_host_memory_gib": self.host_memory_gib,
+            "assumed_vcpus": self.vcpus,
+        }
 
 
 def assumed_host(memory_gib: int) -> tuple[int, int]:
@@ -84,9 +102,20 @@ RUNPOD_GPUS: tuple[RunpodGpu, ...] = (
     RunpodGpu("A100 PCIe", "NVIDIA A100 80GB PCIe", 80, "AMPERE_80", 0.00076),
     RunpodGpu("A100 SXM", "NVIDIA A100-SXM4-80GB", 80, "AMPERE_80", 0.00076, ("A100",)),
     RunpodGpu("H100 SXM", "NVIDIA H100 80GB HBM3", 80, "ADA_80_PRO", 0.00116, ("H100",)),
-    RunpodGpu("RTX PRO 6000", "NVIDIA RTX PRO 6000 Blackwell Server Edition", 96, "BLACKWELL_96", 0.00111,
-              ("RTX PRO 6000 WK", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "RTX PRO 6000 MaxQ",
-               "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "PRO 6000")),
+    RunpodGpu(
+        "RTX PRO 6000",
+        "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        96,
+        "BLACKWELL_96",
+        0.00111,
+        (
+            "RTX PRO 6000 WK",
+            "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+            "RTX PRO 6000 MaxQ",
+            "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",
+            "PRO 6000",
+        ),
+    ),
     RunpodGpu("H200 SXM", "NVIDIA H200", 141, "HOPPER_141", 0.00155, ("H200",)),
     RunpodGpu("B200", "NVIDIA B200", 180, "BLACKWELL_180", 0.00240),
 )
@@ -104,6 +133,11 @@ def runpod_gpu(typed: str) -> RunpodGpu | None:
         if wanted in {_key(gpu.name), _key(gpu.gpu_id), *(_key(alias) for alias in gpu.aliases)}:
             return gpu
     return None
+
+
+def pool_gpus(pool: str) -> tuple[RunpodGpu, ...]:
+    """The types a serverless pool ID (`ADA_48_PRO`) holds; none for a pool the planner does not know."""
+    return tuple(gpu for gpu in RUNPOD_GPUS if gpu.pool == pool)
 
 
 def known_names() -> str:
@@ -126,8 +160,14 @@ def preset_for(typed: str, *, gpus_flag: int | None = None) -> RunpodGpu:
 
 def worker_flags(gpu: RunpodGpu) -> dict[str, Any]:
     """The hypothetical-hardware flags (argparse names) of one worker on `gpu`."""
-    return {"gpus": 1, "gpu_memory": gpu.memory_gib * GIB, "host_memory": gpu.host_memory_gib * GIB, "cpus": gpu.vcpus,
-            "disk": RUNPOD_CONTAINER_DISK_GB * 10**9, "gpu_name": gpu.gpu_id}
+    return {
+        "gpus": 1,
+        "gpu_memory": gpu.memory_gib * GIB,
+        "host_memory": gpu.host_memory_gib * GIB,
+        "cpus": gpu.vcpus,
+        "disk": RUNPOD_CONTAINER_DISK_GB * 10**9,
+        "gpu_name": gpu.gpu_id,
+    }
 
 
 def quote_price(
@@ -137,7 +177,10 @@ def quote_price(
     with N cards is billed N times the card's rate), else the endpoint's (FLUXBOOTH_PRICE_PER_HOUR)."""
     if gpu is not None and gpu.price_per_second is not None:
         cards = f"{gpus} x {gpu.name}" if gpus > 1 else gpu.name
-        return gpu.price_per_second * 3600 * gpus, f"RunPod's flex price for {cards}, {gpu.price_per_second * gpus:g} USD/s"
+        return (
+            gpu.price_per_second * 3600 * gpus,
+            f"RunPod's flex price for {cards}, {gpu.price_per_second * gpus:g} USD/s",
+        )
     return endpoint_price_per_hour, "FLUXBOOTH_PRICE_PER_HOUR"
 
 
@@ -151,8 +194,17 @@ def preset_table() -> str:
     rows = [("GPU type", "GPU ID", "memory", "host RAM*", "vCPUs*", "pool", "USD/s (flex)")]
     for gpu in RUNPOD_GPUS:
         price = f"{gpu.price_per_second:.5f}" if gpu.price_per_second is not None else "not published"
-        rows.append((gpu.name, gpu.gpu_id, f"{gpu.memory_gib} GiB", f"{gpu.host_memory_gib} GiB", str(gpu.vcpus),
-                     gpu.pool, price))
+        rows.append(
+            (
+                gpu.name,
+                gpu.gpu_id,
+                f"{gpu.memory_gib} GiB",
+                f"{gpu.host_memory_gib} GiB",
+                str(gpu.vcpus),
+                gpu.pool,
+                price,
+            )
+        )
     widths = [max(len(row[index]) for row in rows) for index in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.append(

@@ -8,25 +8,36 @@ fluxbooth; CPU numbers were measured on the CI machine by bench/. No torch here.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
-from fluxbooth.hardware import Hardware
+from fluxbooth.contract.budgets import MAX_SCORED_PHOTOS, MAX_SHEET_IMAGES, MAX_SHOWN_ROUNDS
 from fluxbooth.contract.names import FIXED_NOISE_IMAGES, FIXED_NOISE_SIGMAS
 from fluxbooth.contract.precision import is_quantised_layer
-from fluxbooth.likeness.interface import MAX_SCORED_PHOTOS
-from fluxbooth.sizing import ModelSize, linear_stream
+from fluxbooth.contract.settings_groups import checkpointed_blocks
+from fluxbooth.host.hardware import Hardware
 from fluxbooth.plan.ema import ema_update_seconds
 from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec, pcie_link_bytes_per_second
 from fluxbooth.plan.memory import compute_dtype_bytes, frozen_block_bytes, image_tokens, sequence_tokens
 from fluxbooth.plan.types import JobShape, Strategy
-from fluxbooth.report.history import MAX_SHOWN_ROUNDS
-from fluxbooth.report.sheets import MAX_SHEET_IMAGES
+from fluxbooth.sizing import ModelSize, linear_stream
 
 # Sustained share of the datasheet's dense bf16 peak a FLUX step reaches (large matmuls, flash attention),
 # and share of the datasheet memory bandwidth the dequantising element-wise ops reach: fitted by
 # bench/fit_gpu_timing.py to published FLUX.1 LoRA step times (docs/published_timings.md), with the FLOPs each
 # Linear really does (forward_flops: no 2*P*T for the modulation, each double-stream weight on its own stream).
+# That fit holds for the cards it was fitted on (RTX 4090, T4: ratio of peak FLOPs to memory bandwidth near A100's
+# and the other Ampere and Ada cards', which use it too).
 GPU_EFFICIENCY = 0.475
+# Hopper and Blackwell data-centre cards (H100, H200, B200): not fitted, an estimate. The one published H100 step
+# time (0.5 s, SimpleTuner #1033) ran torch.compile and FlashAttention 3; this trainer runs eager PyTorch with SDPA's
+# FlashAttention 2 kernels, which reach about 35 % of an H100's bf16 peak against FlashAttention 3's 75 %
+# (FlashAttention 3 paper), and its element-wise ops (norms, modulation, rotary, GELU) are memory bound on a card
+# with twice the 4090's FLOPs per byte of bandwidth. 0.36 of the peak is 0.475 scaled by the share of peak cuBLAS's
+# bf16 GEMMs reach on an H100 against a 4090 (about 0.6 against 0.8); until a fluxbooth run on one measures it, the
+# H100 times are predictions about 1.4x slower than the published compiled run.
+DATACENTER_GPU_EFFICIENCY = 0.36
+DATACENTER_GPUS = ("H100", "H200", "B200")
 DEQUANTISE_BANDWIDTH_EFFICIENCY = 0.32
 # Pinned host-to-GPU copies reach about 20 of PCIe gen4 x16's 32 GB/s per direction.
 PCIE_EFFICIENCY = 0.625
@@ -65,6 +76,11 @@ ZERO3_HOOK_OVERHEAD = 0.10  # per-module gather/release hooks on one GPU
 # 2 again: 9 bytes. nf4: widen the packed bytes to int32 (read 0.5, write 2), look up the value pairs (read
 # 2, write 2), multiply by the block absmax (read 2, write 2), the matmul reads the 2 again: 12.5 bytes.
 DEQUANTISE_TRAFFIC_BYTES = {"fp8": 9.0, "nf4": 12.5}
+# Quantising the frozen base on the CPU while loading (train/model.py builds a block-swapped base in host RAM,
+# quantised there; without a GPU everything is): nanoseconds of one thread per quantised weight, the trainer's
+# own layers, the 1-thread rows of bench/quantise_cpu.py (bench/RESULTS.md, "Quantising a frozen base on the
+# CPU": AMD EPYC, 2 cores shared with a CI run, torch 2.13 CPU). Charged as weights x ns / threads.
+CPU_QUANTISE_NS_PER_WEIGHT_THREAD = {"fp8": 16.5, "nf4": 53.8}
 # The FLUX VAE (AutoencoderKL, 128-256-512-512 channels): its 3x3 convolutions cost about 4 MFLOP per
 # pixel to encode and 9 MFLOP per pixel to decode, counted layer by layer from the config's layout.
 VAE_ENCODE_FLOPS_PER_PIXEL = 4e6
@@ -98,10 +114,16 @@ def gpu_spec_for(hardware: Hardware) -> tuple[GpuSpec, bool]:
     return (spec, True) if spec is not None else (UNKNOWN_GPU, False)
 
 
+def gpu_efficiency(spec: GpuSpec) -> float:
+    """The share of `spec`'s bf16 peak a FLUX step sustains: its class's (GPU_EFFICIENCY, DATACENTER_GPU_EFFICIENCY)."""
+    return DATACENTER_GPU_EFFICIENCY if spec.name.startswith(DATACENTER_GPUS) else GPU_EFFICIENCY
+
+
 def sustained_flops(hardware: Hardware) -> float:
     if not hardware.gpus:
         return CPU_FLOPS_PER_CORE * max(1, hardware.cpu_count)
-    return gpu_spec_for(hardware)[0].bf16_flops * GPU_EFFICIENCY
+    spec = gpu_spec_for(hardware)[0]
+    return spec.bf16_flops * gpu_efficiency(spec)
 
 
 def host_link_bytes_per_second(hardware: Hardware) -> float:
@@ -122,24 +144,48 @@ def forward_flops(model: ModelSize, job: JobShape) -> float:
     multiplies (sizing.linear_stream: one vector for the modulation and the embedders, its own stream's tokens
     for a double-stream weight, the joined sequence in a single-stream block), and 4*T^2*D per block for
     attention over the joined sequence."""
+    return _forward_flops_of(model, job, lambda name: True, model.transformer.num_blocks)
+
+
+def recomputed_flops(model: ModelSize, job: JobShape, checkpoint_every: int) -> float:
+    """The forward of the checkpointed blocks (every `checkpoint_every`-th of each stack), which the backward
+    runs again: the cost of activation checkpointing."""
     shape = model.transformer
+    double = checkpointed_blocks(shape.num_layers, checkpoint_every)
+    single = checkpointed_blocks(shape.num_single_layers, checkpoint_every)
+    prefixes = tuple(
+        [f"transformer_blocks.{index}." for index in double]
+        + [f"single_transformer_blocks.{index}." for index in single]
+    )
+    if not prefixes:
+        return 0.0
+    return _forward_flops_of(model, job, lambda name: name.startswith(prefixes), len(double) + len(single))
+
+
+def _forward_flops_of(model: ModelSize, job: JobShape, counted: Callable[[str], bool], blocks: int) -> float:
+    """forward_flops of the Linears `counted` keeps and the attention of `blocks` blocks."""
     image = image_tokens(job.resolution) * model.sequence_images
     tokens_of = {"vector": 1, "text": job.max_sequence_length, "image": image, "joint": image + job.max_sequence_length}
-    weights = sum(2 * layer.in_features * layer.out_features * tokens_of[linear_stream(layer.name)] for layer in model.linear_layers)
+    weights = sum(
+        2 * layer.in_features * layer.out_features * tokens_of[linear_stream(layer.name)]
+        for layer in model.linear_layers
+        if counted(layer.name)
+    )
     tokens = sequence_tokens(model, job)
-    return weights + 4 * tokens * tokens * shape.hidden_size * shape.num_blocks
+    return weights + 4 * tokens * tokens * model.transformer.hidden_size * blocks
 
 
-def training_flops_per_sample(model: ModelSize, job: JobShape, training_type: str) -> float:
-    """Forward, backward 2x forward (1x when weights are frozen: no weight gradients), plus a second
-    forward under checkpointing."""
+def training_flops_per_sample(model: ModelSize, job: JobShape, training_type: str, checkpoint_every: int = 1) -> float:
+    """Forward, backward 2x forward (1x when weights are frozen: no weight gradients), plus the checkpointed
+    blocks' forward again (`recomputed_flops`)."""
     backward_factor = 2.0 if training_type == "full" else 1.0
-    recompute = 1.0 if job.gradient_checkpointing else 0.0
-    return forward_flops(model, job) * (1 + backward_factor + recompute)
+    return forward_flops(model, job) * (1 + backward_factor) + recomputed_flops(model, job, checkpoint_every)
 
 
 def quantised_elements(model: ModelSize) -> int:
-    return sum(layer.in_features * layer.out_features for layer in model.linear_layers if is_quantised_layer(layer.name))
+    return sum(
+        layer.in_features * layer.out_features for layer in model.linear_layers if is_quantised_layer(layer.name)
+    )
 
 
 def dequantise_pass_seconds(strategy: Strategy, model: ModelSize, hardware: Hardware) -> float:
@@ -154,7 +200,20 @@ def dequantise_pass_seconds(strategy: Strategy, model: ModelSize, hardware: Hard
     return quantised_elements(model) * DEQUANTISE_TRAFFIC_BYTES[strategy.base_precision] / bandwidth
 
 
-def streaming_pass_seconds(strategy: Strategy, model: ModelSize, hardware: Hardware, width: int, trainable: int) -> float:
+def cpu_quantise_seconds(strategy: Strategy, model: ModelSize, hardware: Hardware) -> float:
+    """Seconds loading spends quantising the base on the CPU: a quantised base that is block-swapped (built in
+    host RAM) or on a machine without a GPU; 0 where the GPU quantises it, or for bf16. Each process quantises
+    its own copy at once, on its share of the cores (the threads job/launch_files.py gives each process)."""
+    if not strategy.quantised or (hardware.gpus and not strategy.block_swap):
+        return 0.0
+    threads = max(1, hardware.cpu_count // max(1, hardware.gpu_count))
+    nanoseconds = quantised_elements(model) * CPU_QUANTISE_NS_PER_WEIGHT_THREAD[strategy.base_precision]
+    return nanoseconds * 1e-9 / threads
+
+
+def streaming_pass_seconds(
+    strategy: Strategy, model: ModelSize, hardware: Hardware, width: int, trainable: int
+) -> float:
     """Seconds one pass spends streaming offloaded weights to the GPU (ZeRO-3 parameter offload)."""
     frozen = model.transformer_params if strategy.training_type == "lora" else 0
     if strategy.offload_param == "cpu":
@@ -165,7 +224,13 @@ def streaming_pass_seconds(strategy: Strategy, model: ModelSize, hardware: Hardw
 
 
 def exposed_swap_seconds(
-    strategy: Strategy, model: ModelSize, hardware: Hardware, width: int, passes: int, hidden_behind: float, write_backs: int = 0
+    strategy: Strategy,
+    model: ModelSize,
+    hardware: Hardware,
+    width: int,
+    passes: int,
+    hidden_behind: float,
+    write_backs: int = 0,
 ) -> float:
     """What block swapping adds to `passes` passes over the base: each pass streams every block over the host
     link while the blocks before it compute, so only what the compute (`hidden_behind` seconds) cannot hide
@@ -222,12 +287,18 @@ def step_terms(
     overhead, the matmuls and attention, the optimizer, dequantising a quantised base, streaming offloaded
     weights. bench/fit_gpu_timing.py fits GPU_EFFICIENCY and DEQUANTISE_BANDWIDTH_EFFICIENCY on these terms."""
     micro_steps = job.gradient_accumulation_steps
-    compute = micro_steps * job.samples_per_micro_step * training_flops_per_sample(
-        model, job, strategy.training_type
-    ) / sustained_flops(hardware)
+    compute = (
+        micro_steps
+        * job.samples_per_micro_step
+        * training_flops_per_sample(model, job, strategy.training_type, strategy.checkpoint_every)
+        / sustained_flops(hardware)
+    )
     if strategy.use_deepspeed and strategy.zero_stage == 3:
         compute *= 1 + ZERO3_HOOK_OVERHEAD
-    passes = micro_steps * (3 if job.gradient_checkpointing else 2)  # forward, (recompute,) backward
+    # Forward, backward, and the recompute over the checkpointed blocks' share of the base's weights (about their
+    # share of the forward's FLOPs).
+    recomputed = recomputed_flops(model, job, strategy.checkpoint_every) / forward_flops(model, job)
+    passes = micro_steps * (2 + recomputed)
     dequantise = passes * dequantise_pass_seconds(strategy, model, hardware)
     return {
         "overhead": STEP_OVERHEAD_SECONDS[hardware.accelerator],
@@ -238,12 +309,22 @@ def step_terms(
         # A swapped block is copied in for the forward and again for the backward's recompute (a trained one
         # back out after its backward).
         "swapping": exposed_swap_seconds(
-            strategy, model, hardware, width, 2 * micro_steps, compute + dequantise,
+            strategy,
+            model,
+            hardware,
+            width,
+            2 * micro_steps,
+            compute + dequantise,
             write_backs=micro_steps if strategy.training_type == "full" else 0,
         ),
         "ema": ema_update_seconds(
-            trainable, width, host_link_bytes_per_second(hardware) if hardware.gpus else None, HOST_MEMORY_BYTES_PER_SECOND
-        ) if job.ema else 0.0,
+            trainable,
+            width,
+            host_link_bytes_per_second(hardware) if hardware.gpus else None,
+            HOST_MEMORY_BYTES_PER_SECOND,
+        )
+        if job.ema
+        else 0.0,
     }
 
 
@@ -299,7 +380,9 @@ def phase_seconds(
     text = (images + 1) * 2 * model.text_encoder_2_params * job.max_sequence_length
     exported = trainable if strategy.training_type == "lora" else model.transformer_params
     return {
-        "loading": stored / DISK_READ_BYTES_PER_SECOND,
+        "loading": stored / DISK_READ_BYTES_PER_SECOND
+        + job.op_build_seconds
+        + cpu_quantise_seconds(strategy, model, hardware),
         "caching": (pixels * VAE_ENCODE_FLOPS_PER_PIXEL + text) / flops,
         "class_images": job.num_class_images
         * render_seconds(strategy, model, job, hardware, trainable, job.class_image_inference_steps),
@@ -340,7 +423,10 @@ def stored_model_bytes(model: ModelSize) -> int:
 def report_seconds(job: JobShape) -> float:
     """The training report: a fixed cost, the images it decodes (at most the contact sheet's and the shown
     rounds' renders), every step's history."""
-    images = min(job.num_instance_images, MAX_SHEET_IMAGES) + min(job.validation_rounds, MAX_SHOWN_ROUNDS) * job.validation_prompts
+    images = (
+        min(job.num_instance_images, MAX_SHEET_IMAGES)
+        + min(job.validation_rounds, MAX_SHOWN_ROUNDS) * job.validation_prompts
+    )
     pixels = images * job.resolution[0] * job.resolution[1]
     return REPORT_FIXED_SECONDS + pixels * REPORT_SECONDS_PER_PIXEL + job.steps * REPORT_SECONDS_PER_STEP
 

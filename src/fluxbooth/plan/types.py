@@ -12,15 +12,24 @@ from typing import Any, Literal
 from fluxbooth.contract.buckets import Resolution
 from fluxbooth.contract.names import GUIDANCE_DISTILLED_SAMPLING
 from fluxbooth.contract.precision import QUANTISED_PRECISIONS
-from fluxbooth.request import DEFAULT_TRAINING_TYPE
+from fluxbooth.request.limits import DEFAULT_TRAINING_TYPE
+from fluxbooth.request.spec import JobSpec
 from fluxbooth.settings import DatasetLimits, TransferRates
-from fluxbooth.spec import JobSpec
 
 Offload = Literal["none", "cpu", "nvme"]
 
 ALTERNATIVE_LORA_RANK = 16
 # Phases of a job, in the order they run (docs/memory.md, "Phases").
-PHASES: tuple[str, ...] = ("loading", "caching", "class_images", "training", "validation", "export", "scoring", "report")
+PHASES: tuple[str, ...] = (
+    "loading",
+    "caching",
+    "class_images",
+    "training",
+    "validation",
+    "export",
+    "scoring",
+    "report",
+)
 # Every phase that takes time, in order: the base model's download before the trainer's phases, the artifacts'
 # upload after them (network only: no GPU or host memory of their own beyond the worker's).
 TIMED_PHASES: tuple[str, ...] = ("download", *PHASES, "upload")
@@ -72,6 +81,15 @@ class Plan:
     # Seconds a run stopped by its deadline needs after its last step to checkpoint, export and upload: the
     # trainer stops that long before the deadline (TrainerConfig.stop_at_unix_seconds).
     predicted_stop_reserve_seconds: float | None = None
+    # Activation checkpointing (Strategy.checkpoint_every): every k-th block of each stack recomputed in the
+    # backward, 1 every block; read only where gradient_checkpointing is on (off: none).
+    checkpoint_every: int = 1
+    # Several GPUs on a /dev/shm too small for NCCL's shared-memory transport (plan/container_limits.py): the
+    # trainer runs with NCCL_SHM_DISABLE=1 (job/launch_files.py child_environment).
+    nccl_shm_disable: bool = False
+    # Parameters the run trains (the adapter's for LoRA); None for hand-built plans. ZeRO-1/2's buckets are sized
+    # from it (contract.deepspeed_numbers.zero2_bucket_elements).
+    trainable_params: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -94,7 +112,8 @@ class JobShape:
     offload: str = "auto"
     use_deepspeed: bool = True
     mixed_precision: str = "bf16"
-    gradient_checkpointing: bool = True
+    # The request's: True every block checkpointed, False none, None the planner's choice (Strategy.checkpoint_every).
+    gradient_checkpointing: bool | None = None
     # The training shape with the most pixels: what memory is sized for.
     resolution: tuple[int, int] = (1024, 1024)
     # Aspect buckets: (width, height, samples) of every training shape, an image at each size being one sample;
@@ -129,6 +148,9 @@ class JobShape:
     # Bytes of the base model still to download before training (0: cached on the worker), and the worker's rates.
     download_bytes: int = 0
     transfer_rates: TransferRates = TransferRates()
+    # Seconds the trainer spends JIT-building DeepSpeed ops not yet built for this environment (host/op_cache.py),
+    # while it loads: 0 when they are built.
+    op_build_seconds: float = 0.0
     # The request's learning_check: the loss at fixed noise measured before and after training (extra forward passes).
     learning_check: bool = False
     # Likeness scoring (the spec's): a round of base-model renders before the first step, the scoring process
@@ -158,22 +180,22 @@ class JobShape:
             gradient_checkpointing=spec.gradient_checkpointing,
             resolution=resolution,
             bucket_mix=mix,
-            batch_size=spec.batch_size,
-            gradient_accumulation_steps=spec.gradient_accumulation_steps,
-            steps=spec.steps,
-            optimizer=spec.optimizer,
+            batch_size=spec.optimisation.batch_size,
+            gradient_accumulation_steps=spec.optimisation.gradient_accumulation_steps,
+            steps=spec.optimisation.steps,
+            optimizer=spec.optimisation.optimizer,
             optimizer_named=spec.optimizer_named,
             fused_backward_pass=spec.fused_backward_pass,
-            with_prior_preservation=spec.with_prior_preservation,
+            with_prior_preservation=spec.prompts.with_prior_preservation,
             num_class_images=spec.planned_class_images,
             num_instance_images=images,
             checkpointing_steps=spec.checkpointing_steps,
             timeout_seconds=spec.deadline_seconds if spec.deadline_from_request else None,
             validation_prompts=len(spec.validation_prompts),
             validation_steps=spec.validation_steps,
-            validation_inference_steps=spec.sampling.inference_steps,
-            class_image_inference_steps=spec.sampling.inference_steps,
-            ema=spec.ema_decay is not None,
+            validation_inference_steps=spec.sampling.validation_inference_steps,
+            class_image_inference_steps=spec.sampling.class_image_inference_steps,
+            ema=spec.optimisation.ema_decay is not None,
             learning_check=spec.measure_fixed_noise_loss,
             likeness=spec.likeness,
             keep_best_step=spec.keep_best_step,
@@ -235,6 +257,10 @@ class Strategy:
     # (fluxbooth.train.blockswap), two at a time; LoRA with gradient checkpointing, without ZeRO-3, or the fused
     # full fine-tune's trained blocks (written back to host RAM after each block's backward).
     block_swap: bool = False
+    # Activation checkpointing: every k-th block of the double and of the single stack keeps only its inputs and
+    # is recomputed in the backward (contract.settings_groups.checkpointed_blocks); 0 none, 1 every block (what
+    # block swapping needs).
+    checkpoint_every: int = 1
     # kohya's FLUX full fine-tune (--fused_backward_pass --full_bf16): bf16 weights without an fp32 master copy,
     # each stepped by Adafactor inside the backward pass (no gradient buffer); one process, no DeepSpeed.
     fused_backward_pass: bool = False
@@ -246,11 +272,13 @@ class Strategy:
     def describe(self) -> str:
         if self.fused_backward_pass:
             swapped_blocks = ", trained blocks swapped in from host RAM" if self.block_swap else ""
+            swapped_blocks += self.describe_checkpointing()
             return f"full fine-tune with Adafactor fused into the backward pass (bf16 weights), without DeepSpeed{swapped_blocks}"
         kind = "full fine-tune" if self.training_type == "full" else "LoRA"
         if self.quantised:
             kind += f" over an {self.base_precision} base"
         swapped = ", frozen blocks swapped in from host RAM" if self.block_swap else ""
+        swapped += self.describe_checkpointing()
         if not self.use_deepspeed:
             return f"{kind} without DeepSpeed{swapped}"
         offloads = []
@@ -261,6 +289,19 @@ class Strategy:
         where = f", offload {' and '.join(offloads)}" if offloads else ", no offload"
         return f"{kind} with ZeRO-{self.zero_stage}{where}{swapped}"
 
+    def describe_checkpointing(self) -> str:
+        """Said only when it is not the established every block."""
+        if self.checkpoint_every == 1:
+            return ""
+        if self.checkpoint_every == 0:
+            return ", no activation checkpointing"
+        return f", every {ordinal(self.checkpoint_every)} block checkpointed"
+
+
+def ordinal(number: int) -> str:
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
+
 
 @dataclass(frozen=True)
 class MemoryEstimate:
@@ -268,7 +309,7 @@ class MemoryEstimate:
     host_bytes: int  # the whole node (all processes), the peak over all phases
     disk_bytes: int  # work dir plus offload swap
     nvme_bytes: int  # the part of disk_bytes that lives on the offload path
-    breakdown: dict[str, int]
+    breakdown: dict[str, float]  # docs/memory.md's terms in bytes (a measured fraction may leave a part byte)
     cache_encoders_on_cpu: bool
     phase_gpu_bytes: dict[str, int] = field(default_factory=dict)
     phase_host_bytes: dict[str, int] = field(default_factory=dict)
@@ -313,6 +354,7 @@ class Candidate:
             "offload_optimizer": self.strategy.offload_optimizer,
             "offload_param": self.strategy.offload_param,
             "block_swap": self.strategy.block_swap,
+            "checkpoint_every": self.strategy.checkpoint_every,
             "lora_rank": self.lora_rank,
             "fits": self.fits,
             "gpu_bytes": self.estimate.gpu_bytes,

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fluxbooth.artifacts import LocalArtifact, sha256_file
 from fluxbooth.contract.captions import with_trigger
 from fluxbooth.contract.events import TrainerEvent
 from fluxbooth.report.history import TrainingHistory, history_from
@@ -31,6 +30,7 @@ from fluxbooth.report.likeness import chosen_step, draw_likeness, is_scored
 from fluxbooth.report.loss import draw_loss
 from fluxbooth.report.sheets import SheetImage, TrainingShape, draw_dataset, draw_samples
 from fluxbooth.report.tensorboard import write_events
+from fluxbooth.storage.artifacts import LocalArtifact, sha256_file
 
 if TYPE_CHECKING:
     from fluxbooth.dataset import PreparedDataset
@@ -49,7 +49,7 @@ class ReportInputs:
     output_dir: Path  # the trainer's output folder: validation/ is read there, report/ is written there
     dataset: Sequence[SheetImage]
     training_shape: TrainingShape
-    likeness: Mapping[str, Any] | None = None  # the result's likeness section (fluxbooth.likeness.interface), if scored
+    likeness: Mapping[str, Any] | None = None  # the result's likeness section (fluxbooth.contract.scoring), if scored
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,10 @@ def sheet_images(dataset: PreparedDataset, default_prompt: str, flags: Mapping[s
 
 def _parts(inputs: ReportInputs, history: TrainingHistory) -> list[tuple[str, Callable[[Path], object]]]:
     parts: list[tuple[str, Callable[[Path], object]]] = [
-        ("history.json", lambda path: path.write_text(json.dumps(history.to_json(), indent=1) + "\n", encoding="utf-8")),
+        (
+            "history.json",
+            lambda path: path.write_text(json.dumps(history.to_json(), indent=1) + "\n", encoding="utf-8"),
+        ),
         ("loss.png", lambda path: draw_loss(history, path, f"{inputs.title}: training loss")),
     ]
     section = inputs.likeness
@@ -82,8 +85,17 @@ def _parts(inputs: ReportInputs, history: TrainingHistory) -> list[tuple[str, Ca
         parts.append(("likeness.png", lambda path: draw_likeness(section, path, inputs.title)))
     if history.validation:
         chosen = chosen_step(section) if section is not None else None
-        parts.append(("samples.png", lambda path: draw_samples(history, path, f"{inputs.title}: validation renders", chosen)))
-    parts.append(("dataset.png", lambda path: draw_dataset(inputs.dataset, inputs.training_shape, path, f"{inputs.title}: dataset as trained")))
+        parts.append(
+            ("samples.png", lambda path: draw_samples(history, path, f"{inputs.title}: validation renders", chosen))
+        )
+    parts.append(
+        (
+            "dataset.png",
+            lambda path: draw_dataset(
+                inputs.dataset, inputs.training_shape, path, f"{inputs.title}: dataset as trained"
+            ),
+        )
+    )
     parts.append(("tensorboard", lambda path: write_events(history, path)))
     return parts
 
@@ -121,7 +133,11 @@ def report_artifacts(report: Report, output_dir: Path) -> list[LocalArtifact]:
     """The report's files as artifacts, named by their place under the output folder (`report/loss.png`)."""
     return [
         LocalArtifact(
-            name=path.relative_to(output_dir).as_posix(), path=path, bytes=path.stat().st_size, sha256=sha256_file(path), kind=REPORT_KIND
+            name=path.relative_to(output_dir).as_posix(),
+            path=path,
+            bytes=path.stat().st_size,
+            sha256=sha256_file(path),
+            kind=REPORT_KIND,
         )
         for path in report.files
     ]

@@ -8,11 +8,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from fluxbooth.contract.budgets import MAX_SHOWN_ROUNDS
 from fluxbooth.contract.events import CheckpointEvent, StepEvent, TrainerEvent
-from fluxbooth.contract.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME
-
-# Validation rounds a report shows (the samples grid's rows, TensorBoard's images): a long run's are thinned.
-MAX_SHOWN_ROUNDS = 10
+from fluxbooth.contract.layout import VALIDATION_FOLDER, VALIDATION_INDEX_NAME, render_index
 
 
 @dataclass(frozen=True)
@@ -78,11 +76,14 @@ def read_validation(output_dir: Path) -> tuple[ValidationImage, ...]:
     if not index_path.is_file():
         return ()
     records = json.loads(index_path.read_text(encoding="utf-8"))["images"]
-    prompts: dict[str, int] = {}
+    first_seen: dict[str, int] = {}
     images = []
     for record in records:
-        prompt_index = prompts.setdefault(record["prompt"], len(prompts))
         file = PurePosixPath(str(record["file"]))
+        # The position in the request's list, from the file's name: a prompt given twice keeps both columns.
+        # A name the trainer does not write falls back to the prompt's order of first appearance.
+        named = render_index(str(file))
+        prompt_index = named if named is not None else first_seen.setdefault(record["prompt"], len(first_seen))
         images.append(
             ValidationImage(
                 path=index_path.parent / file,

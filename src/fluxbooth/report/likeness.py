@@ -10,7 +10,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from fluxbooth.likeness.interface import BASE_STEP, PROXY_NOTE
+from fluxbooth.contract.scoring import BASE_STEP, PROXY_NOTE
 from fluxbooth.report.loss import DPI
 from fluxbooth.report.sheets import CHOSEN_INK
 
@@ -99,10 +99,21 @@ def draw_likeness(section: Mapping[str, Any], path: Path, title: str) -> None:
     figure.savefig(path, format="png")
 
 
-def _draw_panel(axis: Axes, steps: list[int], values: list[float], errors: list[float] | None, color: str, label: str) -> None:
+def _draw_panel(
+    axis: Axes, steps: list[int], values: list[float], errors: list[float] | None, color: str, label: str
+) -> None:
     if errors is not None:
         bars = [0.0 if math.isnan(error) else error for error in errors]
-        axis.errorbar(steps, values, yerr=bars, color=color, marker="o", capsize=3, linewidth=1.5, label="likeness ± 1 standard error")
+        axis.errorbar(
+            steps,
+            values,
+            yerr=bars,
+            color=color,
+            marker="o",
+            capsize=3,
+            linewidth=1.5,
+            label="likeness ± 1 standard error",
+        )
     else:
         axis.plot(steps, values, color=color, marker="o", linewidth=1.5)
     axis.set_ylabel(label, color=color, fontsize="small")
@@ -120,8 +131,17 @@ def _note_gaps(axis: Axes, records: Sequence[Mapping[str, Any]], unscored_steps:
     transform = axis.get_xaxis_transform()  # x in steps, y in axes fraction
     for record in records:
         if math.isnan(_value(record, "likeness")):
-            axis.text(record["step"], 0.04, gap_note(record, unscored_steps), transform=transform, rotation=90,
-                      ha="center", va="bottom", fontsize="x-small", color=NOTE_COLOR)
+            axis.text(
+                record["step"],
+                0.04,
+                gap_note(record, unscored_steps),
+                transform=transform,
+                rotation=90,
+                ha="center",
+                va="bottom",
+                fontsize="x-small",
+                color=NOTE_COLOR,
+            )
 
 
 def _step_axis(axis: Axes, steps: list[int]) -> None:

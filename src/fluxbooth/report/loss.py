@@ -29,18 +29,41 @@ def draw_loss(history: TrainingHistory, path: Path, title: str) -> None:
     figure = Figure(figsize=FIGURE_INCHES, dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)
     loss_axis = figure.add_subplot()
-    loss_axis.plot(steps, losses, color=LOSS_COLOR, alpha=0.3, linewidth=0.8, marker="." if len(steps) <= 50 else None, label="loss")
+    loss_axis.plot(
+        steps,
+        losses,
+        color=LOSS_COLOR,
+        alpha=0.3,
+        linewidth=0.8,
+        marker="." if len(steps) <= 50 else None,
+        label="loss",
+    )
     loss_axis.plot(steps, smoothed(losses), color=LOSS_COLOR, linewidth=2.0, label="loss, smoothed")
     loss_axis.set_xlabel("optimizer step")
     loss_axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     loss_axis.set_ylabel("loss", color=LOSS_COLOR)
     loss_axis.grid(alpha=0.3)
     for index, step in enumerate(history.checkpoints):
-        loss_axis.axvline(step, color=CHECKPOINT_COLOR, linestyle="--", linewidth=1, label="checkpoint saved" if index == 0 else None)
+        loss_axis.axvline(
+            step, color=CHECKPOINT_COLOR, linestyle="--", linewidth=1, label="checkpoint saved" if index == 0 else None
+        )
     for index, step in enumerate(history.validation_steps):
-        loss_axis.axvline(step, color=VALIDATION_COLOR, linestyle=":", linewidth=1.5, label="validation rendered" if index == 0 else None)
+        loss_axis.axvline(
+            step,
+            color=VALIDATION_COLOR,
+            linestyle=":",
+            linewidth=1.5,
+            label="validation rendered" if index == 0 else None,
+        )
     rate_axis = loss_axis.twinx()
-    rate_axis.step(steps, [record.lr for record in history.steps], where="post", color=LR_COLOR, linewidth=1.2, label="learning rate")
+    rate_axis.step(
+        steps,
+        [record.lr for record in history.steps],
+        where="post",
+        color=LR_COLOR,
+        linewidth=1.2,
+        label="learning rate",
+    )
     rate_axis.set_ylabel("learning rate", color=LR_COLOR)
     rate_axis.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     rate_axis.set_ylim(bottom=0)

@@ -1,4 +1,4 @@
-"""report/samples.png (the validation renders: a row per round, a column per prompt) and report/dataset.png
+"""report/samples.png (the validation renders: a row per round, a column per prompt position) and report/dataset.png
 (a contact sheet of the training images as trained, with captions and the dataset check's flags), composed
 with Pillow in matplotlib's bundled DejaVu Sans.
 
@@ -15,11 +15,12 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
-from fluxbooth.likeness.interface import BASE_STEP
+from fluxbooth.contract.budgets import MAX_SHEET_IMAGES
+from fluxbooth.contract.scoring import BASE_STEP
+from fluxbooth.dataset.images import read_image
 from fluxbooth.report.history import TrainingHistory
 
 SHEET_PIXELS = 1_500_000  # photo-like PNGs take about 2 bytes a pixel: a sheet stays near 3 MB
-MAX_SHEET_IMAGES = 48
 MIN_TILE, MAX_TILE = 128, 256
 MARGIN = 8
 TEXT_SIZE = 13
@@ -80,6 +81,12 @@ def samples_size(rows: int, columns: int) -> tuple[int, int, int]:
     return width, TITLE_SIZE + 2 * MARGIN + SAMPLES_HEADER + rows * (tile + MARGIN), tile
 
 
+def read_render(path: Path, side: int) -> Image.Image:
+    """A validation render as the dataset stage reads a photo (upright, 8-bit RGB, the pixel cap), shrunk to at
+    most `side` as it is read; a ValueError naming it (its folder and name) when it cannot be read."""
+    return read_image(path, name=f"{path.parent.name}/{path.name}", max_side=side, error=ValueError)
+
+
 def draw_samples(history: TrainingHistory, path: Path, title: str, chosen_step: int | None = None) -> None:
     """One row per validation round (and the final render), one column per prompt, prompts and steps written;
     the row of `chosen_step` (the step the likeness scores chose) framed and labelled "chosen"."""
@@ -89,7 +96,9 @@ def draw_samples(history: TrainingHistory, path: Path, title: str, chosen_step: 
     draw = ImageDraw.Draw(sheet)
     text, title_font = _font(TEXT_SIZE), _font(TITLE_SIZE)
     thinned = len({(image.training_step, image.final) for image in history.validation}) > len(rows)
-    draw.text((MARGIN, MARGIN), title + (f" (showing {len(rows)} rounds)" if thinned else ""), font=title_font, fill=INK)
+    draw.text(
+        (MARGIN, MARGIN), title + (f" (showing {len(rows)} rounds)" if thinned else ""), font=title_font, fill=INK
+    )
     top = TITLE_SIZE + 2 * MARGIN
     for column, prompt in enumerate(prompts):
         left = LABEL_WIDTH + column * (tile + MARGIN)
@@ -103,13 +112,18 @@ def draw_samples(history: TrainingHistory, path: Path, title: str, chosen_step: 
             label += "\nchosen"
             right = LABEL_WIDTH + len(prompts) * (tile + MARGIN) - MARGIN
             inset = MARGIN // 2 + CHOSEN_FRAME // 2
-            draw.rectangle((LABEL_WIDTH - inset, y - inset, right + inset - 1, y + tile + inset - 1), outline=CHOSEN_INK, width=CHOSEN_FRAME)
-        draw.multiline_text((MARGIN, y + tile // 2 - LINE), label, font=text, fill=CHOSEN_INK if chosen else INK, spacing=4)
+            draw.rectangle(
+                (LABEL_WIDTH - inset, y - inset, right + inset - 1, y + tile + inset - 1),
+                outline=CHOSEN_INK,
+                width=CHOSEN_FRAME,
+            )
+        draw.multiline_text(
+            (MARGIN, y + tile // 2 - LINE), label, font=text, fill=CHOSEN_INK if chosen else INK, spacing=4
+        )
         for column in range(len(prompts)):
             image = by_place.get((step, final, column))
             if image is not None:
-                with Image.open(image.path) as render:
-                    fitted = _fitted(render.convert("RGB"), tile)
+                fitted = _fitted(read_render(image.path, tile), tile)
                 sheet.paste(fitted, (LABEL_WIDTH + column * (tile + MARGIN), y))
     sheet.save(path, format="PNG", compress_level=6)
 
@@ -146,7 +160,12 @@ def dataset_size(count: int) -> tuple[int, int, int, int]:
     tile = _tile_side(count, CELL_TEXT)
     columns = max(1, min(count, math.ceil(math.sqrt(count * 1.6))))
     rows = math.ceil(count / columns)
-    return MARGIN + columns * (tile + MARGIN), TITLE_SIZE + 3 * MARGIN + rows * (tile + CELL_TEXT + MARGIN), tile, columns
+    return (
+        MARGIN + columns * (tile + MARGIN),
+        TITLE_SIZE + 3 * MARGIN + rows * (tile + CELL_TEXT + MARGIN),
+        tile,
+        columns,
+    )
 
 
 def draw_dataset(images: Sequence[SheetImage], training_shape: TrainingShape, path: Path, title: str) -> None:
@@ -159,7 +178,9 @@ def draw_dataset(images: Sequence[SheetImage], training_shape: TrainingShape, pa
     draw = ImageDraw.Draw(sheet)
     text, title_font = _font(TEXT_SIZE), _font(TITLE_SIZE)
     flagged = sum(1 for image in images if image.flags)
-    count = f"{len(images)} images" if len(shown) == len(images) else f"{len(shown)} of {len(images)} images, flagged first"
+    count = (
+        f"{len(images)} images" if len(shown) == len(images) else f"{len(shown)} of {len(images)} images, flagged first"
+    )
     draw.text((MARGIN, MARGIN), f"{title}: {count}, {flagged} flagged", font=title_font, fill=INK)
     for index, item in enumerate(shown):
         left = MARGIN + (index % columns) * (tile + MARGIN)

@@ -12,9 +12,8 @@ import io
 import time
 from pathlib import Path
 
-from PIL import Image
-
 from fluxbooth.report.history import TrainingHistory
+from fluxbooth.report.sheets import read_render
 
 EVENT_FILE_PREFIX = "events.out.tfevents"
 LOSS_TAG = "train/loss"
@@ -27,9 +26,7 @@ JPEG_QUALITY = 90
 
 def _small_jpeg(path: Path) -> tuple[int, int, bytes]:
     """(width, height, JPEG bytes) of a render, its longer side at most TENSORBOARD_IMAGE_SIDE."""
-    with Image.open(path) as opened:
-        image = opened.convert("RGB")
-    image.thumbnail((TENSORBOARD_IMAGE_SIDE, TENSORBOARD_IMAGE_SIDE), Image.Resampling.LANCZOS)
+    image = read_render(path, TENSORBOARD_IMAGE_SIDE)
     buffer = io.BytesIO()
     image.save(buffer, format="JPEG", quality=JPEG_QUALITY)
     return image.width, image.height, buffer.getvalue()
@@ -48,7 +45,10 @@ def write_events(history: TrainingHistory, folder: Path) -> Path:
     wall_time = time.time()
     try:
         for record in history.steps:
-            values = [Summary.Value(tag=LOSS_TAG, simple_value=record.loss), Summary.Value(tag=LR_TAG, simple_value=record.lr)]
+            values = [
+                Summary.Value(tag=LOSS_TAG, simple_value=record.loss),
+                Summary.Value(tag=LR_TAG, simple_value=record.lr),
+            ]
             writer.add_event(Event(wall_time=wall_time, step=record.step, summary=Summary(value=values)))
         shown = set(history.shown_rounds())
         for image in (image for image in history.validation if (image.training_step, image.final) in shown):

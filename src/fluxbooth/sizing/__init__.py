@@ -1,9 +1,9 @@
 """How big a FLUX pipeline is, computed from its configs without loading any weights.
 
-The family (fluxbooth.families) decides which formulas apply, one module per family: `flux1` (FLUX.1 and
+The family (fluxbooth.models.families) decides which formulas apply, one module per family: `flux1` (FLUX.1 and
 FLUX.1 Kontext) and `flux2` (FLUX.2 [dev] and [klein]), over the family-neutral `core` (ModelSize, the VAE,
 the layer-name rules that LoRA targets and quantised bases follow); `lookup` sizes a base model by hub id
-(its published configs, fluxbooth.published_configs) or from a local folder's configs.
+(its published configs, fluxbooth.models.published_configs) or from a local folder's configs.
 
 Parameter counts are analytic: each formula mirrors the layer layout of the diffusers / transformers class
 that the config instantiates; the tests check every formula against `sum(p.numel())` of the real classes

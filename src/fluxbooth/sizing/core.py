@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fluxbooth.contract.precision import block_of, is_quantised_layer
-from fluxbooth.families import FLUX1
+from fluxbooth.models.families import FLUX1
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class ModelSize:
     linear_layers: tuple[LinearLayer, ...] = field(repr=False, default=())
     source: str = "preset"
     family: str = FLUX1.name
-    # The LoRA targets when a request names none: the family's (fluxbooth.families), for this config.
+    # The LoRA targets when a request names none: the family's (fluxbooth.models.families), for this config.
     default_lora_targets: tuple[str, ...] = field(repr=False, default=())
     # Images whose tokens share the transformer's sequence: 2 for FLUX.1 Kontext, planned for its image pairs
     # (the control image's tokens follow the target's; a Kontext job without pairs is planned on the safe side).
@@ -211,16 +211,24 @@ def vae_params(config: Mapping[str, Any]) -> int:
 # guidance and pooled-text embedders act on one vector per sample; a double-stream block's weights act on
 # their own stream's tokens only (the `add_*`, `to_add_out` and `ff_context` weights on the prompt's, the rest
 # on the image's); a single-stream block's on the joined sequence.
-_VECTOR_LAYER_PREFIXES = ("time_text_embed.", "time_guidance_embed.", "norm_out.", "double_stream_modulation_", "single_stream_modulation")
+_VECTOR_LAYER_PREFIXES = (
+    "time_text_embed.",
+    "time_guidance_embed.",
+    "norm_out.",
+    "double_stream_modulation_",
+    "single_stream_modulation",
+)
 _VECTOR_LAYER_PARTS = (".norm1.linear", ".norm1_context.linear", ".norm.linear")
 _TEXT_LAYER_PARTS = (".attn.add_q_proj", ".attn.add_k_proj", ".attn.add_v_proj", ".attn.to_add_out", ".ff_context.")
 
 
 def linear_stream(module_name: str) -> str:
-    """"vector", "text", "image" or "joint": the tokens the Linear `module_name` multiplies (time model)."""
+    """ "vector", "text", "image" or "joint": the tokens the Linear `module_name` multiplies (time model)."""
     if module_name.startswith(_VECTOR_LAYER_PREFIXES) or any(part in module_name for part in _VECTOR_LAYER_PARTS):
         return "vector"
-    if module_name == "context_embedder" or (module_name.startswith("transformer_blocks.") and any(part in module_name for part in _TEXT_LAYER_PARTS)):
+    if module_name == "context_embedder" or (
+        module_name.startswith("transformer_blocks.") and any(part in module_name for part in _TEXT_LAYER_PARTS)
+    ):
         return "text"
     if module_name.startswith("single_transformer_blocks."):
         return "joint"

@@ -1,7 +1,7 @@
 """How big a FLUX.1-layout pipeline is (FLUX.1 [dev], [schnell], Krea, FLUX.1 Kontext), from its configs.
 
 Each formula mirrors the layer layout of the diffusers / transformers class the config instantiates
-(FluxTransformer2DModel, CLIPTextModel, T5EncoderModel; the VAE is counted in `core`). tests/test_plan.py
+(FluxTransformer2DModel, CLIPTextModel, T5EncoderModel; the VAE is counted in `core`). tests/plan/test_plan.py
 checks every formula against `sum(p.numel())` of the real classes built on the meta device, and the published
 configs against the published FLUX.1 sizes (transformer 11,901,408,320 for dev; CLIP-L 123,060,480; T5-XXL
 encoder 4,762,310,656; VAE 83,819,683).
@@ -15,31 +15,47 @@ from collections.abc import Mapping
 from typing import Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.families import FLUX1, Family
-from fluxbooth.published_configs import CLIP_L_TEXT, FLUX1_TRANSFORMER, FLUX1_VAE, T5_XXL_ENCODER
+from fluxbooth.models.families import FLUX1, Family
+from fluxbooth.models.published_configs import CLIP_L_TEXT, FLUX1_TRANSFORMER, FLUX1_VAE, T5_XXL_ENCODER
 from fluxbooth.sizing.core import LinearLayer, ModelSize, TransformerShape, transformer_params, vae_params
 
-# The fields of the published FLUX.1 configs (fluxbooth.published_configs) that these formulas read.
+# The fields of the published FLUX.1 configs (fluxbooth.models.published_configs) that these formulas read.
 _FLUX_TRANSFORMER_CONFIG: dict[str, Any] = dict(FLUX1_TRANSFORMER)
 _CLIP_L_CONFIG: dict[str, Any] = {
     key: CLIP_L_TEXT[key]
     for key in (
-        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
         "max_position_embeddings",
     )
 }
 _T5_XXL_CONFIG: dict[str, Any] = {
     key: T5_XXL_ENCODER[key]
     for key in (
-        "vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads", "feed_forward_proj",
+        "vocab_size",
+        "d_model",
+        "d_kv",
+        "d_ff",
+        "num_layers",
+        "num_heads",
+        "feed_forward_proj",
         "relative_attention_num_buckets",
     )
 }
 _FLUX_VAE_CONFIG: dict[str, Any] = {
     key: FLUX1_VAE[key]
     for key in (
-        "in_channels", "out_channels", "block_out_channels", "layers_per_block", "latent_channels",
-        "use_quant_conv", "use_post_quant_conv", "mid_block_add_attention",
+        "in_channels",
+        "out_channels",
+        "block_out_channels",
+        "layers_per_block",
+        "latent_channels",
+        "use_quant_conv",
+        "use_post_quant_conv",
+        "mid_block_add_attention",
     )
 }
 

@@ -2,7 +2,7 @@
 Flux2Transformer2DModel and of the text encoders its pipelines load (transformers' Qwen3ForCausalLM for
 [klein], Mistral3ForConditionalGeneration for [dev]). Its q/k RMS norms have FLUX.1's names and sizes (its
 LayerNorms no parameters), so core.transformer_params counts them. Each formula mirrors the class's modules;
-tests/test_families.py checks them against `sum(p.numel())` of the real classes built on the meta device. The
+tests/models/test_families.py checks them against `sum(p.numel())` of the real classes built on the meta device. The
 VAE (AutoencoderKLFlux2) has FLUX.1's encoder/decoder blocks with quant convs and a parameter-free batch
 norm: core.vae_params counts it.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fluxbooth.families import Family
+from fluxbooth.models.families import Family
 from fluxbooth.sizing.core import LinearLayer, ModelSize, TransformerShape, transformer_params, vae_params
 
 
@@ -68,7 +68,10 @@ def flux2_linear_layers(shape: TransformerShape, config: Mapping[str, Any]) -> t
             layers.append(_linear(prefix + "attn." + projection, d, d))
         for feed_forward in ("ff", "ff_context"):
             # SwiGLU: linear_in holds the gate and the value.
-            layers += [_linear(prefix + feed_forward + ".linear_in", d, 2 * mlp), _linear(prefix + feed_forward + ".linear_out", mlp, d)]
+            layers += [
+                _linear(prefix + feed_forward + ".linear_in", d, 2 * mlp),
+                _linear(prefix + feed_forward + ".linear_out", mlp, d),
+            ]
     for index in range(shape.num_single_layers):
         prefix = f"single_transformer_blocks.{index}.attn."
         layers += [_linear(prefix + "to_qkv_mlp_proj", d, 3 * d + 2 * mlp), _linear(prefix + "to_out", d + mlp, d)]
@@ -98,15 +101,23 @@ def _language_model_head(config: Mapping[str, Any], tied: bool) -> int:
 
 def qwen3_params(config: Mapping[str, Any]) -> int:
     """transformers Qwen3ForCausalLM (FLUX.2 [klein]'s text encoder)."""
-    return _decoder_layers(config, qk_norms=True) + _language_model_head(config, bool(config.get("tie_word_embeddings", False)))
+    return _decoder_layers(config, qk_norms=True) + _language_model_head(
+        config, bool(config.get("tie_word_embeddings", False))
+    )
 
 
 def _pixtral_params(vision: Mapping[str, Any]) -> int:
     hidden = int(vision["hidden_size"])
-    inner = int(vision["num_attention_heads"]) * int(vision.get("head_dim") or hidden // int(vision["num_attention_heads"]))
+    inner = int(vision["num_attention_heads"]) * int(
+        vision.get("head_dim") or hidden // int(vision["num_attention_heads"])
+    )
     patch = int(vision["patch_size"])
     per_layer = 2 * hidden + 3 * hidden * int(vision["intermediate_size"]) + 4 * hidden * inner
-    return int(vision.get("num_channels", 3)) * patch * patch * hidden + hidden + int(vision["num_hidden_layers"]) * per_layer
+    return (
+        int(vision.get("num_channels", 3)) * patch * patch * hidden
+        + hidden
+        + int(vision["num_hidden_layers"]) * per_layer
+    )
 
 
 def mistral3_params(config: Mapping[str, Any]) -> int:
@@ -119,8 +130,10 @@ def mistral3_params(config: Mapping[str, Any]) -> int:
     projector = (
         vision_hidden
         + vision_hidden * merge * merge * vision_hidden
-        + vision_hidden * text_hidden + (text_hidden if bias else 0)
-        + text_hidden * text_hidden + (text_hidden if bias else 0)
+        + vision_hidden * text_hidden
+        + (text_hidden if bias else 0)
+        + text_hidden * text_hidden
+        + (text_hidden if bias else 0)
     )
     head = _language_model_head(text, bool(config.get("tie_word_embeddings", True)))
     return _pixtral_params(vision) + projector + _decoder_layers(text, qk_norms=False) + head
@@ -132,8 +145,13 @@ def flux2_text_encoder_params(config: Mapping[str, Any]) -> int:
 
 
 def flux2_model_size(
-    name: str, family: Family, transformer_config: Mapping[str, Any], text_encoder_config: Mapping[str, Any],
-    vae_config: Mapping[str, Any], *, source: str,
+    name: str,
+    family: Family,
+    transformer_config: Mapping[str, Any],
+    text_encoder_config: Mapping[str, Any],
+    vae_config: Mapping[str, Any],
+    *,
+    source: str,
 ) -> ModelSize:
     """A FLUX.2 model ([dev], [klein]) from its components' configs."""
     shape = flux2_transformer_shape(transformer_config)

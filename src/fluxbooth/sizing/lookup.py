@@ -11,17 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.families import Family, family_named, family_of, unreadable_config
 from fluxbooth.jsonfiles import read_json_file
-from fluxbooth.model_configs import check_model_configs
-from fluxbooth.published_configs import PUBLISHED_PIPELINES
+from fluxbooth.models.configs import check_model_configs
+from fluxbooth.models.families import Family, family_named, family_of, unreadable_config
+from fluxbooth.models.published_configs import PUBLISHED_PIPELINES
 from fluxbooth.sizing.core import ModelSize
 from fluxbooth.sizing.flux1 import model_size_from_configs
 from fluxbooth.sizing.flux2 import flux2_model_size
 
 FLUX_DEV_NAME = "black-forest-labs/FLUX.1-dev"
 FLUX_SCHNELL_NAME = "black-forest-labs/FLUX.1-schnell"
-# Hub ids the planner sizes without their files: each maps to its published pipeline (fluxbooth.published_configs),
+# Hub ids the planner sizes without their files: each maps to its published pipeline (fluxbooth.models.published_configs),
 # which the synthetic preset of the same name builds.
 PRESET_OF_MODEL: dict[str, str] = {
     FLUX_DEV_NAME: "flux1-dev",
@@ -38,9 +38,17 @@ PRESET_OF_MODEL: dict[str, str] = {
 
 def _sized(name: str, family: Family, configs: Mapping[str, Mapping[str, Any]], source: str) -> ModelSize:
     if family.is_flux2:
-        return flux2_model_size(name, family, configs["transformer"], configs["text_encoder"], configs["vae"], source=source)
+        return flux2_model_size(
+            name, family, configs["transformer"], configs["text_encoder"], configs["vae"], source=source
+        )
     return model_size_from_configs(
-        name, configs["transformer"], configs["text_encoder"], configs["text_encoder_2"], configs["vae"], source=source, family=family,
+        name,
+        configs["transformer"],
+        configs["text_encoder"],
+        configs["text_encoder_2"],
+        configs["vae"],
+        source=source,
+        family=family,
     )
 
 
@@ -50,8 +58,12 @@ def _preset(name: str) -> ModelSize | None:
     if preset_name is None:
         return None
     published = PUBLISHED_PIPELINES[preset_name]
-    configs = {"transformer": published.transformer, "text_encoder": published.text_encoder,
-               "text_encoder_2": published.text_encoder_2 or {}, "vae": published.vae}
+    configs = {
+        "transformer": published.transformer,
+        "text_encoder": published.text_encoder,
+        "text_encoder_2": published.text_encoder_2 or {},
+        "vae": published.vae,
+    }
     return _sized(name, family_named(published.family), configs, "preset")
 
 

@@ -1,7 +1,7 @@
 """Randomly initialised FLUX.1-architecture pipelines in the diffusers layout, built offline and seeded.
 
 Presets (`fluxbooth.synthetic.presets`):
-- `tiny`: fluxbooth.tiny's pipeline (a few hundred KB; `python -m fluxbooth.tiny` stays its entry point);
+- `tiny`: fluxbooth.synthetic.tiny's pipeline (a few hundred KB; `python -m fluxbooth.synthetic.tiny` stays its entry point);
 - `scaled`: the tiny encoders with the bench's ~70 M-parameter transformer;
 - `flux1-dev`, `flux1-schnell`: full size, the real repositories' configs (11.9 B transformer, T5-XXL
   encoder, CLIP-L, VAE) with random weights and offline tokenizers of the real vocabulary sizes.

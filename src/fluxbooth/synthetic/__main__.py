@@ -7,10 +7,10 @@ import json
 import sys
 from pathlib import Path
 
-from fluxbooth.hardware import parse_bytes
+from fluxbooth.host.hardware import parse_bytes
 from fluxbooth.synthetic.build import build_pipeline, count_parameters
 from fluxbooth.synthetic.presets import PRESET_NAMES, Preset, preset
-from fluxbooth.tiny import build_tiny_pipeline
+from fluxbooth.synthetic.tiny import build_tiny_pipeline
 
 
 def _layers(text: str) -> tuple[int, int]:
@@ -32,17 +32,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m fluxbooth.synthetic", description=__doc__.split(":")[1].strip())
     parser.add_argument("out_dir", type=Path, nargs="?", help="folder to write the pipeline to (reused when complete)")
     parser.add_argument("--preset", required=True, choices=PRESET_NAMES)
-    parser.add_argument("--count", action="store_true", help="print each component's parameter count as JSON; build nothing")
+    parser.add_argument(
+        "--count", action="store_true", help="print each component's parameter count as JSON; build nothing"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed for the random weights")
     parser.add_argument("--device", default="cpu", help="where each shard is initialised: cpu or cuda (faster)")
     parser.add_argument(
-        "--layers", type=_layers, help="DOUBLE,SINGLE transformer blocks instead of the preset's (reduced-depth variants)"
+        "--layers",
+        type=_layers,
+        help="DOUBLE,SINGLE transformer blocks instead of the preset's (reduced-depth variants)",
     )
     parser.add_argument(
-        "--share-encoders-with", type=Path, metavar="FOLDER",
+        "--share-encoders-with",
+        type=Path,
+        metavar="FOLDER",
         help="write only the transformer; link the encoders, VAE, tokenizers and scheduler to this built pipeline",
     )
-    parser.add_argument("--max-shard-size", type=_size, help="largest weights file, e.g. 2GB (default: diffusers' 10GB, transformers' 5GB)")
+    parser.add_argument(
+        "--max-shard-size",
+        type=_size,
+        help="largest weights file, e.g. 2GB (default: diffusers' 10GB, transformers' 5GB)",
+    )
     return parser
 
 
@@ -73,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         try:
             path = build_pipeline(
-                chosen, arguments.out_dir, seed=arguments.seed, device=arguments.device,
+                chosen,
+                arguments.out_dir,
+                seed=arguments.seed,
+                device=arguments.device,
                 share_encoders_with=arguments.share_encoders_with,
             )
         except ValueError as error:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fluxbooth import tiny
-from fluxbooth.families import family_named
+import fluxbooth.synthetic.tiny as tiny
+from fluxbooth.models.families import family_named
 from fluxbooth.synthetic.chat_tokenizers import mistral_tokenizer, qwen_tokenizer
 from fluxbooth.synthetic.presets import Preset
 from fluxbooth.synthetic.vocab import full_size_tokenizers
@@ -36,12 +36,20 @@ FLUX2_COMPONENTS: dict[str, tuple[str, str, str]] = {
     "text_encoder": ("transformers", "Mistral3ForConditionalGeneration", "model"),
 }
 FLUX2_KLEIN_COMPONENTS: dict[str, tuple[str, str, str]] = {
-    **FLUX2_COMPONENTS, "text_encoder": ("transformers", "Qwen3ForCausalLM", "model"),
+    **FLUX2_COMPONENTS,
+    "text_encoder": ("transformers", "Qwen3ForCausalLM", "model"),
 }
-FAMILY_COMPONENTS = {"flux1": COMPONENTS, "flux1-kontext": COMPONENTS, "flux2": FLUX2_COMPONENTS, "flux2-klein": FLUX2_KLEIN_COMPONENTS}
+FAMILY_COMPONENTS = {
+    "flux1": COMPONENTS,
+    "flux1-kontext": COMPONENTS,
+    "flux2": FLUX2_COMPONENTS,
+    "flux2-klein": FLUX2_KLEIN_COMPONENTS,
+}
 # The transformers config class of each text encoder class.
 CONFIG_CLASSES = {
-    "CLIPTextModel": "CLIPTextConfig", "T5EncoderModel": "T5Config", "Qwen3ForCausalLM": "Qwen3Config",
+    "CLIPTextModel": "CLIPTextConfig",
+    "T5EncoderModel": "T5Config",
+    "Qwen3ForCausalLM": "Qwen3Config",
     "Mistral3ForConditionalGeneration": "Mistral3Config",
 }
 # Every component gets its own seed stream, so changing one component's shape never changes another's weights.
@@ -64,7 +72,10 @@ def text_encoder_configs(preset: Preset, tokenizers: dict[str, Any] | None) -> d
         return {"text_encoder": _flux2_text_encoder_config(preset, tokenizers)}
     if preset.tokenizers == "tiny":
         clip, t5 = tiny.text_encoder_configs(tokenizers or tiny.build_tokenizers())
-        return {"text_encoder": {**clip, **preset.text_encoder}, "text_encoder_2": {**t5, **(preset.text_encoder_2 or {})}}
+        return {
+            "text_encoder": {**clip, **preset.text_encoder},
+            "text_encoder_2": {**t5, **(preset.text_encoder_2 or {})},
+        }
     return {"text_encoder": dict(preset.text_encoder), "text_encoder_2": dict(preset.text_encoder_2 or {})}
 
 
@@ -74,8 +85,12 @@ def _flux2_text_encoder_config(preset: Preset, tokenizers: dict[str, Any] | None
     if preset.tokenizers != "tiny":
         return config
     tokenizer = (tokenizers or build_tokenizers(preset))["tokenizer"]
-    ids = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
-           "eos_token_id": tokenizer.eos_token_id}
+    ids = {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
     if "text_config" in config:
         return {**config, "text_config": {**config["text_config"], **ids}}
     return {**config, **ids}
@@ -217,7 +232,14 @@ def _streamable(model: Any) -> bool:
 
 
 def write_component(
-    component: str, config: dict[str, Any], folder: Path, *, max_shard_bytes: int, dtype_name: str, device: str, seed: int,
+    component: str,
+    config: dict[str, Any],
+    folder: Path,
+    *,
+    max_shard_bytes: int,
+    dtype_name: str,
+    device: str,
+    seed: int,
     family: str = "flux1",
 ) -> dict[str, Any]:
     """Write `folder/config.json` and the weights shard by shard; returns a summary."""
@@ -252,7 +274,9 @@ def write_component(
         _release(owners)
     if len(files) > 1:
         index_document = {"metadata": {"total_size": sum(shard.nbytes for shard in shards)}, "weight_map": weight_map}
-        (folder / f"{stem}.safetensors.index.json").write_text(json.dumps(index_document, indent=2, sort_keys=True) + "\n")
+        (folder / f"{stem}.safetensors.index.json").write_text(
+            json.dumps(index_document, indent=2, sort_keys=True) + "\n"
+        )
     return {"parameters": parameter_count(model), "shards": len(files), "bytes": sum(shard.nbytes for shard in shards)}
 
 
@@ -323,8 +347,14 @@ def _write_all(preset: Preset, staging: Path, seed: int, device: str) -> None:
     configs = component_configs(preset, tokenizers)
     for component in FAMILY_COMPONENTS[preset.family]:
         write_component(
-            component, configs[component], staging / component, max_shard_bytes=preset.max_shard_bytes[component],
-            dtype_name=preset.dtype, device=device, seed=seed, family=preset.family,
+            component,
+            configs[component],
+            staging / component,
+            max_shard_bytes=preset.max_shard_bytes[component],
+            dtype_name=preset.dtype,
+            device=device,
+            seed=seed,
+            family=preset.family,
         )
     for name, tokenizer in tokenizers.items():
         tokenizer.save_pretrained(staging / name)
@@ -347,8 +377,14 @@ def _write_transformer_beside(preset: Preset, staging: Path, seed: int, device: 
     if missing:
         raise ValueError(f"--share-encoders-with {shared}: not a complete pipeline folder (missing {missing})")
     write_component(
-        "transformer", dict(preset.transformer), staging / "transformer", max_shard_bytes=preset.max_shard_bytes["transformer"],
-        dtype_name=preset.dtype, device=device, seed=seed, family=preset.family,
+        "transformer",
+        dict(preset.transformer),
+        staging / "transformer",
+        max_shard_bytes=preset.max_shard_bytes["transformer"],
+        dtype_name=preset.dtype,
+        device=device,
+        seed=seed,
+        family=preset.family,
     )
     for entry in entries:
         (staging / entry).symlink_to(shared.absolute() / entry)

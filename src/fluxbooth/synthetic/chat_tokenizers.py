@@ -16,7 +16,7 @@ import string
 from collections.abc import Iterable
 from typing import Any
 
-from fluxbooth.tiny import bytes_to_unicode
+from fluxbooth.synthetic.tiny import bytes_to_unicode
 
 QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 QWEN_ADDED = ("<think>", "</think>")
@@ -28,9 +28,25 @@ QWEN_CHAT_TEMPLATE = (
 )
 # Tekken's first special tokens, in its order ([IMG] is id 10, Mistral3's image_token_index).
 MISTRAL_SPECIALS = (
-    "<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
-    "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]", "[IMG_END]", "[PREFIX]", "[MIDDLE]",
-    "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+    "<unk>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+    "[TOOL_CALLS]",
+    "[IMG]",
+    "<pad>",
+    "[IMG_BREAK]",
+    "[IMG_END]",
+    "[PREFIX]",
+    "[MIDDLE]",
+    "[SUFFIX]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
 )
 MISTRAL_CHAT_TEMPLATE = (
     "{{ bos_token }}{%- for message in messages %}"
@@ -42,9 +58,43 @@ MISTRAL_CHAT_TEMPLATE = (
 )
 # Words merged whole in the tiny tokenizers, so prompts (and FLUX.2 [dev]'s long system prompt) stay short.
 TINY_WORDS = (
-    "a", "an", "the", "of", "in", "on", "and", "to", "with", "photo", "sks", "dog", "person", "cat", "style",
-    "image", "user", "assistant", "system", "you", "are", "for", "that", "is", "it", "as", "be", "or", "by",
-    "descriptions", "description", "generate", "generating", "images", "based", "textual", "prompts",
+    "a",
+    "an",
+    "the",
+    "of",
+    "in",
+    "on",
+    "and",
+    "to",
+    "with",
+    "photo",
+    "sks",
+    "dog",
+    "person",
+    "cat",
+    "style",
+    "image",
+    "user",
+    "assistant",
+    "system",
+    "you",
+    "are",
+    "for",
+    "that",
+    "is",
+    "it",
+    "as",
+    "be",
+    "or",
+    "by",
+    "descriptions",
+    "description",
+    "generate",
+    "generating",
+    "images",
+    "based",
+    "textual",
+    "prompts",
 )
 
 
@@ -58,7 +108,9 @@ def _merge_word(word: str, tokens: dict[str, int], merges: list[tuple[str, str]]
         pieces = [merged] + pieces[2:]
 
 
-def byte_level_vocabulary(first: Iterable[str], words: Iterable[str], size: int | None) -> tuple[dict[str, int], list[tuple[str, str]]]:
+def byte_level_vocabulary(
+    first: Iterable[str], words: Iterable[str], size: int | None
+) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """`first` (special tokens) at ids 0.., the 256 byte characters, the merges of `words` (each also with
     the leading-space marker `Ġ`), then lowercase pairs, triples, ... breadth-first until `size` tokens."""
     tokens: dict[str, int] = {}
@@ -116,9 +168,15 @@ def mistral_tokenizer(vocabulary_size: int | None) -> Any:
 
     vocabulary, merges = byte_level_vocabulary(MISTRAL_SPECIALS, TINY_WORDS, vocabulary_size)
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=_backend(vocabulary, merges, "<unk>"), bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-        pad_token="<pad>", model_max_length=131072,
+        tokenizer_object=_backend(vocabulary, merges, "<unk>"),
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        model_max_length=131072,
     )
-    tokenizer.add_special_tokens({"additional_special_tokens": [token for token in MISTRAL_SPECIALS if token[0] == "["]})
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": [token for token in MISTRAL_SPECIALS if token[0] == "["]}
+    )
     tokenizer.chat_template = MISTRAL_CHAT_TEMPLATE
     return tokenizer

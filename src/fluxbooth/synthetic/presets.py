@@ -1,8 +1,8 @@
 """The architectures each synthetic preset builds: pure data, no torch.
 
-The full-size presets build the published pipelines (fluxbooth.published_configs, which names their
-sources); the tiny ones narrow them to a few dozen wide (FLUX.1's in fluxbooth.tiny, FLUX.2's below). Each
-preset names its family (fluxbooth.families), which decides its component classes.
+The full-size presets build the published pipelines (fluxbooth.models.published_configs, which names their
+sources); the tiny ones narrow them to a few dozen wide (FLUX.1's in fluxbooth.synthetic.tiny, FLUX.2's below). Each
+preset names its family (fluxbooth.models.families), which decides its component classes.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fluxbooth import tiny
-from fluxbooth.published_configs import (
+import fluxbooth.synthetic.tiny as tiny
+from fluxbooth.models.published_configs import (
     FLUX1_DEV_SCHEDULER,
     FLUX1_SCHNELL_SCHEDULER,
     FLUX2_COMMON_TRANSFORMER,
@@ -64,8 +64,15 @@ TINY_MISTRAL3: dict[str, Any] = {
         "head_dim": 8,
         "max_position_embeddings": 1024,
     },
-    "vision_config": {**PIXTRAL_VISION, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
-                      "num_attention_heads": 2, "head_dim": 8, "image_size": 28},
+    "vision_config": {
+        **PIXTRAL_VISION,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "head_dim": 8,
+        "image_size": 28,
+    },
 }
 
 # The bench's scaled transformer (bench/memory.py): FLUX.1's head dim and block types, 4 heads,
@@ -88,7 +95,7 @@ TRANSFORMERS_MAX_SHARD_BYTES = 5 * GB
 class Preset:
     """One pipeline: the config of each component, the tokenizers' kind, and the storage dtype.
 
-    `tokenizers` is "tiny" (fluxbooth.tiny's small byte-level vocabularies, sized into the encoders'
+    `tokenizers` is "tiny" (fluxbooth.synthetic.tiny's small byte-level vocabularies, sized into the encoders'
     configs) or "full" (vocabularies with CLIP-L's 49,408 and T5's 32,100 entries)."""
 
     name: str
@@ -99,7 +106,7 @@ class Preset:
     scheduler: dict[str, Any]
     tokenizers: str
     dtype: str = "bfloat16"
-    family: str = "flux1"  # fluxbooth.families name
+    family: str = "flux1"  # fluxbooth.models.families name
     distilled: bool = False  # FLUX.2 [klein]: the step-distilled checkpoint (model_index.json is_distilled)
     max_shard_bytes: dict[str, int] = field(
         default_factory=lambda: {
@@ -134,8 +141,14 @@ def _tiny_preset_configs() -> dict[str, dict[str, Any]]:
 
 def _tiny_flux2_preset(name: str, transformer: dict[str, Any], text_encoder: dict[str, Any]) -> Preset:
     return Preset(
-        name=name, transformer=dict(transformer), text_encoder=dict(text_encoder), text_encoder_2=None, vae=dict(TINY_FLUX2_VAE),
-        scheduler=dict(FLUX1_DEV_SCHEDULER), tokenizers="tiny", family="flux2" if "klein" not in name else "flux2-klein",
+        name=name,
+        transformer=dict(transformer),
+        text_encoder=dict(text_encoder),
+        text_encoder_2=None,
+        vae=dict(TINY_FLUX2_VAE),
+        scheduler=dict(FLUX1_DEV_SCHEDULER),
+        tokenizers="tiny",
+        family="flux2" if "klein" not in name else "flux2-klein",
         # The tiny [klein] is a base checkpoint (sampled with classifier-free guidance, so its validation path is the harder one).
         dtype="float32",
     )
@@ -174,9 +187,19 @@ def preset(name: str) -> Preset:
             configs["transformer"] = {**configs["transformer"], "guidance_embeds": False}
             configs["scheduler"] = dict(FLUX1_SCHNELL_SCHEDULER)
         family = "flux1-kontext" if name == "tiny-kontext" else "flux1"
-        # fluxbooth.tiny's pipeline is float32; the tiny variants built here match it.
+        # fluxbooth.synthetic.tiny's pipeline is float32; the tiny variants built here match it.
         dtype = "float32" if name in ("tiny-kontext", "tiny-schnell") else "bfloat16"
-        return Preset(name=name, tokenizers="tiny", family=family, dtype=dtype, **configs)
+        return Preset(
+            name=name,
+            transformer=configs["transformer"],
+            text_encoder=configs["text_encoder"],
+            text_encoder_2=configs["text_encoder_2"],
+            vae=configs["vae"],
+            scheduler=configs["scheduler"],
+            tokenizers="tiny",
+            family=family,
+            dtype=dtype,
+        )
     if name in PUBLISHED_PIPELINES:
         return _published_preset(name)
     if name in TINY_FLUX2_PRESETS:
@@ -185,6 +208,16 @@ def preset(name: str) -> Preset:
 
 
 PRESET_NAMES = (
-    "tiny", "scaled", "flux1-dev", "flux1-schnell", "flux1-kontext-dev", "flux2-dev", "flux2-klein-4b", "flux2-klein-9b",
-    "tiny-kontext", "tiny-schnell", "tiny-flux2", "tiny-flux2-klein",
+    "tiny",
+    "scaled",
+    "flux1-dev",
+    "flux1-schnell",
+    "flux1-kontext-dev",
+    "flux2-dev",
+    "flux2-klein-4b",
+    "flux2-klein-9b",
+    "tiny-kontext",
+    "tiny-schnell",
+    "tiny-flux2",
+    "tiny-flux2-klein",
 )

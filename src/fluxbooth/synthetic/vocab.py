@@ -14,7 +14,7 @@ from __future__ import annotations
 import string
 from typing import Any
 
-from fluxbooth.tiny import CLIP_MAX_LENGTH, T5_MAX_LENGTH, bytes_to_unicode
+from fluxbooth.synthetic.tiny import CLIP_MAX_LENGTH, T5_MAX_LENGTH, bytes_to_unicode
 
 CLIP_VOCAB_SIZE = 49408
 T5_PIECES = 32000
@@ -70,8 +70,6 @@ def full_size_tokenizers() -> dict[str, Any]:
     from transformers import CLIPTokenizer, T5TokenizerFast
 
     vocabulary, merges = clip_vocabulary()
-    clip = CLIPTokenizer(
-        vocab=vocabulary, merges=merges, model_max_length=CLIP_MAX_LENGTH, pad_token="<|endoftext|>"
-    )
+    clip = CLIPTokenizer(vocab=vocabulary, merges=merges, model_max_length=CLIP_MAX_LENGTH, pad_token="<|endoftext|>")
     t5 = T5TokenizerFast(vocab=t5_vocabulary(), extra_ids=T5_EXTRA_IDS, model_max_length=T5_MAX_LENGTH)
     return {"tokenizer": clip, "tokenizer_2": t5}

@@ -12,7 +12,7 @@ from typing import Any
 from huggingface_hub import snapshot_download
 
 from fluxbooth.errors import FluxboothError
-from fluxbooth.families import family_of
+from fluxbooth.models.families import family_of
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.family_ops import OPS_BY_FAMILY, FamilyOps
 

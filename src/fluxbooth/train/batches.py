@@ -28,7 +28,9 @@ def _permutation(count: int, seed: int) -> list[int]:
 
 
 @lru_cache(maxsize=4)
-def epoch_batches(seed: int, bucket_sizes: tuple[tuple[Shape, int], ...], batch_size: int, epoch: int) -> tuple[Batch, ...]:
+def epoch_batches(
+    seed: int, bucket_sizes: tuple[tuple[Shape, int], ...], batch_size: int, epoch: int
+) -> tuple[Batch, ...]:
     """The micro-batches of one pass over the instance samples (`bucket_sizes`: samples per bucket), in
     training order: ceil(samples / batch_size) of each bucket."""
     batches: list[Batch] = []
@@ -88,7 +90,12 @@ def _drop_captions(
 
 
 def micro_batch(
-    seed: int, batch_size: int, data: CachedData, index: int, normalisation: VaeNormalisation, caption_dropout: float = 0.0
+    seed: int,
+    batch_size: int,
+    data: CachedData,
+    index: int,
+    normalisation: VaeNormalisation,
+    caption_dropout: float = 0.0,
 ) -> dict[str, Any]:
     """The `index`-th micro-batch of the run: `batch_size` instance samples of one bucket (then as many class
     images of the same shape), their latents normalised, with caption dropout applied."""
@@ -100,7 +107,9 @@ def micro_batch(
         prompt_embeds, pooled = _drop_captions(prompt_embeds, pooled, data.empty_prompt, caption_dropout, dropout_seed)
     if data.class_set is not None:
         class_rows = _stream_rows(seed, batch_size, len(data.class_set.buckets[shape]), ("class", shape), index)
-        class_latents, class_prompt_embeds, class_pooled = _samples(seed, data.class_set, shape, class_rows, "class", index)
+        class_latents, class_prompt_embeds, class_pooled = _samples(
+            seed, data.class_set, shape, class_rows, "class", index
+        )
         latents = torch.cat([latents, class_latents])
         prompt_embeds = torch.cat([prompt_embeds, class_prompt_embeds])
         pooled = torch.cat([pooled, class_pooled])

@@ -15,7 +15,7 @@ forward, so the same hooks fire in backward order):
 - forward (no backward running): block i is made resident, block i + 1 is prefetched, any other is dropped;
 - backward (the recompute of block i runs inside the autograd engine): block i, then i - 1 prefetched. The
   backward of block i + 1 has finished when block i is recomputed, so i + 1 is dropped then.
-Memory is held to the plan on both sides (fluxbooth.pinned owns the layout and the rounding rule):
+Memory is held to the plan on both sides (fluxbooth.host.pinned owns the layout and the rounding rule):
 - host: each tensor is copied into page-aligned anonymous memory of its own (its own storage: state dicts,
   accelerate's and safetensors' savers see no shared tensors), page-locked in place with cudaHostRegister on
   CUDA and unregistered when the tensor is freed, so a block pins exactly what it stores, to the page
@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from fluxbooth.pinned import BLOCK_SWAP_DEVICE_SLOTS, block_store_layout
+from fluxbooth.host.pinned import BLOCK_SWAP_DEVICE_SLOTS, block_store_layout
 from fluxbooth.train.failures import TrainerFailure
 
 # Where `attach_swapper` keeps a model's swapper (a plain attribute: not a submodule, not in the state dict).
@@ -79,7 +79,7 @@ class _SwappedTensor:
 @dataclass
 class _Block:
     tensors: list[_SwappedTensor]
-    offsets: tuple[int, ...]  # each tensor's place in a device slot (fluxbooth.pinned.block_store_layout)
+    offsets: tuple[int, ...]  # each tensor's place in a device slot (fluxbooth.host.pinned.block_store_layout)
     size: int  # the bytes it takes in a slot
     memories: list[Any] = field(default_factory=list)  # the _HostStore behind each host tensor (not empty ones)
     slot: int | None = None  # the device slot holding its copy while resident
@@ -113,7 +113,10 @@ def flux_blocks(transformer: torch.nn.Module) -> list[torch.nn.Module]:
 def frozen_tensor_bytes(module: torch.nn.Module) -> int:
     return sum(
         tensor.numel() * tensor.element_size()
-        for tensor in [*module.buffers(), *(parameter for parameter in module.parameters() if not parameter.requires_grad)]
+        for tensor in [
+            *module.buffers(),
+            *(parameter for parameter in module.parameters() if not parameter.requires_grad),
+        ]
     )
 
 
@@ -133,12 +136,16 @@ class BlockSwapper:
         slots: int = BLOCK_SWAP_DEVICE_SLOTS,
     ) -> None:
         if slots < 2:
-            raise ValueError(f"block swapping needs at least 2 device slots (the block computing and the next), not {slots}")
+            raise ValueError(
+                f"block swapping needs at least 2 device slots (the block computing and the next), not {slots}"
+            )
         self.device = torch.device(device)
         self.keep_log = keep_log
         self.statistics = SwapStatistics()
         pin = self.device.type == "cuda"
-        self._blocks = [_stored_block(_take_block_tensors(block, trainable=swap_trainable), pin=pin) for block in blocks]
+        self._blocks = [
+            _stored_block(_take_block_tensors(block, trainable=swap_trainable), pin=pin) for block in blocks
+        ]
         slot_bytes = max((block.size for block in self._blocks), default=0)
         self._slots = [torch.empty(slot_bytes, dtype=torch.uint8, device=self.device) for _ in range(slots)]
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -166,7 +173,7 @@ class BlockSwapper:
         return sum(item.host.numel() * item.host.element_size() for block in self._blocks for item in block.tensors)
 
     def store_bytes(self) -> list[int]:
-        """Each block's size in a device slot, in block order (fluxbooth.pinned.block_store_layout)."""
+        """Each block's size in a device slot, in block order (fluxbooth.host.pinned.block_store_layout)."""
         return [block.size for block in self._blocks]
 
     def largest_block_bytes(self) -> int:
@@ -308,9 +315,7 @@ def _point(item: _SwappedTensor, tensor: torch.Tensor) -> None:
 
 def _views_into(buffer: torch.Tensor, block: _Block) -> list[torch.Tensor]:
     """The block's tensors as views into `buffer` (a slot), at their offsets."""
-    return [
-        _view_at(buffer, offset, item.host) for item, offset in zip(block.tensors, block.offsets, strict=True)
-    ]
+    return [_view_at(buffer, offset, item.host) for item, offset in zip(block.tensors, block.offsets, strict=True)]
 
 
 def _view_at(buffer: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
@@ -338,7 +343,7 @@ def _tensors_to_swap(block: torch.nn.Module, *, trainable: bool) -> list[tuple[t
 
 def swapped_tensor_bytes(block: torch.nn.Module, *, trainable: bool = False) -> list[int]:
     """The bytes of every tensor a BlockSwapper would take from `block` (touching nothing: a model on the meta
-    device will do); `fluxbooth.pinned.block_store_pinned_bytes` of it is what the block pins."""
+    device will do); `fluxbooth.host.pinned.block_store_pinned_bytes` of it is what the block pins."""
     sizes = []
     for module, name, registry, _ in _tensors_to_swap(block, trainable=trainable):
         tensor = module._parameters[name] if registry == "parameter" else module._buffers[name]
@@ -403,7 +408,9 @@ class _HostStore(mmap.mmap):
 
 
 @contextmanager
-def swapping_blocks(transformer: torch.nn.Module, device: torch.device, *, keep_log: bool = False) -> Iterator[BlockSwapper]:
+def swapping_blocks(
+    transformer: torch.nn.Module, device: torch.device, *, keep_log: bool = False
+) -> Iterator[BlockSwapper]:
     """A BlockSwapper over FLUX's blocks for the duration of the block (tests, one-off passes)."""
     swapper = BlockSwapper(flux_blocks(transformer), device, keep_log=keep_log)
     try:
@@ -420,7 +427,9 @@ def swapped_for_rendering(transformer: torch.nn.Module, device: torch.device) ->
     return transformer
 
 
-def check_block_swap(training_type: str, gradient_checkpointing: bool, zero_stage: int, fused_backward_pass: bool = False) -> None:
+def check_block_swap(
+    training_type: str, gradient_checkpointing: bool, zero_stage: int, fused_backward_pass: bool = False
+) -> None:
     """The trainer's own check of what the planner only ever plans (a hand-written train.json too)."""
     if training_type == "full" and not fused_backward_pass:
         raise TrainerFailure(
@@ -430,14 +439,18 @@ def check_block_swap(training_type: str, gradient_checkpointing: bool, zero_stag
             "gradient until the optimizer step after the backward",
         )
     if training_type not in ("lora", "full"):
-        raise TrainerFailure("invalid_config", f"block_swap needs training_type 'lora' or 'full', not {training_type!r}")
+        raise TrainerFailure(
+            "invalid_config", f"block_swap needs training_type 'lora' or 'full', not {training_type!r}"
+        )
     if not gradient_checkpointing:
         raise TrainerFailure(
             "invalid_config",
             "block_swap needs gradient_checkpointing: without it the backward keeps every block's weights on the device",
         )
     if zero_stage == 3:
-        raise TrainerFailure("invalid_config", "block_swap keeps the blocks outside DeepSpeed: use zero_stage 2 or no DeepSpeed")
+        raise TrainerFailure(
+            "invalid_config", "block_swap keeps the blocks outside DeepSpeed: use zero_stage 2 or no DeepSpeed"
+        )
 
 
 def release_swapped_blocks(model: torch.nn.Module) -> None:

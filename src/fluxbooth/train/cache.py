@@ -57,14 +57,18 @@ def build_caches(session: Session) -> CachedData:
             name: cache_path(
                 Path(config.cache_dir),
                 name,
-                cache_fingerprint(config.base_model, images, samples[name], config.max_sequence_length, text_dtype_name),
+                cache_fingerprint(
+                    config.base_model, images, samples[name], config.sampling.max_sequence_length, text_dtype_name
+                ),
             )
             for name, images in image_sets.items()
         }
         prompt_sets = _prompt_sets(session)
         prompt_paths = {
             name: cache_path(
-                Path(config.cache_dir), name, prompts_fingerprint(config.base_model, prompts, config.max_sequence_length, text_dtype_name)
+                Path(config.cache_dir),
+                name,
+                prompts_fingerprint(config.base_model, prompts, config.sampling.max_sequence_length, text_dtype_name),
             )
             for name, prompts in prompt_sets.items()
         }
@@ -78,7 +82,9 @@ def build_caches(session: Session) -> CachedData:
             "cache",
             instance_images=len(loaded["instance"]),
             class_images=len(loaded["class"]) if "class" in loaded else 0,
-            image_pairs=sum(len(bucket) for bucket in loaded["instance"].buckets.values() if bucket.control_mean is not None),
+            image_pairs=sum(
+                len(bucket) for bucket in loaded["instance"].buckets.values() if bucket.control_mean is not None
+            ),
             buckets=loaded["instance"].bucket_counts(),
             status="ready",
         )
@@ -97,12 +103,17 @@ def build_caches(session: Session) -> CachedData:
 
 def _image_sets(session: Session) -> dict[str, list[TrainingImage]]:
     config = session.config
-    instance = discover_images(Path(config.instance_dir), config.instance_prompt, trigger_word=config.trigger_word)
+    instance = discover_images(
+        Path(config.instance_dir), config.prompts.instance_prompt, trigger_word=config.prompts.trigger_word
+    )
     if not instance:
-        raise TrainerFailure("invalid_dataset", f"no images in the instance folder {Path(config.instance_dir).name}/; add PNG or JPEG files")
+        raise TrainerFailure(
+            "invalid_dataset",
+            f"no images in the instance folder {Path(config.instance_dir).name}/; add PNG or JPEG files",
+        )
     instance = _paired(session, instance)
     sets = {"instance": instance}
-    if config.with_prior_preservation:
+    if config.prompts.with_prior_preservation:
         generated_or_supplied = class_images(session)
         if generated_or_supplied:
             sets["class"] = generated_or_supplied
@@ -117,12 +128,15 @@ def _paired(session: Session, instance: list[TrainingImage]) -> list[TrainingIma
         return instance
     family = session.base.ops.family
     if not family.control_images:
-        session.reporter.warning(f"the dataset's control/ images are unused: {family.title} does not train on image pairs")
+        session.reporter.warning(
+            f"the dataset's control/ images are unused: {family.title} does not train on image pairs"
+        )
         return instance
-    if config.with_prior_preservation:
+    if config.prompts.with_prior_preservation:
         raise TrainerFailure(
-            "invalid_config", "with_prior_preservation needs class images with control images, which image-pair datasets do not "
-            "have; turn with_prior_preservation off, or train without the control/ folder"
+            "invalid_config",
+            "with_prior_preservation needs class images with control images, which image-pair datasets do not "
+            "have; turn with_prior_preservation off, or train without the control/ folder",
         )
     return with_controls(instance, Path(config.control_dir))
 
@@ -149,10 +163,12 @@ def _prompt_sets(session: Session) -> dict[str, list[str]]:
     dropout and for renders with true classifier-free guidance (FLUX.2 [klein] base checkpoints)."""
     config = session.config
     sets = {}
-    if config.validation_prompts:
-        sets[VALIDATION_SET] = list(config.validation_prompts)
-    guided = bool(config.validation_prompts) and session.base.ops.needs_negative_prompt(config.validation_guidance_scale)
-    if config.caption_dropout > 0 or guided:
+    if config.validation.prompts:
+        sets[VALIDATION_SET] = list(config.validation.prompts)
+    guided = bool(config.validation.prompts) and session.base.ops.needs_negative_prompt(
+        config.sampling.validation_guidance_scale
+    )
+    if config.prompts.caption_dropout > 0 or guided:
         sets[EMPTY_PROMPT_SET] = [""]
     return sets
 
@@ -180,7 +196,7 @@ def _encode_missing(
         sorted(prompts),
         device=session.encoder_device,
         dtype=session.precision.text_dtype,
-        max_sequence_length=config.max_sequence_length,
+        max_sequence_length=config.sampling.max_sequence_length,
         loading_context=without_transformers_zero3_init,
         tracker=tracker,
     )
@@ -193,7 +209,11 @@ def _encode_missing(
     try:
         for name in missing:
             encoded_set = encode_image_set(
-                image_sets[name], samples[name], encoded, vae=vae, device=session.encoder_device,
+                image_sets[name],
+                samples[name],
+                encoded,
+                vae=vae,
+                device=session.encoder_device,
                 samples_posterior=session.base.ops.samples_posterior,
             )
             save_encoded(encoded_set, paths[name])
@@ -222,7 +242,11 @@ def cache_fingerprint(
             "text_dtype": text_dtype,
             "images": [
                 [image.path.name, image.path.stat().st_size, image.path.stat().st_mtime_ns, image.prompt]
-                + ([] if image.control is None else [image.control.name, image.control.stat().st_size, image.control.stat().st_mtime_ns])
+                + (
+                    []
+                    if image.control is None
+                    else [image.control.name, image.control.stat().st_size, image.control.stat().st_mtime_ns]
+                )
                 for image in images
             ],
         }
@@ -293,7 +317,9 @@ def encode_prompts(
 
 
 def load_vae(
-    ops: FamilyOps, loading_context: Callable[[], contextlib.AbstractContextManager[Any]], dtype: torch.dtype = torch.float32
+    ops: FamilyOps,
+    loading_context: Callable[[], contextlib.AbstractContextManager[Any]],
+    dtype: torch.dtype = torch.float32,
 ) -> Any:
     with loading_context():
         # float32 by default: the VAE is small (84 M parameters for FLUX) and its latents are the training targets.
@@ -304,7 +330,14 @@ def decoding_device(preferred: torch.device, vae: Any, resolution: tuple[int, in
     """Where to decode validation latents while the engine holds the accelerator: there only when the VAE
     and its full-resolution activations (a few 128-channel feature maps) fit beside it, else the CPU."""
     width, height = resolution
-    activation_bytes = DECODE_LIVE_FEATURE_MAPS * DECODE_CHANNELS * width * height * torch.finfo(next(vae.parameters()).dtype).bits // 8
+    activation_bytes = (
+        DECODE_LIVE_FEATURE_MAPS
+        * DECODE_CHANNELS
+        * width
+        * height
+        * torch.finfo(next(vae.parameters()).dtype).bits
+        // 8
+    )
     return pick_encoding_device(preferred, _parameter_bytes(vae) + activation_bytes)
 
 
@@ -325,7 +358,11 @@ def save_encoded_prompts(encoded: EncodedPrompts, path: Path) -> None:
 
 def load_encoded_prompts(path: Path) -> EncodedPrompts:
     data = torch.load(path, map_location="cpu", weights_only=True)
-    return EncodedPrompts(prompts=list(data["prompts"]), prompt_embeds=data["prompt_embeds"], pooled_prompt_embeds=data["pooled_prompt_embeds"])
+    return EncodedPrompts(
+        prompts=list(data["prompts"]),
+        prompt_embeds=data["prompt_embeds"],
+        pooled_prompt_embeds=data["pooled_prompt_embeds"],
+    )
 
 
 def encode_images(
@@ -363,10 +400,13 @@ def encode_image_set(
     buckets = {}
     for shape, indices in samples.items():
         picked = [images[index] for index in indices]
-        latent_mean, latent_std = encode_images(vae, [image.path for image in picked], shape, device=device, samples_posterior=samples_posterior)
+        latent_mean, latent_std = encode_images(
+            vae, [image.path for image in picked], shape, device=device, samples_posterior=samples_posterior
+        )
         control_mean = None
-        if all(image.control is not None for image in picked):
-            control_mean, _ = encode_images(vae, [image.control for image in picked], shape, device=device, samples_posterior=False)
+        controls = [image.control for image in picked if image.control is not None]
+        if len(controls) == len(picked):
+            control_mean, _ = encode_images(vae, controls, shape, device=device, samples_posterior=False)
         buckets[shape] = EncodedBucket(torch.tensor(indices, dtype=torch.long), latent_mean, latent_std, control_mean)
     return EncodedImages(
         prompt_index=torch.tensor([own_prompts.index(image.prompt) for image in images], dtype=torch.long),

@@ -12,7 +12,6 @@ from typing import Any
 import torch
 
 from fluxbooth.contract.checkpoint_record import CHECKPOINT_RECORD_NAME, checkpoint_record
-from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.contract.layout import (
     CHECKPOINT_STATE_NAME,
     EMA_STATE_NAME,
@@ -21,6 +20,7 @@ from fluxbooth.contract.layout import (
     local_checkpoints,
     staging_folder_name,
 )
+from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.state import Session, TrainingRun
 
 
@@ -28,7 +28,7 @@ def save_checkpoint(session: Session, run: TrainingRun, step: int) -> None:
     """*Collective.* accelerate/DeepSpeed state after `step` optimizer steps, written under a temporary
     name and renamed, so a checkpoint folder either is complete or does not exist."""
     config, accelerator = session.config, session.accelerator
-    root = checkpoint_root(config.checkpoint_dir, config.output_dir)
+    root = checkpoint_root(config.checkpoints.dir, config.output_dir)
     final = root / checkpoint_folder_name(step)
     staging = root / staging_folder_name(step)
     if accelerator.is_main_process:
@@ -47,7 +47,7 @@ def save_checkpoint(session: Session, run: TrainingRun, step: int) -> None:
         if accelerator.is_main_process:
             shutil.rmtree(final, ignore_errors=True)
             os.replace(staging, final)
-            prune_checkpoints(root, keep=config.checkpoints_keep)
+            prune_checkpoints(root, keep=config.checkpoints.keep)
             session.reporter.checkpoint(step=step, path=str(final))
         accelerator.wait_for_everyone()
 
@@ -55,11 +55,11 @@ def save_checkpoint(session: Session, run: TrainingRun, step: int) -> None:
 def _write_trainer_state(session: Session, run: TrainingRun, step: int, folder: Path) -> None:
     state = {
         "step": step,
-        "seed": session.config.seed,
+        "seed": session.config.optimisation.seed,
         "training_type": session.config.training_type,
         "zero_stage": session.zero_stage,
         "num_processes": session.accelerator.num_processes,
-        "fused_backward_pass": session.config.fused_backward_pass,
+        "fused_backward_pass": session.config.memory.fused_backward_pass,
         "scheduler": None if run.scheduler_stepped_by_engine else run.scheduler.state_dict(),
         "ema": None,
     }
@@ -70,8 +70,12 @@ def _write_trainer_state(session: Session, run: TrainingRun, step: int, folder: 
     # What it was trained on: the worker refuses to resume it on another base or LoRA shape, before launch.
     config = session.config
     record = checkpoint_record(
-        config.base_model_name or config.base_model, session.base.ops.family.name, config.training_type,
-        config.lora.rank, config.lora.alpha, config.lora.target_modules,
+        config.export.base_model_name or config.base_model,
+        session.base.ops.family.name,
+        config.training_type,
+        config.lora.rank,
+        config.lora.alpha,
+        config.lora.target_modules,
     )
     (folder / CHECKPOINT_RECORD_NAME).write_text(record.to_json())
 
@@ -84,15 +88,16 @@ def prune_checkpoints(root: Path, keep: int) -> None:
 
 def resolve_resume(session: Session) -> Path | None:
     config = session.config
-    if not config.resume_from:
+    if not config.checkpoints.resume_from:
         return None
-    if config.resume_from == "latest":
-        found = local_checkpoints(checkpoint_root(config.checkpoint_dir, config.output_dir), complete_only=True)
+    if config.checkpoints.resume_from == "latest":
+        found = local_checkpoints(checkpoint_root(config.checkpoints.dir, config.output_dir), complete_only=True)
         return found[-1][1] if found else None
-    path = Path(config.resume_from)
+    path = Path(config.checkpoints.resume_from)
     if not (path / CHECKPOINT_STATE_NAME).is_file():
         raise TrainerFailure(
-            "resume_failed", f"resume_from {path.name!r} is not a fluxbooth checkpoint (no {CHECKPOINT_STATE_NAME}); pass a checkpoint-N folder"
+            "resume_failed",
+            f"resume_from {path.name!r} is not a fluxbooth checkpoint (no {CHECKPOINT_STATE_NAME}); pass a checkpoint-N folder",
         )
     return path
 
@@ -110,7 +115,7 @@ def resume(session: Session, run: TrainingRun) -> Path | None:
         "zero_stage": session.zero_stage,
         "num_processes": session.accelerator.num_processes,
         # Its optimizer state is Adafactor's on bf16 weights; checkpoints from before the fused pass have no such key.
-        "fused_backward_pass": config.fused_backward_pass,
+        "fused_backward_pass": config.memory.fused_backward_pass,
     }
     made_with = {"fused_backward_pass": False, **state}
     for name, expected in expected_settings.items():
@@ -120,8 +125,10 @@ def resume(session: Session, run: TrainingRun) -> Path | None:
                 f"checkpoint {path.name} was made with {name}={made_with.get(name)!r}, this run has {expected!r}; resume with the same settings",
             )
     step = int(state["step"])
-    if step >= config.steps:
-        raise TrainerFailure("resume_failed", f"checkpoint {path.name} is at step {step}, not before steps={config.steps}")
+    if step >= config.optimisation.steps:
+        raise TrainerFailure(
+            "resume_failed", f"checkpoint {path.name} is at step {step}, not before steps={config.optimisation.steps}"
+        )
     load_arguments: dict[str, Any] = {}
     if session.deepspeed_config is not None:
         # LoRA checkpoints hold only the adapter (exclude_frozen_parameters), so the base must not be required.

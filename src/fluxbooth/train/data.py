@@ -10,8 +10,8 @@ import torch
 from PIL import Image, ImageOps
 
 from fluxbooth.contract.captions import with_trigger
-from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.contract.pairing import pair_key
+from fluxbooth.train.failures import TrainerFailure
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp"})
 ORIENTATION_TAG = 0x0112
@@ -78,15 +78,17 @@ def with_controls(images: list[TrainingImage], control_dir: Path) -> list[Traini
         key = pair_key(path.name)
         if key in by_key:
             raise TrainerFailure(
-                "invalid_dataset", f"{control_dir.name}/{by_key[key].name} and {control_dir.name}/{path.name} share the "
-                "file stem (compared ignoring case); give each pair a stem of its own"
+                "invalid_dataset",
+                f"{control_dir.name}/{by_key[key].name} and {control_dir.name}/{path.name} share the "
+                "file stem (compared ignoring case); give each pair a stem of its own",
             )
         by_key[key] = path
     missing = [image.path.name for image in images if pair_key(image.path.name) not in by_key]
     if missing:
         raise TrainerFailure(
-            "invalid_dataset", f"{missing[0]} has no control image in {control_dir.name}/ (same file stem); every training "
-            f"image of an image-pair dataset needs one ({len(missing)} missing)"
+            "invalid_dataset",
+            f"{missing[0]} has no control image in {control_dir.name}/ (same file stem); every training "
+            f"image of an image-pair dataset needs one ({len(missing)} missing)",
         )
     return [replace(image, control=by_key[pair_key(image.path.name)]) for image in images]
 
@@ -98,7 +100,9 @@ def oriented_size(path: Path) -> tuple[int, int]:
             width, height = opened.size
             turned = opened.getexif().get(ORIENTATION_TAG) in QUARTER_TURN_ORIENTATIONS
     except (OSError, ValueError) as error:
-        raise TrainerFailure("invalid_dataset", f"image {path.name} cannot be read ({error}); remove or replace it") from error
+        raise TrainerFailure(
+            "invalid_dataset", f"image {path.name} cannot be read ({error}); remove or replace it"
+        ) from error
     return (height, width) if turned else (width, height)
 
 
@@ -108,7 +112,9 @@ def load_image(path: Path) -> Image.Image:
             image = ImageOps.exif_transpose(opened)
             return image.convert("RGB")
     except (OSError, ValueError) as error:
-        raise TrainerFailure("invalid_dataset", f"image {path.name} cannot be decoded ({error}); remove or replace it") from error
+        raise TrainerFailure(
+            "invalid_dataset", f"image {path.name} cannot be decoded ({error}); remove or replace it"
+        ) from error
 
 
 def resize_and_center_crop(image: Image.Image, resolution: tuple[int, int]) -> Image.Image:

@@ -1,4 +1,4 @@
-"""What the trainer does differently per model family (fluxbooth.families), in one place: which diffusers
+"""What the trainer does differently per model family (fluxbooth.models.families), in one place: which diffusers
 classes load the model, how prompts are encoded, how VAE latents are normalised and laid out for the
 transformer, what the transformer is called with, and how a render is asked for from cached embeddings.
 
@@ -30,7 +30,7 @@ from diffusers.loaders.lora_base import LORA_ADAPTER_METADATA_KEY
 from safetensors import safe_open
 from transformers import AutoTokenizer
 
-from fluxbooth.families import Family, read_model_index
+from fluxbooth.models.families import Family, read_model_index
 from fluxbooth.train.export.key_layouts import FLUX1_TABLES, FLUX2_TABLES
 
 
@@ -97,9 +97,13 @@ class LoraFileFormat:
     def read(self, folder: Path, weight_name: str) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """(tensors as diffusers' loader parses them, alpha per module) of a written file."""
         if not self.alpha_in_metadata:
-            state, alphas = self.pipeline_class.lora_state_dict(str(folder), weight_name=weight_name, return_alphas=True)
+            state, alphas = self.pipeline_class.lora_state_dict(
+                str(folder), weight_name=weight_name, return_alphas=True
+            )
             return state, {key.removesuffix(".alpha"): float(value) for key, value in (alphas or {}).items()}
-        state, metadata = self.pipeline_class.lora_state_dict(str(folder), weight_name=weight_name, return_lora_metadata=True)
+        state, metadata = self.pipeline_class.lora_state_dict(
+            str(folder), weight_name=weight_name, return_lora_metadata=True
+        )
         alpha = (metadata or {}).get("transformer.lora_alpha")
         modules = {key.rsplit(".lora_", 1)[0] for key in state}
         return state, ({} if alpha is None else dict.fromkeys(modules, float(alpha)))
@@ -141,7 +145,9 @@ class FamilyOps:
 
     def pipeline(self, dtype: torch.dtype, **components: Any) -> Any:
         """The family's pipeline from the base model's folder, `components` replacing its own."""
-        return self.pipeline_class.from_pretrained(str(self.folder), torch_dtype=dtype, **self._tokenizers(), **components)
+        return self.pipeline_class.from_pretrained(
+            str(self.folder), torch_dtype=dtype, **self._tokenizers(), **components
+        )
 
     def _tokenizers(self) -> dict[str, Any]:
         """Tokenizers loaded here rather than by the pipeline (none: the pipeline loads its own)."""
@@ -154,7 +160,9 @@ class FamilyOps:
     def text_encoders(self, pipeline: Any) -> list[Any]:
         return [getattr(pipeline, name) for name in self.family.text_encoders]
 
-    def encode(self, pipeline: Any, prompts: list[str], device: torch.device, max_sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(
+        self, pipeline: Any, prompts: list[str], device: torch.device, max_sequence_length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(sequence embeddings [P, L, D], pooled embeddings [P, D]) on the CPU."""
         prompt_embeds, pooled, _ = pipeline.encode_prompt(
             prompt=prompts, prompt_2=prompts, device=device, max_sequence_length=max_sequence_length
@@ -180,6 +188,14 @@ class FamilyOps:
         batch, _, height, width = latents.shape
         return FluxPipeline._prepare_latent_image_ids(batch, height // 2, width // 2, device, dtype)
 
+    def control_tokens(
+        self, control: torch.Tensor, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens, position ids) of normalised control latents, packed after the target's tokens. Only a family
+        that trains on image pairs (Family.control_images: Kontext) has them; cache._paired drops the pairs of
+        any other, so reaching this is a bug."""
+        raise NotImplementedError(f"{self.family.name} does not train on control images")
+
     def unpack(self, prediction: torch.Tensor, latent_shape: tuple[int, int, int, int]) -> torch.Tensor:
         """Tokens [B, h/2 * w/2, 4C] -> [B, C, h, w] (the inverse of `pack`)."""
         batch, channels, height, width = latent_shape
@@ -188,7 +204,9 @@ class FamilyOps:
 
     # ---- the transformer ------------------------------------------------------------------------------
 
-    def transformer_inputs(self, inputs: Any, batch: dict[str, Any], device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    def transformer_inputs(
+        self, inputs: Any, batch: dict[str, Any], device: torch.device, dtype: torch.dtype
+    ) -> dict[str, Any]:
         """Keyword arguments of the transformer's forward for one micro-batch (`inputs`: flow.FlowInputs)."""
         prompt_embeds = batch["prompt_embeds"].to(device=device, dtype=dtype)
         return {
@@ -224,19 +242,26 @@ class FamilyOps:
         say: under ZeRO-3 those are empty partitions that may sit on the CPU (offload) while the forward gathers
         them on the accelerator."""
 
-        class PipelineOnDevice(self.pipeline_class):  # type: ignore[misc, name-defined]
+        # mypy takes a base class only by name, not from an expression (the family's diffusers class).
+        class PipelineOnDevice(self.pipeline_class):  # type: ignore[name-defined]
             @property
             def _execution_device(self) -> torch.device:
                 return device
 
-        extra = {"is_distilled": bool(self.model_index.get("is_distilled", False))} if self.family.name == "flux2-klein" else {}
+        extra = (
+            {"is_distilled": bool(self.model_index.get("is_distilled", False))}
+            if self.family.name == "flux2-klein"
+            else {}
+        )
         return PipelineOnDevice(**self.no_text_encoders(), **components, **extra)
 
     def needs_negative_prompt(self, guidance_scale: float) -> bool:
         """Whether a render at `guidance_scale` runs true classifier-free guidance (an empty-prompt pass)."""
         return False
 
-    def render_arguments(self, embeds: torch.Tensor, pooled: torch.Tensor, negative: torch.Tensor | None, control: Any) -> dict[str, Any]:
+    def render_arguments(
+        self, embeds: torch.Tensor, pooled: torch.Tensor, negative: torch.Tensor | None, control: Any
+    ) -> dict[str, Any]:
         """The pipeline call's prompt (and control image) arguments from cached embeddings on the device."""
         return {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
 
@@ -251,13 +276,17 @@ class KontextOps(FamilyOps):
 
     samples_posterior = False  # the Kontext script's default --vae_encode_mode "mode"
 
-    def control_tokens(self, control: torch.Tensor, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def control_tokens(
+        self, control: torch.Tensor, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens, position ids) of normalised control latents: the ids' first axis is 1, the target's 0."""
         ids = self.image_ids(control, device, dtype)
         ids[..., 0] = 1
         return self.pack(control), ids
 
-    def render_arguments(self, embeds: torch.Tensor, pooled: torch.Tensor, negative: torch.Tensor | None, control: Any) -> dict[str, Any]:
+    def render_arguments(
+        self, embeds: torch.Tensor, pooled: torch.Tensor, negative: torch.Tensor | None, control: Any
+    ) -> dict[str, Any]:
         arguments = super().render_arguments(embeds, pooled, negative, control)
         if control is not None:
             # The control image at the requested size, not resized to Kontext's preferred resolutions.
@@ -279,8 +308,12 @@ class Flux2Ops(FamilyOps):
         need only its tokenizer (the processor's chat template is the tokenizer's), loaded on its own."""
         return {"tokenizer": AutoTokenizer.from_pretrained(str(self.folder / "tokenizer"))}
 
-    def encode(self, pipeline: Any, prompts: list[str], device: torch.device, max_sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        prompt_embeds, _ = pipeline.encode_prompt(prompt=prompts, device=device, max_sequence_length=max_sequence_length)
+    def encode(
+        self, pipeline: Any, prompts: list[str], device: torch.device, max_sequence_length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        prompt_embeds, _ = pipeline.encode_prompt(
+            prompt=prompts, device=device, max_sequence_length=max_sequence_length
+        )
         return prompt_embeds.to("cpu"), prompt_embeds.new_zeros((prompt_embeds.shape[0], 0)).to("cpu")
 
     def latent_normalisation(self) -> Any:
@@ -301,7 +334,9 @@ class Flux2Ops(FamilyOps):
         batch, channels, height, width = latent_shape
         return prediction.reshape(batch, height, width, channels).permute(0, 3, 1, 2)
 
-    def transformer_inputs(self, inputs: Any, batch: dict[str, Any], device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    def transformer_inputs(
+        self, inputs: Any, batch: dict[str, Any], device: torch.device, dtype: torch.dtype
+    ) -> dict[str, Any]:
         prompt_embeds = batch["prompt_embeds"].to(device=device, dtype=dtype)
         return {
             "hidden_states": inputs.hidden_states,
@@ -313,7 +348,9 @@ class Flux2Ops(FamilyOps):
             "return_dict": False,
         }
 
-    def render_arguments(self, embeds: torch.Tensor, pooled: torch.Tensor, negative: torch.Tensor | None, control: Any) -> dict[str, Any]:
+    def render_arguments(
+        self, embeds: torch.Tensor, pooled: torch.Tensor, negative: torch.Tensor | None, control: Any
+    ) -> dict[str, Any]:
         return {"prompt_embeds": embeds}
 
 
@@ -327,7 +364,9 @@ class Flux2KleinOps(Flux2Ops):
         # Flux2KleinPipeline.do_classifier_free_guidance; the distilled checkpoints ignore guidance.
         return guidance_scale > 1 and not self.model_index.get("is_distilled", False)
 
-    def render_arguments(self, embeds: torch.Tensor, pooled: torch.Tensor, negative: torch.Tensor | None, control: Any) -> dict[str, Any]:
+    def render_arguments(
+        self, embeds: torch.Tensor, pooled: torch.Tensor, negative: torch.Tensor | None, control: Any
+    ) -> dict[str, Any]:
         arguments = {"prompt_embeds": embeds}
         if negative is not None:
             arguments["negative_prompt_embeds"] = negative
@@ -341,4 +380,3 @@ def transformer_class_in(folder: Path) -> Any:
 
 
 OPS_BY_FAMILY = {"flux1": FamilyOps, "flux1-kontext": KontextOps, "flux2": Flux2Ops, "flux2-klein": Flux2KleinOps}
-

@@ -19,9 +19,8 @@ from typing import Any
 import torch
 from diffusers.training_utils import compute_density_for_timestep_sampling, compute_loss_weighting_for_sd3
 
-from fluxbooth.train.family_ops import FamilyOps
 from fluxbooth.contract.trainer_config import TrainerConfig
-
+from fluxbooth.train.family_ops import FamilyOps
 
 # FLUX's resolution-dependent shift (its scheduler's config; these are FLUX.1's, which kohya hard-codes):
 # mu grows linearly from base_shift at base_image_seq_len image tokens to max_shift at max_image_seq_len.
@@ -56,14 +55,23 @@ class SigmaSampler:
         sigmas = scheduler.sigmas[:num_train_timesteps].detach().float().cpu().clone()
         shift_config = {name: float(scheduler.config.get(name) or value) for name, value in FLUX_SHIFT_DEFAULTS.items()}
         return cls(
-            sigmas, config.timestep_sampling, config.weighting_scheme, config.logit_mean, config.logit_std,
-            config.mode_scale, config.sigmoid_scale, config.discrete_flow_shift, shift_config,
+            sigmas,
+            config.optimisation.timestep_sampling,
+            config.optimisation.weighting_scheme,
+            config.optimisation.logit_mean,
+            config.optimisation.logit_std,
+            config.optimisation.mode_scale,
+            config.optimisation.sigmoid_scale,
+            config.optimisation.discrete_flow_shift,
+            shift_config,
         )
 
     def flux_mu(self, image_tokens: int) -> float:
         """FLUX's shift exponent for an image of `image_tokens` tokens (diffusers' calculate_shift)."""
         config = self.shift_config
-        slope = (config["max_shift"] - config["base_shift"]) / (config["max_image_seq_len"] - config["base_image_seq_len"])
+        slope = (config["max_shift"] - config["base_shift"]) / (
+            config["max_image_seq_len"] - config["base_image_seq_len"]
+        )
         return config["base_shift"] + slope * (image_tokens - config["base_image_seq_len"])
 
     def sample(self, batch_size: int, generator: torch.Generator, image_tokens: int) -> torch.Tensor:

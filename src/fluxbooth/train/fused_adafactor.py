@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from transformers.optimization import Adafactor
 
-from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.contract.names import OPTIMIZER_HYPERPARAMETERS, normalise_optimizer_name
-from fluxbooth.train.state import seed_for
 from fluxbooth.contract.trainer_config import TrainerConfig
+from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.train.state import seed_for
 
 # The float32 bits below bf16's mantissa.
 _LOW_BITS = 16
@@ -57,6 +57,9 @@ class FusedBackwardAdafactor(Adafactor):
     optimizer (backward, step, zero_grad) runs unchanged. State and schedule are the ordinary optimizer's
     (`state_dict`, `param_groups`), so checkpoints and LambdaLR work as for any optimizer; the factored
     second moments stay float32 through `load_state_dict` (torch would cast them to the weights' bf16)."""
+
+    # torch.optim.Optimizer's (mypy does not follow torch); `_adafactor_step` swaps it for one parameter's group.
+    param_groups: list[dict[str, Any]]
 
     def __init__(
         self,
@@ -93,7 +96,9 @@ class FusedBackwardAdafactor(Adafactor):
         if index in self._stepped_this_pass:
             # Two accumulations in one pass (a weight shared between separately checkpointed segments) would
             # step it twice on partial gradients.
-            raise RuntimeError(f"parameter {index} received its gradient twice in one backward pass; the fused pass cannot step it")
+            raise RuntimeError(
+                f"parameter {index} received its gradient twice in one backward pass; the fused pass cannot step it"
+            )
         self._stepped_this_pass.add(index)
         if parameter.dtype == torch.float32:
             working = parameter
@@ -134,7 +139,9 @@ class FusedBackwardAdafactor(Adafactor):
         if generator is None:
             generator = self._generators[working.device] = torch.Generator(device=working.device)
         # A pure function of (seed, parameter, its step count): a resumed run draws what the uninterrupted one did.
-        generator.manual_seed(seed_for(self.seed, "stochastic_rounding", self._index[parameter], self.state[parameter]["step"]))
+        generator.manual_seed(
+            seed_for(self.seed, "stochastic_rounding", self._index[parameter], self.state[parameter]["step"])
+        )
         return stochastic_round_to_bf16(working, generator)
 
     @torch.no_grad()
@@ -169,36 +176,44 @@ def _weak_hook(method: Any) -> Any:
     return hook
 
 
-def check_fused_backward_pass(config: TrainerConfig, deepspeed_config: dict[str, Any] | None, num_processes: int) -> None:
+def check_fused_backward_pass(
+    config: TrainerConfig, deepspeed_config: dict[str, Any] | None, num_processes: int
+) -> None:
     """`invalid_config` for what the fused pass cannot do, before any model is loaded."""
-    if not config.fused_backward_pass:
+    if not config.memory.fused_backward_pass:
         return
     problems = []
     if config.training_type != "full":
         problems.append(f"it trains every weight (training_type 'full'), not {config.training_type!r}")
-    if normalise_optimizer_name(config.optimizer) != "adafactor":
-        problems.append(f"it steps with Adafactor, not {config.optimizer!r}")
-    if config.mixed_precision != "bf16":
-        problems.append(f"it keeps the weights in bf16, so mixed_precision must be 'bf16', not {config.mixed_precision!r}")
-    if config.gradient_accumulation_steps != 1:
+    if normalise_optimizer_name(config.optimisation.optimizer) != "adafactor":
+        problems.append(f"it steps with Adafactor, not {config.optimisation.optimizer!r}")
+    if config.memory.mixed_precision != "bf16":
         problems.append(
-            f"gradient_accumulation_steps must be 1, not {config.gradient_accumulation_steps}: each weight is stepped as "
+            f"it keeps the weights in bf16, so mixed_precision must be 'bf16', not {config.memory.mixed_precision!r}"
+        )
+    if config.optimisation.gradient_accumulation_steps != 1:
+        problems.append(
+            f"gradient_accumulation_steps must be 1, not {config.optimisation.gradient_accumulation_steps}: each weight is stepped as "
             "soon as its gradient exists, and accumulating would need the gradient buffer the pass exists to avoid"
         )
     if deepspeed_config is not None:
         problems.append("it runs without DeepSpeed (DeepSpeed's engine owns the gradients and the step)")
     if num_processes != 1:
-        problems.append(f"it runs in one process, not {num_processes}: data parallelism reduces gradients after the hooks step them")
+        problems.append(
+            f"it runs in one process, not {num_processes}: data parallelism reduces gradients after the hooks step them"
+        )
     if problems:
         raise TrainerFailure("invalid_config", "fused_backward_pass: " + "; ".join(problems))
 
 
 def build_fused_adafactor(parameters: Iterable[torch.nn.Parameter], config: TrainerConfig) -> FusedBackwardAdafactor:
     """The optimizer with kohya's FLUX Adafactor settings (OPTIMIZER_HYPERPARAMETERS['adafactor'])."""
+    # transformers' Adafactor keywords (the table types its values only as `object`).
+    hyperparameters: dict[str, Any] = dict(OPTIMIZER_HYPERPARAMETERS["adafactor"])
     return FusedBackwardAdafactor(
         parameters,
-        lr=config.learning_rate,
-        seed=config.seed,
-        max_grad_norm=config.max_grad_norm,
-        **OPTIMIZER_HYPERPARAMETERS["adafactor"],
+        lr=config.optimisation.learning_rate,
+        seed=config.optimisation.seed,
+        max_grad_norm=config.optimisation.max_grad_norm,
+        **hyperparameters,
     )

@@ -28,7 +28,11 @@ SLICE_ELEMENTS = 1 << 22
 
 class Lion(torch.optim.Optimizer):
     def __init__(
-        self, params: Iterable[Any], lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
     ) -> None:
         if lr < 0.0:
             raise ValueError(f"Lion's learning rate must be >= 0, got {lr}")
@@ -37,7 +41,7 @@ class Lion(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -49,7 +53,9 @@ class Lion(torch.optim.Optimizer):
             moments = [self._momentum(p) for p in params]
             beta1, beta2 = group["betas"]
             for batch in _slice_batches(params, moments):
-                _lion_update(*batch, lr=float(group["lr"]), beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"])
+                _lion_update(
+                    *batch, lr=float(group["lr"]), beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"]
+                )
         return loss
 
     def _momentum(self, parameter: torch.Tensor) -> torch.Tensor:
@@ -64,7 +70,7 @@ def _slices(*tensors: torch.Tensor) -> Iterable[tuple[torch.Tensor, ...]]:
     contiguous: it has no flat view)."""
     if not all(tensor.is_contiguous() for tensor in tensors):
         return [tensors]
-    return zip(*(tensor.view(-1).split(SLICE_ELEMENTS) for tensor in tensors))
+    return zip(*(tensor.view(-1).split(SLICE_ELEMENTS) for tensor in tensors), strict=True)
 
 
 def _slice_batches(
@@ -73,14 +79,14 @@ def _slice_batches(
     """(params, grads, moments) slices, in batches of about SLICE_ELEMENTS elements on one device and dtype."""
     batch: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] = ([], [], [])
     elements = 0
-    for parameter, moment in zip(params, moments):
+    for parameter, moment in zip(params, moments, strict=True):
         grad = parameter.grad
         assert grad is not None
         if batch[0] and (batch[0][0].device, batch[0][0].dtype) != (parameter.device, parameter.dtype):
             yield batch
             batch, elements = ([], [], []), 0
         for piece in _slices(parameter, grad, moment):
-            for target, tensor in zip(batch, piece):
+            for target, tensor in zip(batch, piece, strict=True):
                 target.append(tensor)
             elements += piece[0].numel()
             if elements >= SLICE_ELEMENTS:
@@ -91,8 +97,14 @@ def _slice_batches(
 
 
 def _lion_update(
-    params: list[torch.Tensor], grads: list[torch.Tensor], moments: list[torch.Tensor],
-    *, lr: float, beta1: float, beta2: float, weight_decay: float,
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    moments: list[torch.Tensor],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
 ) -> None:
     interpolated = torch._foreach_mul(moments, beta1)
     torch._foreach_add_(interpolated, grads, alpha=1.0 - beta1)

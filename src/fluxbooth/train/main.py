@@ -2,8 +2,9 @@
 
 The stages, in order (`run`): session (accelerator, configs checked) → cache (class images if needed,
 text embeddings, latents; encoders and VAE freed afterwards) → load (the transformer) → train (the
-DeepSpeed engine built only now; checkpoints and validation renders between steps) → save/export →
-validate → done. They hand each other one `TrainerState`. Progress goes to stdout as typed
+DeepSpeed engine built only now; checkpoints and validation renders between steps) → save → export (a
+LoRA) → validate (the final renders, in the training placement) → release of the engine → export (a full
+fine-tune) → done. They hand each other one `TrainerState`. Progress goes to stdout as typed
 `fluxbooth.contract.events` lines from the main process.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 from fluxbooth.contract.events import ErrorEvent, StageEvent, format_event
 from fluxbooth.contract.names import EXIT_INVALID_CONFIG
 from fluxbooth.contract.trainer_config import TrainerConfig
+from fluxbooth.host.container_limits import raise_locked_memory_limit
 from fluxbooth.train.cpu_probe import ask_cpu_info_once
 from fluxbooth.train.failures import TrainerFailure
 
@@ -28,8 +30,15 @@ from fluxbooth.train.failures import TrainerFailure
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m fluxbooth.train", description="FLUX DreamBooth trainer (run under accelerate launch)")
-    parser.add_argument("--config", type=Path, required=True, help="train.json written by the worker (fluxbooth.contract.trainer_config)")
+    parser = argparse.ArgumentParser(
+        prog="python -m fluxbooth.train", description="FLUX DreamBooth trainer (run under accelerate launch)"
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        required=True,
+        help="train.json written by the worker (fluxbooth.contract.trainer_config)",
+    )
     return parser.parse_args(argv)
 
 
@@ -39,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         config = TrainerConfig.read(arguments.config)
     except (OSError, ValueError, TypeError, KeyError) as error:
         print(f"cannot read trainer config {arguments.config}: {error}", file=sys.stderr, flush=True)
-        print(format_event(ErrorEvent(code="invalid_config", message=f"cannot read {arguments.config.name}: {error}")), flush=True)
+        print(
+            format_event(ErrorEvent(code="invalid_config", message=f"cannot read {arguments.config.name}: {error}")),
+            flush=True,
+        )
         return EXIT_INVALID_CONFIG
     # Before the Accelerator exists; accelerate launch sets RANK for every process.
     is_main = os.environ.get("RANK", "0") == "0"
@@ -47,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         # Importing torch, diffusers and DeepSpeed takes seconds: say so before it starts.
         print(format_event(StageEvent(stage="load", details={"what": "libraries"})), flush=True)
     ask_cpu_info_once()
+    if "nvme" in (config.memory.offload_optimizer, config.memory.offload_param):
+        # DeepSpeed mlocks its NVMe swap buffers, capped by the soft RLIMIT_MEMLOCK: the planner kept this plan
+        # because the hard limit allows them (plan/container_limits.py), so raise the soft one to it.
+        raise_locked_memory_limit()
     # Deferred (imports torch): see the note at the top.
     from fluxbooth.train.runtime import EventReporter
 
@@ -60,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # classify what we can; the traceback goes to the log
         traceback.print_exc()
         sys.stderr.flush()
-        failure = _classified(error)
-        reporter.error(failure.code, failure.message)
-        return failure.exit_status
+        # Not `failure`: Python deletes an except clause's target when its block ends, the other clause's too.
+        classified = _classified(error)
+        reporter.error(classified.code, classified.message)
+        return classified.exit_status
     return 0
 
 
@@ -80,7 +97,7 @@ def run(config: TrainerConfig, reporter: Any) -> None:
     """The stages in order, each reading what the earlier ones left in the state."""
     # Deferred (torch, diffusers, DeepSpeed): see the note at the top.
     from fluxbooth.train.cache import build_caches
-    from fluxbooth.train.export.stage import save_and_export
+    from fluxbooth.train.export.stage import export_weights, exports_before_release, release_engine, save_weights
     from fluxbooth.train.loop import start_training, train
     from fluxbooth.train.model import load_trainable_transformer
     from fluxbooth.train.session import open_session
@@ -95,13 +112,20 @@ def run(config: TrainerConfig, reporter: Any) -> None:
         transformer, state.loading_report = load_trainable_transformer(session)
     with session.clock.stage("load", what="engine"):
         state.run = start_training(session, state.data, transformer)
-    # The engine owns the model from here; dropping this name lets export free it.
+    # The engine owns the model from here; dropping this name lets its release free it.
     del transformer
     train(state)
-    state.artifacts += save_and_export(state)
-    # A run stopped by its deadline keeps its time for the upload: no final renders.
+    saved = save_weights(state)
+    early_export = exports_before_release(config.training_type)
+    if early_export:
+        state.artifacts += export_weights(state, saved)
+    # In the training placement, so before the release. A run stopped by its deadline keeps its time for the
+    # upload: no final renders.
     if state.training().stopped_at_step is None:
         state.artifacts += render_final(state)
+    release_engine(session, state.training())
+    if not early_export:
+        state.artifacts += export_weights(state, saved)
     report_done(state, seconds_total=time.perf_counter() - started)
 
 
@@ -114,15 +138,15 @@ def report_done(state: Any, seconds_total: float) -> None:
     session, run, data = state.session, state.training(), state.cached()
     config, accelerator = session.config, session.accelerator
     metrics: dict[str, Any] = {
-        "steps": config.steps,
+        "steps": config.optimisation.steps,
         "final_loss": run.final_loss,
         "optimizer": run.optimizer_class,
         "zero_stage": session.zero_stage,
         "offload_optimizer": session.offload_device("offload_optimizer"),
         "offload_param": session.offload_device("offload_param"),
         "training_type": config.training_type,
-        "base_precision": config.base_precision,
-        "export_formats": list(config.export_formats),
+        "base_precision": config.memory.base_precision,
+        "export_formats": list(config.export.formats),
         "mixed_precision": session.precision.name,
         "num_processes": accelerator.num_processes,
         "seconds_per_stage": dict(session.clock.seconds),

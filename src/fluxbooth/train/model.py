@@ -9,14 +9,17 @@ from typing import Any
 
 import deepspeed
 import torch
+import torch.utils.checkpoint
 from peft import LoraConfig
 from safetensors import safe_open
 
+from fluxbooth.contract.precision import QUANTISED_PRECISIONS
+from fluxbooth.contract.settings_groups import checkpointed_blocks
 from fluxbooth.contract.trainer_config import LoraSettings
 from fluxbooth.train.base_model import TRANSFORMER_SUBFOLDER, BaseModel, transformer_weight_files
 from fluxbooth.train.blockswap import BlockSwapper, attach_swapper, check_block_swap, flux_blocks
 from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.quantize import QUANTISED_PRECISIONS, check_base_precision, load_quantised_base, residency
+from fluxbooth.train.quantize import check_base_precision, load_quantised_base, residency
 from fluxbooth.train.state import Session
 
 
@@ -24,20 +27,31 @@ def load_trainable_transformer(session: Session) -> tuple[Any, dict[str, Any]]:
     """The transformer ready for the engine: partitioned under ZeRO-3, LoRA adapters added or every
     weight trainable, gradient checkpointing as asked. Also how it was loaded (metrics.transformer_loading)."""
     config, base_folder = session.config, str(session.base.folder)
-    check_base_precision(config.base_precision, config.training_type, session.zero_stage)
+    check_base_precision(config.memory.base_precision, config.training_type, session.zero_stage)
     report: dict[str, Any] = {"method": "from_pretrained"}
-    if config.block_swap:
-        check_block_swap(config.training_type, config.gradient_checkpointing, session.zero_stage, config.fused_backward_pass)
+    if config.memory.block_swap:
+        check_block_swap(
+            config.training_type,
+            config.memory.checkpoint_every == 1,
+            session.zero_stage,
+            config.memory.fused_backward_pass,
+        )
         # Built in host RAM tensor by tensor (quantised there); its blocks are handed to the swapper below.
-        transformer = load_quantised_base(base_folder, config.base_precision, torch.device("cpu"), session.precision.load_dtype)
+        transformer = load_quantised_base(
+            base_folder, config.memory.base_precision, torch.device("cpu"), session.precision.load_dtype
+        )
         report = {"method": "block_swap", **residency(transformer)}
-    elif config.base_precision in QUANTISED_PRECISIONS:
+    elif config.memory.base_precision in QUANTISED_PRECISIONS:
         # Quantised layer by layer straight onto the accelerator: the bf16 base is never whole anywhere.
-        transformer = load_quantised_base(base_folder, config.base_precision, session.accelerator.device, session.precision.load_dtype)
+        transformer = load_quantised_base(
+            base_folder, config.memory.base_precision, session.accelerator.device, session.precision.load_dtype
+        )
         report = {"method": "quantised_layer_by_layer", **residency(transformer)}
     elif session.zero_stage == 3:
         assert session.deepspeed_config is not None
-        transformer = load_transformer_zero3(session.base, session.precision.load_dtype, session.deepspeed_config, session.is_main)
+        transformer = load_transformer_zero3(
+            session.base, session.precision.load_dtype, session.deepspeed_config, session.is_main
+        )
         report = {"method": "zero3_init", **partitioning_report(transformer)}
         if report["materialised_elements"] or report["partitioned"] != report["parameters"]:
             raise TrainerFailure("trainer_failed", f"ZeRO-3 loading left parameters whole: {report}")
@@ -52,10 +66,11 @@ def load_trainable_transformer(session: Session) -> tuple[Any, dict[str, Any]]:
                     parameter.data = parameter.data.to(torch.float32)
     else:
         transformer.requires_grad_(True)
-    if config.gradient_checkpointing:
-        transformer.enable_gradient_checkpointing()
-    if config.block_swap:
-        report["block_swap"] = _swap_blocks(transformer, session.accelerator.device, trained=config.training_type == "full")
+    report["checkpointed_blocks"] = enable_checkpointing(transformer, config.memory.checkpoint_every)
+    if config.memory.block_swap:
+        report["block_swap"] = _swap_blocks(
+            transformer, session.accelerator.device, trained=config.training_type == "full"
+        )
     transformer.train()
     return transformer, report
 
@@ -68,16 +83,22 @@ def _swap_blocks(transformer: Any, device: torch.device, *, trained: bool) -> di
     attach_swapper(transformer, swapper)
     swapper.place_the_rest(transformer)
     return {
-        "blocks": len(flux_blocks(transformer)), "host_bytes": swapper.host_bytes(),
-        "largest_block_bytes": swapper.largest_block_bytes(), "trained_weights_swapped": swapper.trains,
+        "blocks": len(flux_blocks(transformer)),
+        "host_bytes": swapper.host_bytes(),
+        "largest_block_bytes": swapper.largest_block_bytes(),
+        "trained_weights_swapped": swapper.trains,
     }
 
 
 def load_transformer(base: BaseModel, dtype: torch.dtype) -> Any:
-    return base.ops.transformer_class.from_pretrained(str(base.folder), subfolder=TRANSFORMER_SUBFOLDER, torch_dtype=dtype)
+    return base.ops.transformer_class.from_pretrained(
+        str(base.folder), subfolder=TRANSFORMER_SUBFOLDER, torch_dtype=dtype
+    )
 
 
-def load_transformer_zero3(base: BaseModel, dtype: torch.dtype, deepspeed_config: dict[str, Any], is_source_rank: bool) -> Any:
+def load_transformer_zero3(
+    base: BaseModel, dtype: torch.dtype, deepspeed_config: dict[str, Any], is_source_rank: bool
+) -> Any:
     """Build the transformer already partitioned (deepspeed.zero.Init) and stream the weights in.
 
     Each rank only ever holds its partition (on the CPU when parameters are offloaded); one module's
@@ -97,7 +118,8 @@ def load_transformer_zero3(base: BaseModel, dtype: torch.dtype, deepspeed_config
         model = transformer_class.from_config(config)
     if next(model.parameters()).dtype != dtype:
         raise TrainerFailure(
-            "trainer_failed", f"zero.Init built {next(model.parameters()).dtype} parameters, the DeepSpeed JSON asks for {dtype}"
+            "trainer_failed",
+            f"zero.Init built {next(model.parameters()).dtype} parameters, the DeepSpeed JSON asks for {dtype}",
         )
     _stream_weights_into_partitioned_model(model, transformer_weight_files(base.folder), is_source_rank)
     return model.eval()
@@ -105,7 +127,7 @@ def load_transformer_zero3(base: BaseModel, dtype: torch.dtype, deepspeed_config
 
 def _stream_weights_into_partitioned_model(model: torch.nn.Module, files: list[Path], is_source_rank: bool) -> None:
     with _open_safetensors(files if is_source_rank else []) as tensor_source:
-        expected = set()
+        expected: set[str] = set()
         for module_name, module in model.named_modules():
             parameters = dict(module.named_parameters(recurse=False))
             prefix = f"{module_name}." if module_name else ""
@@ -123,7 +145,8 @@ def _stream_weights_into_partitioned_model(model: torch.nn.Module, files: list[P
             missing = expected - tensor_source.keys
             if missing:
                 raise TrainerFailure(
-                    "invalid_config", f"the base transformer's weights lack {len(missing)} tensors, e.g. {sorted(missing)[:3]}"
+                    "invalid_config",
+                    f"the base transformer's weights lack {len(missing)} tensors, e.g. {sorted(missing)[:3]}",
                 )
 
 
@@ -141,7 +164,8 @@ class _TensorSource:
         tensor = self._handles[key].get_tensor(key)
         if tuple(tensor.shape) != tuple(shape):
             raise TrainerFailure(
-                "invalid_config", f"the base transformer's {key!r} has shape {tuple(tensor.shape)}, the model expects {tuple(shape)}"
+                "invalid_config",
+                f"the base transformer's {key!r} has shape {tuple(tensor.shape)}, the model expects {tuple(shape)}",
             )
         return tensor
 
@@ -189,3 +213,23 @@ def add_lora_adapter(transformer: Any, settings: LoraSettings) -> None:
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [parameter for parameter in model.parameters() if parameter.requires_grad]
+
+
+def enable_checkpointing(transformer: Any, every: int) -> int:
+    """Activation checkpointing of every `every`-th block of the double and of the single stack (the planner's
+    Plan.checkpoint_every; 0: none); how many blocks are checkpointed. diffusers hands each block of the forward
+    to the function given to `enable_gradient_checkpointing` while grad is enabled: the chosen blocks go through
+    torch's checkpoint, the others run plainly and keep what they save."""
+    stacks = (transformer.transformer_blocks, transformer.single_transformer_blocks)
+    chosen = {id(stack[index]) for stack in stacks for index in checkpointed_blocks(len(stack), every)}
+    if every == 1:
+        transformer.enable_gradient_checkpointing()
+    elif chosen:
+
+        def some_blocks(block: torch.nn.Module, *args: Any) -> Any:
+            if id(block) in chosen:
+                return torch.utils.checkpoint.checkpoint(block.__call__, *args, use_reentrant=False)
+            return block(*args)
+
+        transformer.enable_gradient_checkpointing(gradient_checkpointing_func=some_blocks)
+    return len(chosen)

@@ -18,9 +18,6 @@ import torch
 from accelerate.utils import DummyOptim, DummyScheduler
 from transformers.optimization import Adafactor
 
-from fluxbooth.train.failures import TrainerFailure
-from fluxbooth.train.fused_adafactor import build_fused_adafactor
-from fluxbooth.train.lion import Lion
 from fluxbooth.contract.names import (
     DEEPSPEED_OPTIMIZER_TYPES,
     OPTIMIZER_HYPERPARAMETERS,
@@ -29,6 +26,9 @@ from fluxbooth.contract.names import (
     normalise_optimizer_name,
 )
 from fluxbooth.contract.trainer_config import TrainerConfig
+from fluxbooth.train.failures import TrainerFailure
+from fluxbooth.train.fused_adafactor import build_fused_adafactor
+from fluxbooth.train.lion import Lion
 
 # Without an optimizer block, an offloaded torch optimizer is replaced by accelerate (map_pytorch_optim_to_deepspeed):
 # AdamW and Adam by DeepSpeedCPUAdam in the matching mode, Adagrad by DeepSpeedCPUAdagrad (the same updates);
@@ -37,10 +37,11 @@ SWAPPED_FOR_THEIR_DEEPSPEED_CPU_KERNEL = ("adamw", "adam", "adagrad")
 
 
 def validated_optimizer_name(config: TrainerConfig, deepspeed_config: dict[str, Any] | None) -> str:
-    name = normalise_optimizer_name(config.optimizer)
+    name = normalise_optimizer_name(config.optimisation.optimizer)
     if name not in SUPPORTED_OPTIMIZERS:
         raise TrainerFailure(
-            "invalid_config", f"optimizer {config.optimizer!r} is not supported; use one of {list(SUPPORTED_OPTIMIZERS)}"
+            "invalid_config",
+            f"optimizer {config.optimisation.optimizer!r} is not supported; use one of {list(SUPPORTED_OPTIMIZERS)}",
         )
     block = (deepspeed_config or {}).get("optimizer")
     if block is None and name not in SWAPPED_FOR_THEIR_DEEPSPEED_CPU_KERNEL and _offloads_optimizer(deepspeed_config):
@@ -62,9 +63,10 @@ def validated_optimizer_name(config: TrainerConfig, deepspeed_config: dict[str, 
                 "make them agree (DeepSpeed's block only supports "
                 f"{sorted(DEEPSPEED_OPTIMIZER_TYPES)}, leave it out for the others)",
             )
-    if config.lr_scheduler not in SUPPORTED_LR_SCHEDULERS:
+    if config.optimisation.lr_scheduler not in SUPPORTED_LR_SCHEDULERS:
         raise TrainerFailure(
-            "invalid_config", f"lr_scheduler {config.lr_scheduler!r} is not supported; use one of {list(SUPPORTED_LR_SCHEDULERS)}"
+            "invalid_config",
+            f"lr_scheduler {config.optimisation.lr_scheduler!r} is not supported; use one of {list(SUPPORTED_LR_SCHEDULERS)}",
         )
     return name
 
@@ -81,15 +83,18 @@ def build_optimizer(
     it: DeepSpeedCPUAdam when the optimizer is offloaded), else the trainer's optimizer, which accelerate hands
     to DeepSpeed as a client optimizer; Adafactor fused into the backward pass when train.json asks for it
     (train/fused_adafactor.py)."""
-    if config.fused_backward_pass:
+    if config.memory.fused_backward_pass:
         return build_fused_adafactor(parameters, config)
     if deepspeed_config is not None and "optimizer" in deepspeed_config:
         default_decay = OPTIMIZER_HYPERPARAMETERS["adamw"]["weight_decay"]
         weight_decay = deepspeed_config["optimizer"].get("params", {}).get("weight_decay", default_decay)
-        return DummyOptim(list(parameters), lr=config.learning_rate, weight_decay=weight_decay)
+        return DummyOptim(list(parameters), lr=config.optimisation.learning_rate, weight_decay=weight_decay)
     hyperparameters: dict[str, Any] = dict(OPTIMIZER_HYPERPARAMETERS.get(name, {}))
     torch_classes: dict[str, Any] = {
-        "adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD,
+        "adamw": torch.optim.AdamW,
+        "adam": torch.optim.Adam,
+        "adagrad": torch.optim.Adagrad,
+        "sgd": torch.optim.SGD,
         "lion": Lion,
     }
     if name in ("adamw", "adam"):
@@ -97,21 +102,23 @@ def build_optimizer(
         # FusedAdam, without a CUDA op to compile.
         hyperparameters["fused"] = True
     if name in torch_classes:
-        return torch_classes[name](parameters, lr=config.learning_rate, **hyperparameters)
+        return torch_classes[name](parameters, lr=config.optimisation.learning_rate, **hyperparameters)
     if name == "adafactor":
-        return Adafactor(parameters, lr=config.learning_rate, **hyperparameters)
-    raise TrainerFailure("invalid_config", f"optimizer {name!r} is not supported; use one of {list(SUPPORTED_OPTIMIZERS)}")
+        return Adafactor(parameters, lr=config.optimisation.learning_rate, **hyperparameters)
+    raise TrainerFailure(
+        "invalid_config", f"optimizer {name!r} is not supported; use one of {list(SUPPORTED_OPTIMIZERS)}"
+    )
 
 
 def learning_rate_factor(config: TrainerConfig) -> Callable[[int], float]:
     """Multiplier of the base learning rate after `step` optimizer steps: linear warm-up, then constant or cosine to 0."""
-    warmup = max(0, config.lr_warmup_steps)
-    total = max(1, config.steps)
+    warmup = max(0, config.optimisation.lr_warmup_steps)
+    total = max(1, config.optimisation.steps)
 
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / (warmup + 1)
-        if config.lr_scheduler == "cosine":
+        if config.optimisation.lr_scheduler == "cosine":
             progress = min(1.0, (step - warmup) / max(1, total - warmup))
             return 0.5 * (1.0 + math.cos(math.pi * progress))
         return 1.0
@@ -129,19 +136,24 @@ def schedule_stepped_by_deepspeed(optimizer: Any, deepspeed_config: dict[str, An
     return "scheduler" in deepspeed_config or isinstance(optimizer, DummyOptim)
 
 
-def build_scheduler(optimizer: Any, config: TrainerConfig, deepspeed_config: dict[str, Any] | None, num_processes: int) -> Any:
+def build_scheduler(
+    optimizer: Any, config: TrainerConfig, deepspeed_config: dict[str, Any] | None, num_processes: int
+) -> Any:
     """The schedule object to hand to `accelerator.prepare` when `schedule_stepped_by_deepspeed`, else a
     LambdaLR to step by hand: build that one on `innermost_optimizer` of the prepared optimizer."""
     if deepspeed_config is not None and "scheduler" in deepspeed_config:
         # accelerate divides total_num_steps by the process count when it fills "auto"; ours are optimizer steps.
         return DummyScheduler(
-            optimizer, total_num_steps=config.steps * num_processes, warmup_num_steps=max(1, config.lr_warmup_steps)
+            optimizer,
+            total_num_steps=config.optimisation.steps * num_processes,
+            warmup_num_steps=max(1, config.optimisation.lr_warmup_steps),
         )
     factor = learning_rate_factor(config)
     if isinstance(optimizer, DummyOptim):
         # DeepSpeed builds the optimizer; it also builds and steps this schedule on accumulation boundaries.
         return DummyScheduler(
-            optimizer, lr_scheduler_callable=lambda real_optimizer: torch.optim.lr_scheduler.LambdaLR(real_optimizer, factor)
+            optimizer,
+            lr_scheduler_callable=lambda real_optimizer: torch.optim.lr_scheduler.LambdaLR(real_optimizer, factor),
         )
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -194,7 +194,9 @@ class Nf4Linear(QuantisedLinear):
         self.register_buffer("weight", codes, persistent=False)
         self.register_buffer("absmax_codes", absmax_codes, persistent=False)
         # fp32 [absmax mean, one scale per 256 absmax values], as bytes.
-        self.register_buffer("absmax_scales", _bytes_of(torch.cat((absmax.mean().reshape(1), absmax_scales))), persistent=False)
+        self.register_buffer(
+            "absmax_scales", _bytes_of(torch.cat((absmax.mean().reshape(1), absmax_scales))), persistent=False
+        )
         table = torch.tensor(NF4_VALUES, dtype=torch.float32, device=weight.device)
         self.register_buffer("nf4_table", _bytes_of(table), persistent=False)
         self.register_buffer("absmax_map", _bytes_of(signed_dynamic_map(weight.device)), persistent=False)
@@ -253,7 +255,11 @@ def _dynamic_quantise(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return codes.reshape(-1)[: values.numel()], scales
 
 
-LAYER_CLASSES: dict[str, type[QuantisedLinear]] = {FP8: Float8Linear, NF4: Nf4Linear}
+# Each subclass is built from (weight, bias), not nn.Linear's (in_features, out_features, bias): typed by that.
+LAYER_CLASSES: dict[str, Callable[[torch.Tensor, torch.Tensor | None], QuantisedLinear]] = {
+    FP8: Float8Linear,
+    NF4: Nf4Linear,
+}
 
 
 def quantised_linear(precision: str, weight: torch.Tensor, bias: torch.Tensor | None) -> QuantisedLinear:
@@ -296,7 +302,9 @@ def load_quantised_transformer(
     diffusers' loader would leave the whole checkpoint's pages resident beside it.)
     """
     if precision not in BASE_PRECISIONS:
-        raise TrainerFailure("invalid_config", f"base_precision {precision!r} is not one of {', '.join(BASE_PRECISIONS)}")
+        raise TrainerFailure(
+            "invalid_config", f"base_precision {precision!r} is not one of {', '.join(BASE_PRECISIONS)}"
+        )
     transformer_class = transformer_class_in(transformer_folder)
     config = transformer_class.load_config(str(transformer_folder))
     with torch.device("meta"):
@@ -326,7 +334,13 @@ def _return_freed_host_memory() -> None:
 
 
 def _fill_module(
-    model: torch.nn.Module, name: str, module: torch.nn.Module, read: Any, precision: str, device: torch.device, dtype: torch.dtype
+    model: torch.nn.Module,
+    name: str,
+    module: torch.nn.Module,
+    read: Any,
+    precision: str,
+    device: torch.device,
+    dtype: torch.dtype,
 ) -> None:
     prefix = f"{name}." if name else ""
     if type(module) is torch.nn.Linear and is_quantised_layer(name) and precision in QUANTISED_PRECISIONS:
@@ -395,7 +409,9 @@ def load_quantised_base(base_model: str | Path, precision: str, device: torch.de
     return load_quantised_transformer(folder, transformer_weight_files(base_model), precision, device, dtype)
 
 
-def quantised_transformer_for(config: Any, base_folder: Path, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+def quantised_transformer_for(
+    config: Any, base_folder: Path, device: torch.device, dtype: torch.dtype
+) -> dict[str, Any]:
     """`{"transformer": ...}` for FluxPipeline.from_pretrained (class images, the final validation): the base
     as in training when the trainer config (`training_type`, `base_precision`, `block_swap`) asks for a
     quantised or block-swapped one, so no render holds more of the base on the device than training did:
@@ -403,12 +419,12 @@ def quantised_transformer_for(config: Any, base_folder: Path, device: torch.devi
     forward reaches them (the pipeline's model offload then moves only the rest). Else nothing (the pipeline
     loads its own). A block-swapped full fine-tune's base is swapped the same way (its bf16 blocks). `base_folder`:
     the base model's folder (Session.base)."""
-    if getattr(config, "block_swap", False):
-        transformer = load_quantised_base(base_folder, config.base_precision, torch.device("cpu"), dtype)
+    if config.memory.block_swap:
+        transformer = load_quantised_base(base_folder, config.memory.base_precision, torch.device("cpu"), dtype)
         return {"transformer": swapped_for_rendering(transformer, device)}
-    if config.training_type != "lora" or config.base_precision not in QUANTISED_PRECISIONS:
+    if config.training_type != "lora" or config.memory.base_precision not in QUANTISED_PRECISIONS:
         return {}
-    return {"transformer": load_quantised_base(base_folder, config.base_precision, device, dtype)}
+    return {"transformer": load_quantised_base(base_folder, config.memory.base_precision, device, dtype)}
 
 
 def residency(model: torch.nn.Module) -> dict[str, Any]:
@@ -428,7 +444,9 @@ def residency(model: torch.nn.Module) -> dict[str, Any]:
         key = str(tensor.dtype).removeprefix("torch.")
         stored[key] = stored.get(key, 0) + tensor.numel() * tensor.element_size()
     devices = sorted({str(tensor.device) for tensor in [*model.parameters(), *model.buffers()]})
-    lora_layers = [module for module in model.modules() if isinstance(getattr(module, "lora_A", None), torch.nn.ModuleDict)]
+    lora_layers = [
+        module for module in model.modules() if isinstance(getattr(module, "lora_A", None), torch.nn.ModuleDict)
+    ]
     return {
         "quantised_layers": layers,
         "full_precision_block_linears": full_block_linears,

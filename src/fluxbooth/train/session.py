@@ -15,6 +15,7 @@ from accelerate.utils import DistributedType, InitProcessGroupKwargs, set_seed
 from deepspeed.accelerator import get_accelerator
 
 from fluxbooth.contract.buckets import BUCKET_MULTIPLE
+from fluxbooth.contract.environment import CUDA_MEMORY_FRACTION_ENV
 from fluxbooth.contract.names import (
     FULL_EXPORT_FORMATS,
     LORA_EXPORT_FORMATS,
@@ -32,8 +33,6 @@ from fluxbooth.train.state import Precision, Session
 # Ranks wait at barriers while the main process generates class images, gathers ZeRO-3 weights for
 # export or renders validation images; on a real model any of these can outlast the 30-minute default.
 PROCESS_GROUP_TIMEOUT_SECONDS = 4 * 3600
-# Emulates a smaller GPU for benchmarks: the share of the card this process may allocate.
-CUDA_MEMORY_FRACTION_ENV = "FLUXBOOTH_CUDA_MEMORY_FRACTION"
 
 
 def open_session(config: TrainerConfig, reporter: EventReporter) -> Session:
@@ -54,7 +53,7 @@ def open_session(config: TrainerConfig, reporter: EventReporter) -> Session:
         # Checked before the slow stages, so a bad name fails in seconds.
         optimizer_name = validated_optimizer_name(config, deepspeed_config)
         check_fused_backward_pass(config, deepspeed_config, accelerator.num_processes)
-        set_seed(config.seed)
+        set_seed(config.optimisation.seed)
         Path(config.output_dir).mkdir(parents=True, exist_ok=True)
         Path(config.cache_dir).mkdir(parents=True, exist_ok=True)
     return Session(
@@ -80,7 +79,9 @@ def limit_cuda_memory(environ: Any) -> float | None:
     try:
         fraction = float(raw)
     except ValueError as error:
-        raise TrainerFailure("invalid_config", f"{CUDA_MEMORY_FRACTION_ENV}={raw!r} is not a number between 0 and 1") from error
+        raise TrainerFailure(
+            "invalid_config", f"{CUDA_MEMORY_FRACTION_ENV}={raw!r} is not a number between 0 and 1"
+        ) from error
     if not 0 < fraction <= 1:
         raise TrainerFailure("invalid_config", f"{CUDA_MEMORY_FRACTION_ENV}={raw!r} must be above 0 and at most 1")
     if not torch.cuda.is_available():
@@ -92,33 +93,42 @@ def limit_cuda_memory(environ: Any) -> float | None:
 def validate_config(config: TrainerConfig) -> None:
     if config.training_type not in ("full", "lora"):
         raise TrainerFailure("invalid_config", f"training_type {config.training_type!r} must be 'full' or 'lora'")
-    if config.timestep_sampling not in SUPPORTED_TIMESTEP_SAMPLING:
-        raise TrainerFailure(
-            "invalid_config", f"timestep_sampling {config.timestep_sampling!r} must be one of {list(SUPPORTED_TIMESTEP_SAMPLING)}"
-        )
-    if config.weighting_scheme not in SUPPORTED_WEIGHTING_SCHEMES:
+    if config.optimisation.timestep_sampling not in SUPPORTED_TIMESTEP_SAMPLING:
         raise TrainerFailure(
             "invalid_config",
-            f"weighting_scheme {config.weighting_scheme!r} must be one of {list(SUPPORTED_WEIGHTING_SCHEMES)} (it weighs "
+            f"timestep_sampling {config.optimisation.timestep_sampling!r} must be one of {list(SUPPORTED_TIMESTEP_SAMPLING)}",
+        )
+    if config.optimisation.weighting_scheme not in SUPPORTED_WEIGHTING_SCHEMES:
+        raise TrainerFailure(
+            "invalid_config",
+            f"weighting_scheme {config.optimisation.weighting_scheme!r} must be one of {list(SUPPORTED_WEIGHTING_SCHEMES)} (it weighs "
             "the loss; a sigma density such as logit_normal or mode is timestep_sampling)",
         )
     allowed = FULL_EXPORT_FORMATS if config.training_type == "full" else LORA_EXPORT_FORMATS
-    wrong = [name for name in config.export_formats if name not in allowed]
-    if wrong or not config.export_formats:
+    wrong = [name for name in config.export.formats if name not in allowed]
+    if wrong or not config.export.formats:
         raise TrainerFailure(
-            "invalid_config", f"export_formats {list(config.export_formats)} for {config.training_type} training must be from {list(allowed)}"
+            "invalid_config",
+            f"export_formats {list(config.export.formats)} for {config.training_type} training must be from {list(allowed)}",
         )
     width, height = config.resolution.render_shape
     if width % BUCKET_MULTIPLE or height % BUCKET_MULTIPLE:
-        raise TrainerFailure("invalid_config", f"resolution {width}x{height}: both sides must be multiples of {BUCKET_MULTIPLE}")
+        raise TrainerFailure(
+            "invalid_config", f"resolution {width}x{height}: both sides must be multiples of {BUCKET_MULTIPLE}"
+        )
     if any(size <= 0 or size % BUCKET_MULTIPLE for size in config.resolution.sizes):
-        raise TrainerFailure("invalid_config", f"resolution {config.resolution.describe()}: each size must be a multiple of {BUCKET_MULTIPLE}")
-    if config.with_prior_preservation and not config.class_prompt:
+        raise TrainerFailure(
+            "invalid_config",
+            f"resolution {config.resolution.describe()}: each size must be a multiple of {BUCKET_MULTIPLE}",
+        )
+    if config.prompts.with_prior_preservation and not config.prompts.class_prompt:
         raise TrainerFailure("invalid_config", "with_prior_preservation needs a class_prompt")
-    if config.steps < 1:
+    if config.optimisation.steps < 1:
         raise TrainerFailure("invalid_config", "steps must be at least 1")
-    if not 0 <= config.caption_dropout <= 1:
-        raise TrainerFailure("invalid_config", f"caption_dropout {config.caption_dropout} must be between 0 and 1")
+    if not 0 <= config.prompts.caption_dropout <= 1:
+        raise TrainerFailure(
+            "invalid_config", f"caption_dropout {config.prompts.caption_dropout} must be between 0 and 1"
+        )
 
 
 def launched_world_size() -> int:
@@ -130,7 +140,7 @@ def _make_accelerator(config: TrainerConfig) -> Any:
     uses_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     arguments: dict[str, Any] = {"kwargs_handlers": [_process_group_settings(uses_deepspeed)]}
     if not uses_deepspeed:
-        arguments["gradient_accumulation_steps"] = config.gradient_accumulation_steps
+        arguments["gradient_accumulation_steps"] = config.optimisation.gradient_accumulation_steps
         # Several plain processes on a machine without GPUs (torchrun started them: accelerate's own
         # MULTI_CPU launch needs mpirun): without `cpu`, accelerate would not make them data parallel.
         arguments["cpu"] = launched_world_size() > 1 and not torch.cuda.is_available()
@@ -158,7 +168,9 @@ def _check_process_group(accelerator: Any) -> None:
         )
 
 
-def _completed_deepspeed_config(accelerator: Any, config: TrainerConfig, transformer_config: dict[str, Any]) -> dict[str, Any] | None:
+def _completed_deepspeed_config(
+    accelerator: Any, config: TrainerConfig, transformer_config: dict[str, Any]
+) -> dict[str, Any] | None:
     """Hand-written DeepSpeed JSONs (DiffSynth-Studio's, accelerate's templates) say "auto" for sizes that
     accelerate fills from a dataloader and `model.config.hidden_size`, neither of which exists here, and
     zero.Init reads them before accelerate would. Fill them from train.json and the transformer's width."""
@@ -166,26 +178,26 @@ def _completed_deepspeed_config(accelerator: Any, config: TrainerConfig, transfo
     if plugin is None:
         return None
     width = int(transformer_config["num_attention_heads"]) * int(transformer_config["attention_head_dim"])
-    batch = config.batch_size * config.gradient_accumulation_steps * accelerator.num_processes
+    batch = config.optimisation.batch_size * config.optimisation.gradient_accumulation_steps * accelerator.num_processes
     plugin.deepspeed_config_process(
         must_match=False,
-        train_micro_batch_size_per_gpu=config.batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        train_micro_batch_size_per_gpu=config.optimisation.batch_size,
+        gradient_accumulation_steps=config.optimisation.gradient_accumulation_steps,
         train_batch_size=batch,
-        gradient_clipping=config.max_grad_norm,
+        gradient_clipping=config.optimisation.max_grad_norm,
         **{
             "zero_optimization.reduce_bucket_size": width * width,
             "zero_optimization.stage3_prefetch_bucket_size": int(0.9 * width * width),
             "zero_optimization.stage3_param_persistence_threshold": 10 * width,
-            "optimizer.params.lr": config.learning_rate,
-            "scheduler.params.warmup_max_lr": config.learning_rate,
+            "optimizer.params.lr": config.optimisation.learning_rate,
+            "scheduler.params.warmup_max_lr": config.optimisation.learning_rate,
             "scheduler.params.warmup_min_lr": 0.0,
-            "scheduler.params.warmup_num_steps": max(1, config.lr_warmup_steps),
-            "scheduler.params.total_num_steps": config.steps,
+            "scheduler.params.warmup_num_steps": max(1, config.optimisation.lr_warmup_steps),
+            "scheduler.params.total_num_steps": config.optimisation.steps,
         },
     )
     # accelerate read the accumulation steps before they were filled.
-    accelerator.gradient_accumulation_steps = config.gradient_accumulation_steps
+    accelerator.gradient_accumulation_steps = config.optimisation.gradient_accumulation_steps
     return dict(plugin.deepspeed_config)
 
 
@@ -194,12 +206,15 @@ def _check_batch_sizes(config: TrainerConfig, deepspeed_config: dict[str, Any] |
     if deepspeed_config is None:
         return
     for name, expected in (
-        ("train_micro_batch_size_per_gpu", config.batch_size),
-        ("gradient_accumulation_steps", config.gradient_accumulation_steps),
+        ("train_micro_batch_size_per_gpu", config.optimisation.batch_size),
+        ("gradient_accumulation_steps", config.optimisation.gradient_accumulation_steps),
     ):
         declared = deepspeed_config.get(name)
         if declared not in (None, "auto") and int(declared) != expected:
-            raise TrainerFailure("invalid_config", f"DeepSpeed JSON has {name}={declared} but train.json asks for {expected}; make them agree")
+            raise TrainerFailure(
+                "invalid_config",
+                f"DeepSpeed JSON has {name}={declared} but train.json asks for {expected}; make them agree",
+            )
 
 
 def _nvme_paths(deepspeed_config: dict[str, Any] | None) -> list[Path]:
@@ -209,12 +224,16 @@ def _nvme_paths(deepspeed_config: dict[str, Any] | None) -> list[Path]:
         offload = zero.get(section) or {}
         if offload.get("device") == "nvme":
             if not offload.get("nvme_path"):
-                raise TrainerFailure("invalid_config", f"zero_optimization.{section} offloads to nvme but names no nvme_path")
+                raise TrainerFailure(
+                    "invalid_config", f"zero_optimization.{section} offloads to nvme but names no nvme_path"
+                )
             paths.append(Path(offload["nvme_path"]))
     return paths
 
 
-def _prepared_nvme_paths(config: TrainerConfig, deepspeed_config: dict[str, Any] | None, zero_stage: int, accelerator: Any) -> list[Path]:
+def _prepared_nvme_paths(
+    config: TrainerConfig, deepspeed_config: dict[str, Any] | None, zero_stage: int, accelerator: Any
+) -> list[Path]:
     """NVMe offload needs ZeRO-3 (ZeRO-1/2 silently keep the optimizer in RAM instead) and DeepSpeed's
     async_io op, which needs libaio. The swap folder starts empty: stale swap files from an earlier
     run are a known cause of crashes on resume."""
@@ -228,7 +247,11 @@ def _prepared_nvme_paths(config: TrainerConfig, deepspeed_config: dict[str, Any]
             "in CPU RAM instead. Use zero_stage 3, or offload 'cpu'",
         )
     param_offload = (deepspeed_config or {}).get("zero_optimization", {}).get("offload_param") or {}
-    if config.training_type == "lora" and config.gradient_checkpointing and param_offload.get("device") == "nvme":
+    if (
+        config.training_type == "lora"
+        and config.memory.gradient_checkpointing
+        and param_offload.get("device") == "nvme"
+    ):
         raise TrainerFailure(
             "invalid_config",
             "LoRA with the frozen base offloaded to NVMe fails under gradient checkpointing in DeepSpeed 0.19: the "
@@ -273,5 +296,5 @@ def _precision(config: TrainerConfig, deepspeed_config: dict[str, Any] | None, a
     name = accelerator.mixed_precision if accelerator.mixed_precision in dtypes else "no"
     # Without DeepSpeed: trainable weights stay fp32 under autocast; a frozen LoRA base can live in half precision,
     # and so does every weight of the fused pass (bf16, no fp32 master copy).
-    frozen_base = dtypes[name] if config.training_type == "lora" or config.fused_backward_pass else torch.float32
+    frozen_base = dtypes[name] if config.training_type == "lora" or config.memory.fused_backward_pass else torch.float32
     return Precision(load_dtype=frozen_base, input_dtype=frozen_base, text_dtype=dtypes[name], name=name)

@@ -72,7 +72,7 @@ class Session:
     @property
     def encoder_device(self) -> torch.device:
         """Where the text encoders and the VAE run: the CPU when the planner keeps them off the GPU."""
-        return torch.device("cpu") if self.config.encoders_on_cpu else self.accelerator.device
+        return torch.device("cpu") if self.config.memory.encoders_on_cpu else self.accelerator.device
 
     def offload_device(self, section: str) -> str:
         """Where DeepSpeed really keeps the optimizer state / parameters ("none" below ZeRO-3 for
@@ -92,7 +92,11 @@ class EncodedPrompts:
     pooled_prompt_embeds: torch.Tensor  # [P, D] CLIP pooled embeddings
 
     def to_dict(self) -> dict[str, Any]:
-        return {"prompts": list(self.prompts), "prompt_embeds": self.prompt_embeds, "pooled_prompt_embeds": self.pooled_prompt_embeds}
+        return {
+            "prompts": list(self.prompts),
+            "prompt_embeds": self.prompt_embeds,
+            "pooled_prompt_embeds": self.pooled_prompt_embeds,
+        }
 
 
 @dataclass
@@ -103,7 +107,9 @@ class EncodedBucket:
     image_index: torch.Tensor  # [S] int64: which image of the set each sample is
     latent_mean: torch.Tensor  # [S, C, h, w] float32, raw VAE space (not yet shifted/scaled)
     latent_std: torch.Tensor  # [S, C, h, w] float32
-    control_mean: torch.Tensor | None = None  # [S, C, h, w]: each sample's control image at the same shape (Kontext pairs)
+    control_mean: torch.Tensor | None = (
+        None  # [S, C, h, w]: each sample's control image at the same shape (Kontext pairs)
+    )
 
     def __len__(self) -> int:
         return int(self.image_index.shape[0])
@@ -135,7 +141,9 @@ class EncodedImages:
             "prompts": list(self.prompts),
             "buckets": {
                 f"{width}x{height}": {
-                    "image_index": bucket.image_index, "latent_mean": bucket.latent_mean, "latent_std": bucket.latent_std,
+                    "image_index": bucket.image_index,
+                    "latent_mean": bucket.latent_mean,
+                    "latent_std": bucket.latent_std,
                     **({} if bucket.control_mean is None else {"control_mean": bucket.control_mean}),
                 }
                 for (width, height), bucket in self.buckets.items()
@@ -150,7 +158,9 @@ class EncodedImages:
             buckets[(width, height)] = EncodedBucket(
                 bucket["image_index"], bucket["latent_mean"], bucket["latent_std"], bucket.get("control_mean")
             )
-        return cls(data["prompt_index"], data["prompt_embeds"], data["pooled_prompt_embeds"], list(data["prompts"]), buckets)
+        return cls(
+            data["prompt_index"], data["prompt_embeds"], data["pooled_prompt_embeds"], list(data["prompts"]), buckets
+        )
 
 
 @dataclass

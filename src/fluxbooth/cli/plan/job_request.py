@@ -12,12 +12,13 @@ from typing import Any
 from fluxbooth.dataset.remote_count import SOURCE_CAP, DatasetCount, count_dataset
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.jsonfiles import MAX_REQUEST_BYTES, JSONBoundError, read_json_file
-from fluxbooth.model_source import ensure_tiny_model
+from fluxbooth.models.source import ensure_tiny_model
 from fluxbooth.plan.timing import stored_model_bytes
-from fluxbooth.request import TrainingRequest, parse_request
+from fluxbooth.request.dataset_spec import DatasetSpec
+from fluxbooth.request.model import TrainingRequest, parse_request
+from fluxbooth.request.spec import JobSpec
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings
 from fluxbooth.sizing import ModelSize
-from fluxbooth.spec import JobSpec
 
 # The plan flags that are request fields, as (flag, field): the request validates them, as the worker does.
 REQUEST_FLAGS = (
@@ -37,7 +38,11 @@ REQUEST_FLAGS = (
     ("--deadline", "timeout_seconds"),
 )
 # What a request needs that sizing does not: stand-ins when plan is given flags instead of a request file.
-SIZING_STAND_INS = {"model_name": "plan", "dataset_url": "https://example.com/dataset.zip", "instance_prompt": "a photo of sks person"}
+SIZING_STAND_INS = {
+    "model_name": "plan",
+    "dataset_url": "https://example.com/dataset.zip",
+    "instance_prompt": "a photo of sks person",
+}
 CLASS_PROMPT_STAND_IN = "a photo of a person"
 # The instance_images_source of a count given by flag (the others: remote_count's zip, url and cap).
 INSTANCE_IMAGES_FLAG = "--instance-images"
@@ -54,14 +59,18 @@ def _read_request_file(path: Path) -> dict[str, Any]:
         ) from None
     fields = raw.get("input", raw) if isinstance(raw, dict) else raw
     if not isinstance(fields, dict):
-        raise FluxboothError(ErrorCode.INVALID_INPUT, f"--request {path}: expected a JSON object with the request's fields")
+        raise FluxboothError(
+            ErrorCode.INVALID_INPUT, f"--request {path}: expected a JSON object with the request's fields"
+        )
     return dict(fields)
 
 
 def _request_fields(arguments: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
     """The request to plan (the file's fields, or stand-ins for what sizing does not read, with the flags
     over them), and the flag that set each field."""
-    fields = _read_request_file(arguments.request) if arguments.request is not None else dict(SIZING_STAND_INS)
+    fields: dict[str, Any] = (
+        _read_request_file(arguments.request) if arguments.request is not None else dict(SIZING_STAND_INS)
+    )
     if not fields.get("dataset") and not fields.get("dataset_url"):
         # A request written before its photos are: planned for --instance-images or the cap (`instance_images`).
         fields.pop("dataset", None)
@@ -91,32 +100,35 @@ def validated_request(arguments: argparse.Namespace) -> TrainingRequest:
     try:
         return parse_request(fields)
     except FluxboothError as error:
+
         def flag_for(match: re.Match[str]) -> str:
             return from_flags.get(match.group(1), match.group(0))
 
         raise FluxboothError(error.code, re.sub(r"input\.(\w+)", flag_for, error.message)) from None
 
 
-def instance_images(arguments: argparse.Namespace, request: TrainingRequest, settings: WorkerSettings) -> DatasetCount:
+def instance_images(arguments: argparse.Namespace, dataset: DatasetSpec, settings: WorkerSettings) -> DatasetCount:
     """The dataset's image count (a remote_count.DatasetCount): `--instance-images` when given, bounded by the
-    worker's dataset limits; else the --request's dataset counted as a dry run counts it; else the worker's cap."""
+    worker's dataset limits; else the --request's `dataset` counted as a dry run counts it; else the worker's cap."""
     limits = settings.dataset_limits
     count = arguments.instance_images
     if count is None:
         if arguments.request is None:
             return DatasetCount(limits.max_images, SOURCE_CAP)
-        if request.dataset is None and request.dataset_url == SIZING_STAND_INS["dataset_url"]:
+        if dataset.dataset is None and dataset.dataset_url == SIZING_STAND_INS["dataset_url"]:
             return DatasetCount(
-                limits.max_images, SOURCE_CAP,
+                limits.max_images,
+                SOURCE_CAP,
                 f"the request has no dataset or dataset_url; planned for the worker's cap of {limits.max_images} "
                 "(FLUXBOOTH_MAX_IMAGES): give --instance-images to plan for your photos",
             )
         try:
-            return count_dataset(request, limits)
+            return count_dataset(dataset, limits)
         except FluxboothError as error:
             # A request file often carries a placeholder dataset: plan still answers, for the cap.
             return DatasetCount(
-                limits.max_images, SOURCE_CAP,
+                limits.max_images,
+                SOURCE_CAP,
                 f"the request's dataset was not counted ({error.message}); planned for the worker's cap of "
                 f"{limits.max_images} (FLUXBOOTH_MAX_IMAGES)",
             )
@@ -149,4 +161,3 @@ def deadline_source(spec: JobSpec) -> str:
     if spec.deadline_from_request:
         return "--deadline / timeout_seconds"
     return "the worker's FLUXBOOTH_JOB_DEADLINE_SECONDS"
-

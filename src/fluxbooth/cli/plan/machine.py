@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from typing import Any
 
 from fluxbooth.errors import ErrorCode, FluxboothError
-from fluxbooth.hardware import Hardware, hypothetical_hardware, probe_hardware
+from fluxbooth.host.hardware import Hardware, hypothetical_hardware, probe_hardware
 from fluxbooth.messages import short_name
 from fluxbooth.plan.gpus import GPU_TABLE, gpu_spec
-from fluxbooth.plan.runpod_gpus import preset_for, worker_flags
+from fluxbooth.plan.runpod_gpus import RunpodGpu, preset_for, worker_flags
 from fluxbooth.settings import WorkerSettings
 
 # Hypothetical hardware is described whole, or not at all: nothing of this machine is mixed in.
-HARDWARE_FLAGS = (("--gpus", "gpus"), ("--gpu-memory", "gpu_memory"), ("--host-memory", "host_memory"),
-                  ("--cpus", "cpus"), ("--disk", "disk"))
+HARDWARE_FLAGS = (
+    ("--gpus", "gpus"),
+    ("--gpu-memory", "gpu_memory"),
+    ("--host-memory", "host_memory"),
+    ("--cpus", "cpus"),
+    ("--disk", "disk"),
+)
 
 
 def matched_gpu_name(typed: str) -> str:
@@ -74,7 +78,7 @@ def hardware_from(arguments: argparse.Namespace, settings: WorkerSettings, envir
     return probe_hardware(settings.work_root, probe_env)
 
 
-def apply_runpod_preset(arguments: argparse.Namespace) -> Any:
+def apply_runpod_preset(arguments: argparse.Namespace) -> RunpodGpu | None:
     """The RunPod GPU type --runpod-gpu names (plan.runpod_gpus), its machine filled into the hardware flags not
     given; None without the flag."""
     if arguments.runpod_gpu is None:

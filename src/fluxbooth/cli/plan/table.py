@@ -6,11 +6,15 @@ from __future__ import annotations
 from typing import Any, TextIO
 
 from fluxbooth.cli.plan.job_request import INSTANCE_IMAGES_FLAG
-from fluxbooth.hardware import format_bytes
+from fluxbooth.messages import format_bytes
 
 # How the table words each instance_images_source.
-IMAGES_SOURCE_WORDS = {"zip": "counted in the request's dataset zip", "url": "counted in the directory of the zip at dataset_url",
-                       "cap": "the worker's cap, FLUXBOOTH_MAX_IMAGES", INSTANCE_IMAGES_FLAG: INSTANCE_IMAGES_FLAG}
+IMAGES_SOURCE_WORDS = {
+    "zip": "counted in the request's dataset zip",
+    "url": "counted in the directory of the zip at dataset_url",
+    "cap": "the worker's cap, FLUXBOOTH_MAX_IMAGES",
+    INSTANCE_IMAGES_FLAG: INSTANCE_IMAGES_FLAG,
+}
 
 
 def _count(value: int) -> str:
@@ -18,6 +22,10 @@ def _count(value: int) -> str:
         if value >= divisor:
             return f"{value / divisor:.2f}{suffix}"
     return f"{value:,}"
+
+
+# The request's gradient_checkpointing as the table says it.
+CHECKPOINTING_WORDS = {True: "on", False: "off", None: "the planner's choice"}
 
 
 def plan_table(report: dict[str, Any], out: TextIO) -> None:
@@ -29,23 +37,72 @@ def plan_table(report: dict[str, Any], out: TextIO) -> None:
         f"job      {job['training_type']}"
         + (f" rank {job['lora_rank']}, base {job['base_precision']}" if job["training_type"] == "lora" else "")
         + f", {width}x{height}, batch {job['batch_size']}, {job['mixed_precision']}, "
-        f"checkpointing {'on' if job['gradient_checkpointing'] else 'off'}\n"
+        f"checkpointing {CHECKPOINTING_WORDS[job['gradient_checkpointing']]}\n"
         f"machine  {report['hardware_summary']}\n"
         f"images   {report['instance_images']} ({IMAGES_SOURCE_WORDS.get(report['instance_images_source'], report['instance_images_source'])})\n"
         + (f"         {report['instance_images_note']}\n" if report.get("instance_images_note") else "")
-        + (f"gpu      {report['gpu_name']['given']!r} read as {report['gpu_name']['matched']}\n" if report["gpu_name"] else "")
+        + (
+            f"gpu      {report['gpu_name']['given']!r} read as {report['gpu_name']['matched']}\n"
+            if report["gpu_name"]
+            else ""
+        )
         + f"deadline {report['deadline_seconds'] / 60:.0f} min ({report['deadline_source']})\n\n"
     )
-    header = ("", "type", "base", "ZeRO", "offload opt/param", "fits", "GPU (each)", "host RAM", "disk", "speed", "reason")
-    rows = [header]
+    rows = _candidate_rows(report)
+    header = rows[0]
+    chosen = report["chosen"]
+    widths = [max(len(row[index]) for row in rows) for index in range(len(header) - 1)]
+    for row in rows:
+        out.write(
+            "  ".join(cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)) + "  " + row[-1] + "\n"
+        )
+    out.write("\n* chosen   ~ an alternative (another training type or base precision), shown for comparison\n")
+    if chosen is not None:
+        _chosen_summary(report, out)
+    else:
+        # The worker's answer: refused before any download, for memory, disk or the deadline.
+        out.write(f"\nrefused ({report['error']['code']}): {report['error']['message']}\n")
+    for warning in report["warnings"]:
+        out.write(f"warning: {warning}\n")
+
+
+def _candidate_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The candidates' table, its header first: the chosen one starred, alternatives marked `~`."""
+    header = (
+        "",
+        "type",
+        "base",
+        "ZeRO",
+        "offload opt/param",
+        "fits",
+        "GPU (each)",
+        "host RAM",
+        "disk",
+        "speed",
+        "reason",
+    )
+    rows: list[tuple[str, ...]] = [header]
     chosen = report["chosen"]
     for candidate in report["candidates"]:
         kind = candidate["training_type"] + (f" r{candidate['lora_rank']}" if candidate["lora_rank"] else "")
         # Adafactor stepped inside the backward pass on bf16 weights, without DeepSpeed.
         kind += " fused" if candidate["fused_backward_pass"] else ""
-        is_chosen = chosen is not None and chosen["fused_backward_pass"] == candidate["fused_backward_pass"] and all(
-            chosen[key] == candidate[key]
-            for key in ("training_type", "base_precision", "zero_stage", "offload_optimizer", "offload_param", "block_swap", "lora_rank")
+        is_chosen = (
+            chosen is not None
+            and chosen["fused_backward_pass"] == candidate["fused_backward_pass"]
+            and all(
+                chosen[key] == candidate[key]
+                for key in (
+                    "training_type",
+                    "base_precision",
+                    "zero_stage",
+                    "offload_optimizer",
+                    "offload_param",
+                    "block_swap",
+                    "checkpoint_every",
+                    "lora_rank",
+                )
+            )
         )
         rows.append(
             (
@@ -63,17 +120,7 @@ def plan_table(report: dict[str, Any], out: TextIO) -> None:
                 candidate["reason"],
             )
         )
-    widths = [max(len(row[index]) for row in rows) for index in range(len(header) - 1)]
-    for row in rows:
-        out.write("  ".join(cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)) + "  " + row[-1] + "\n")
-    out.write("\n* chosen   ~ an alternative (another training type or base precision), shown for comparison\n")
-    if chosen is not None:
-        _chosen_summary(report, out)
-    else:
-        # The worker's answer: refused before any download, for memory, disk or the deadline.
-        out.write(f"\nrefused ({report['error']['code']}): {report['error']['message']}\n")
-    for warning in report["warnings"]:
-        out.write(f"warning: {warning}\n")
+    return rows
 
 
 def _chosen_summary(report: dict[str, Any], out: TextIO) -> None:
@@ -82,19 +129,29 @@ def _chosen_summary(report: dict[str, Any], out: TextIO) -> None:
     on_cpu = report["accelerator"] == "cpu"
     out.write(
         f"\nchosen: {plan['training_type']}"
-        + (f" over {'a' if plan['base_precision'] == 'bf16' else 'an'} {plan['base_precision']} base" if plan["training_type"] == "lora" else "")
+        + (
+            f" over {'a' if plan['base_precision'] == 'bf16' else 'an'} {plan['base_precision']} base"
+            if plan["training_type"] == "lora"
+            else ""
+        )
         + " with "
         + ("Adafactor fused into the backward pass (bf16 weights), " if plan["fused_backward_pass"] else "")
         + (f"ZeRO-{plan['zero_stage']}" if plan["use_deepspeed"] else "no DeepSpeed")
         + f", offload optimizer {plan['offload_optimizer']}, parameters {plan['offload_param']}, "
-        + (f"{'trained' if plan['training_type'] == 'full' else 'frozen'} blocks swapped in from host RAM, " if plan["block_swap"] else "")
+        + (
+            f"{'trained' if plan['training_type'] == 'full' else 'frozen'} blocks swapped in from host RAM, "
+            if plan["block_swap"]
+            else ""
+        )
         + f"optimizer {plan['optimizer']}\n"
         f"time:   ≈{plan['predicted_seconds_per_step']:.2f} s/step, ≈{report['estimated_run_seconds'] / 60:.0f} min "
         f"for {report['job']['steps']} steps, ≈{(plan['predicted_total_seconds'] or 0) / 60:.0f} min for the whole job "
         "(a rough estimate, see docs/memory.md)\n"
         + (
             f"cost:   ≈{report['cost']['predicted_cost']:.2f} at {report['cost']['price_per_hour']:g} per hour "
-            f"({report['cost'].get('price_source', 'FLUXBOOTH_PRICE_PER_HOUR')})\n" if "cost" in report else ""
+            f"({report['cost'].get('price_source', 'FLUXBOOTH_PRICE_PER_HOUR')})\n"
+            if "cost" in report
+            else ""
         )
         + "\n"
     )
@@ -111,5 +168,3 @@ def _chosen_summary(report: dict[str, Any], out: TextIO) -> None:
     widths = [max(len(row[index]) for row in rows) for index in range(4)]
     for row in rows:
         out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n")
-
-

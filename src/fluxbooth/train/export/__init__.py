@@ -6,5 +6,5 @@
 - `key_layouts`: diffusers ↔ original FLUX key names (pure tensor functions);
 - `metadata`: what every exported safetensors file says about itself (pure).
 
-The worker checks the files again, without torch, in `fluxbooth.artifacts`.
+The worker checks the files again, without torch, in `fluxbooth.storage.artifacts`.
 """

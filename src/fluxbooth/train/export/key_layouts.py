@@ -13,8 +13,9 @@ backwards): the same fused qkv in double blocks, single blocks whose fused layer
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -63,24 +64,33 @@ class KeyTables:
     block kind, the top-level Linears, and those whose row halves are swapped."""
 
     double_linears: dict[str, str]
-    double_fused: dict[str, tuple[str, ...]]
+    double_fused: Mapping[str, tuple[str, ...]]
     double_norms: dict[str, str]
     single_linears: dict[str, str]
-    single_fused: dict[str, tuple[str, ...]]
+    single_fused: Mapping[str, tuple[str, ...]]
     single_norms: dict[str, str]
     top_linears: dict[str, str]
     swapped_linears: dict[str, str]
 
 
 FLUX1_TABLES = KeyTables(
-    DOUBLE_BLOCK_LINEARS, DOUBLE_BLOCK_FUSED, DOUBLE_BLOCK_NORMS, SINGLE_BLOCK_LINEARS, SINGLE_BLOCK_FUSED,
-    SINGLE_BLOCK_NORMS, TOP_LEVEL_LINEARS, SWAPPED_LINEARS,
+    DOUBLE_BLOCK_LINEARS,
+    DOUBLE_BLOCK_FUSED,
+    DOUBLE_BLOCK_NORMS,
+    SINGLE_BLOCK_LINEARS,
+    SINGLE_BLOCK_FUSED,
+    SINGLE_BLOCK_NORMS,
+    TOP_LEVEL_LINEARS,
+    SWAPPED_LINEARS,
 )
 FLUX2_TABLES = KeyTables(
     double_linears={
-        "attn.to_out.0": "img_attn.proj", "attn.to_add_out": "txt_attn.proj",
-        "ff.linear_in": "img_mlp.0", "ff.linear_out": "img_mlp.2",
-        "ff_context.linear_in": "txt_mlp.0", "ff_context.linear_out": "txt_mlp.2",
+        "attn.to_out.0": "img_attn.proj",
+        "attn.to_add_out": "txt_attn.proj",
+        "ff.linear_in": "img_mlp.0",
+        "ff.linear_out": "img_mlp.2",
+        "ff_context.linear_in": "txt_mlp.0",
+        "ff_context.linear_out": "txt_mlp.2",
     },
     double_fused=DOUBLE_BLOCK_FUSED,
     double_norms=DOUBLE_BLOCK_NORMS,
@@ -124,14 +134,31 @@ def module_map(double_blocks: list[int], single_blocks: list[int], tables: KeyTa
     fused: list[tuple[tuple[str, ...], str, str]] = []
     norms: list[tuple[str, str]] = []
     blocks = (
-        ("transformer_blocks", "double_blocks", double_blocks, tables.double_linears, tables.double_fused, tables.double_norms),
-        ("single_transformer_blocks", "single_blocks", single_blocks, tables.single_linears, tables.single_fused, tables.single_norms),
+        (
+            "transformer_blocks",
+            "double_blocks",
+            double_blocks,
+            tables.double_linears,
+            tables.double_fused,
+            tables.double_norms,
+        ),
+        (
+            "single_transformer_blocks",
+            "single_blocks",
+            single_blocks,
+            tables.single_linears,
+            tables.single_fused,
+            tables.single_norms,
+        ),
     )
     for diffusers_prefix, original_prefix, indices, block_linears, block_fused, block_norms in blocks:
         for index in indices:
             here, there = f"{diffusers_prefix}.{index}", f"{original_prefix}.{index}"
             linears += [(f"{here}.{name}", f"{there}.{target}", False) for name, target in block_linears.items()]
-            fused += [(tuple(f"{here}.{name}" for name in names), f"{there}.{target}", target) for target, names in block_fused.items()]
+            fused += [
+                (tuple(f"{here}.{name}" for name in names), f"{there}.{target}", target)
+                for target, names in block_fused.items()
+            ]
             norms += [(f"{here}.{name}", f"{there}.{target}") for name, target in block_norms.items()]
     linears += [(name, target, False) for name, target in tables.top_linears.items()]
     linears += [(name, target, True) for name, target in tables.swapped_linears.items()]
@@ -139,18 +166,26 @@ def module_map(double_blocks: list[int], single_blocks: list[int], tables: KeyTa
 
 
 def _diffusers_block_indices(keys: Iterable[str], prefix: str) -> list[int]:
-    return sorted({int(match.group(2)) for key in keys if (match := _BLOCK_KEY.match(key)) and match.group(1) == prefix})
+    return sorted(
+        {int(match.group(2)) for key in keys if (match := _BLOCK_KEY.match(key)) and match.group(1) == prefix}
+    )
 
 
 def _diffusers_module_map(keys: Iterable[str], tables: KeyTables) -> ModuleMap:
     keys = list(keys)
-    indices = (_diffusers_block_indices(keys, "transformer_blocks"), _diffusers_block_indices(keys, "single_transformer_blocks"))
+    indices = (
+        _diffusers_block_indices(keys, "transformer_blocks"),
+        _diffusers_block_indices(keys, "single_transformer_blocks"),
+    )
     return module_map(*indices, tables)
 
 
 def _original_module_map(keys: Iterable[str], tables: KeyTables) -> ModuleMap:
     keys = list(keys)
-    indices = {prefix: sorted({int(key.split(".")[1]) for key in keys if key.startswith(f"{prefix}.")}) for prefix in ("double_blocks", "single_blocks")}
+    indices = {
+        prefix: sorted({int(key.split(".")[1]) for key in keys if key.startswith(f"{prefix}.")})
+        for prefix in ("double_blocks", "single_blocks")
+    }
     return module_map(indices["double_blocks"], indices["single_blocks"], tables)
 
 
@@ -185,16 +220,25 @@ def single_file_layout(diffusers_keys: Iterable[str], tables: KeyTables = FLUX1_
             pieces = tuple(f"{name}.{suffix}" for name in names)
             if all(piece in keys for piece in pieces):
                 layout.append(OriginalTensor(f"{target}.{suffix}", pieces))
-    layout += [OriginalTensor(f"{target}.scale", (f"{name}.weight",)) for name, target in modules.norms if f"{name}.weight" in keys]
+    layout += [
+        OriginalTensor(f"{target}.scale", (f"{name}.weight",))
+        for name, target in modules.norms
+        if f"{name}.weight" in keys
+    ]
     unmapped = keys - {source for entry in layout for source in entry.sources}
     if unmapped:
         raise ValueError(f"no original FLUX name for {sorted(unmapped)[:5]} ({len(unmapped)} tensors)")
     return layout
 
 
-def diffusers_to_original_transformer(state_dict: dict[str, torch.Tensor], tables: KeyTables = FLUX1_TABLES) -> dict[str, torch.Tensor]:
+def diffusers_to_original_transformer(
+    state_dict: dict[str, torch.Tensor], tables: KeyTables = FLUX1_TABLES
+) -> dict[str, torch.Tensor]:
     """A full diffusers transformer state dict → the original single-file layout."""
-    return {entry.name: entry.build([state_dict[source] for source in entry.sources]) for entry in single_file_layout(state_dict, tables)}
+    return {
+        entry.name: entry.build([state_dict[source] for source in entry.sources])
+        for entry in single_file_layout(state_dict, tables)
+    }
 
 
 def original_to_diffusers_transformer(
@@ -213,7 +257,9 @@ def original_to_diffusers_transformer(
         for suffix in ("weight", "bias"):
             if f"{target}.{suffix}" in source:
                 pieces = torch.split(source.pop(f"{target}.{suffix}"), split_sizes[sizes_key], dim=0)
-                converted.update({f"{name}.{suffix}": piece.contiguous() for name, piece in zip(names, pieces, strict=True)})
+                converted.update(
+                    {f"{name}.{suffix}": piece.contiguous() for name, piece in zip(names, pieces, strict=True)}
+                )
     for name, target in modules.norms:
         if f"{target}.scale" in source:
             converted[f"{name}.weight"] = source.pop(f"{target}.scale")
@@ -222,7 +268,7 @@ def original_to_diffusers_transformer(
     return converted
 
 
-def fused_split_sizes(transformer_config: dict[str, object]) -> dict[str, list[int]]:
+def fused_split_sizes(transformer_config: Mapping[str, Any]) -> dict[str, list[int]]:
     """Each fused original module's pieces' output sizes (FLUX.2 fuses only the double blocks' qkv)."""
     inner = int(transformer_config["num_attention_heads"]) * int(transformer_config["attention_head_dim"])
     sizes = {"img_attn.qkv": [inner] * 3, "txt_attn.qkv": [inner] * 3}
@@ -245,7 +291,11 @@ def _lora_pairs(lora_state_dict: dict[str, torch.Tensor]) -> dict[str, tuple[tor
 
 
 def diffusers_lora_to_comfyui(
-    lora_state_dict: dict[str, torch.Tensor], *, alpha: float, rank: int, fused_out_features: dict[str, list[int]],
+    lora_state_dict: dict[str, torch.Tensor],
+    *,
+    alpha: float,
+    rank: int,
+    fused_out_features: dict[str, list[int]],
     tables: KeyTables = FLUX1_TABLES,
 ) -> dict[str, torch.Tensor]:
     """peft/diffusers FLUX LoRA (module keys without prefix) → kohya/ComfyUI `lora_unet_...` keys.
@@ -266,7 +316,9 @@ def diffusers_lora_to_comfyui(
         converted[f"{name}.lora_up.weight"] = up.contiguous()
         converted[f"{name}.alpha"] = torch.tensor(float(down.shape[0]), dtype=torch.float32)
 
-    def single(source_module: str, target_module: str, transform: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+    def single(
+        source_module: str, target_module: str, transform: Callable[[torch.Tensor], torch.Tensor] | None
+    ) -> None:
         if source_module in pairs:
             down, up = pairs[source_module]
             put(target_module, down, transform(up) if transform else up)
@@ -323,7 +375,9 @@ def comfyui_lora_effects(comfyui_state_dict: dict[str, torch.Tensor]) -> dict[st
     return effects
 
 
-def diffusers_lora_effects(lora_state_dict: dict[str, torch.Tensor], *, alpha: float, rank: int) -> dict[str, torch.Tensor]:
+def diffusers_lora_effects(
+    lora_state_dict: dict[str, torch.Tensor], *, alpha: float, rank: int
+) -> dict[str, torch.Tensor]:
     """{diffusers module: (B @ A * alpha / rank) @ probe}, as peft changes that layer."""
     return {
         module: up.float() @ (down.float() @ probe(down.shape[1])) * (alpha / rank)

@@ -15,6 +15,7 @@ import torch
 from peft.utils import get_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
+from fluxbooth.contract.trainer_config import LoraSettings
 from fluxbooth.train.export.key_layouts import (
     FLUX1_TABLES,
     KeyTables,
@@ -27,7 +28,6 @@ from fluxbooth.train.export.key_layouts import (
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.family_ops import FLUX1_LORA_FILE, LoraFileFormat
 from fluxbooth.train.state import gathered
-from fluxbooth.contract.trainer_config import LoraSettings
 
 LORA_WEIGHTS_NAME = "pytorch_lora_weights.safetensors"
 
@@ -40,7 +40,10 @@ def lora_state_dict(model: Any, *, is_main_process: bool) -> dict[str, torch.Ten
     state: dict[str, torch.Tensor] = {}
     with gathered(lora_parameters):
         if is_main_process:
-            state = {key: value.detach().to("cpu", copy=True).contiguous() for key, value in get_peft_model_state_dict(model).items()}
+            state = {
+                key: value.detach().to("cpu", copy=True).contiguous()
+                for key, value in get_peft_model_state_dict(model).items()
+            }
     if is_main_process:
         bad = [key for key in state if key.startswith("module.") or ".default" in key or "lora_" not in key]
         if bad or not state:
@@ -49,7 +52,11 @@ def lora_state_dict(model: Any, *, is_main_process: bool) -> dict[str, torch.Ten
 
 
 def save_lora_diffusers(
-    state: dict[str, torch.Tensor], out_dir: Path, alpha: float, metadata: dict[str, str], lora_file: LoraFileFormat = FLUX1_LORA_FILE
+    state: dict[str, torch.Tensor],
+    out_dir: Path,
+    alpha: float,
+    metadata: dict[str, str],
+    lora_file: LoraFileFormat = FLUX1_LORA_FILE,
 ) -> Path:
     """diffusers/peft format (`transformer.<module>.lora_A.weight`, ...) written by the model generation's
     pipeline class, with alpha where its loader reads it (`lora_file`, family_ops.LoraFileFormat: FLUX.1's
@@ -58,7 +65,9 @@ def save_lora_diffusers(
     Checked by parsing it back with that pipeline's own `lora_state_dict`."""
     tensors, adapter_metadata = lora_file.contents(state, alpha)
     lora_file.pipeline_class.save_lora_weights(
-        str(out_dir), transformer_lora_layers=tensors, safe_serialization=True,
+        str(out_dir),
+        transformer_lora_layers=tensors,
+        safe_serialization=True,
         save_function=partial(save_file, metadata={**metadata, **adapter_metadata}),
     )
     path = out_dir / LORA_WEIGHTS_NAME
@@ -76,7 +85,11 @@ def save_lora_diffusers(
 
 
 def save_lora_comfyui(
-    state: dict[str, torch.Tensor], out_file: Path, settings: LoraSettings, transformer_config: dict[str, Any], metadata: dict[str, str],
+    state: dict[str, torch.Tensor],
+    out_file: Path,
+    settings: LoraSettings,
+    transformer_config: dict[str, Any],
+    metadata: dict[str, str],
     tables: KeyTables = FLUX1_TABLES,
 ) -> Path:
     """kohya/ComfyUI format over the original (BFL) module names of the model's family, `tables`
@@ -84,10 +97,14 @@ def save_lora_comfyui(
     weight of the model it loaded, dots as underscores, whatever the model. Checked by recomputing every
     module's change from the file and comparing it with the trained adapter's."""
     split_sizes = fused_split_sizes(transformer_config)
-    converted = diffusers_lora_to_comfyui(state, alpha=settings.alpha, rank=settings.rank, fused_out_features=split_sizes, tables=tables)
+    converted = diffusers_lora_to_comfyui(
+        state, alpha=settings.alpha, rank=settings.rank, fused_out_features=split_sizes, tables=tables
+    )
     save_file(converted, str(out_file), metadata=metadata)
     file_effects = comfyui_lora_effects(load_file(str(out_file)))
-    trained = diffusers_effects_as_comfyui(diffusers_lora_effects(state, alpha=settings.alpha, rank=settings.rank), split_sizes, tables)
+    trained = diffusers_effects_as_comfyui(
+        diffusers_lora_effects(state, alpha=settings.alpha, rank=settings.rank), split_sizes, tables
+    )
     if set(file_effects) != set(trained):
         raise TrainerFailure("export_failed", f"{out_file.name} has different modules than the trained LoRA")
     for name, effect in trained.items():

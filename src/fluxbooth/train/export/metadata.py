@@ -76,7 +76,7 @@ def modelspec_keys(record: TrainingRecord, layout: FileLayout, *, ema: bool) -> 
     config = record.config
     width, height = record.resolution
     kind = "LoRA" if layout.is_lora else "Checkpoint"
-    title = config.model_name or f"{kind}@{int(record.started_at)}"
+    title = config.export.model_name or f"{kind}@{int(record.started_at)}"
     keys = {
         "modelspec.sai_model_spec": MODELSPEC_VERSION,
         "modelspec.architecture": f"{record.architecture}/{LORA_ADAPTER}" if layout.is_lora else record.architecture,
@@ -88,9 +88,9 @@ def modelspec_keys(record: TrainingRecord, layout: FileLayout, *, ema: bool) -> 
     }
     # No prediction_type: the spec defines it for Stable Diffusion (v or epsilon); sd-scripts leaves it out
     # for FLUX, whose flow-matching objective a reader would misread as either.
-    if config.trigger_word:
-        keys["modelspec.trigger_phrase"] = config.trigger_word
-        keys["modelspec.usage_hint"] = f"Trigger word: {config.trigger_word}"
+    if config.prompts.trigger_word:
+        keys["modelspec.trigger_phrase"] = config.prompts.trigger_word
+        keys["modelspec.usage_hint"] = f"Trigger word: {config.prompts.trigger_word}"
     return keys
 
 
@@ -100,31 +100,31 @@ def kohya_keys(record: TrainingRecord, layout: FileLayout) -> dict[str, str]:
     instance_count = len(record.captions.get("instance", []))
     class_count = len(record.captions.get("class", []))
     keys = {
-        "ss_output_name": config.model_name,
-        "ss_sd_model_name": _model_name_for_metadata(config.base_model_name),
+        "ss_output_name": config.export.model_name,
+        "ss_sd_model_name": _model_name_for_metadata(config.export.base_model_name),
         "ss_base_model_version": record.base_model_version,
         "ss_training_started_at": str(record.started_at),
         "ss_training_finished_at": str(record.finished_at),
-        "ss_steps": str(record.steps_trained or config.steps),
-        "ss_max_train_steps": str(config.steps),
-        "ss_learning_rate": str(config.learning_rate),
-        "ss_lr_scheduler": config.lr_scheduler,
-        "ss_lr_warmup_steps": str(config.lr_warmup_steps),
+        "ss_steps": str(record.steps_trained or config.optimisation.steps),
+        "ss_max_train_steps": str(config.optimisation.steps),
+        "ss_learning_rate": str(config.optimisation.learning_rate),
+        "ss_lr_scheduler": config.optimisation.lr_scheduler,
+        "ss_lr_warmup_steps": str(config.optimisation.lr_warmup_steps),
         "ss_optimizer": record.optimizer,
-        "ss_max_grad_norm": str(config.max_grad_norm),
-        "ss_batch_size_per_device": str(config.batch_size),
+        "ss_max_grad_norm": str(config.optimisation.max_grad_norm),
+        "ss_batch_size_per_device": str(config.optimisation.batch_size),
         "ss_total_batch_size": str(record.total_batch_size),
-        "ss_gradient_accumulation_steps": str(config.gradient_accumulation_steps),
-        "ss_gradient_checkpointing": str(config.gradient_checkpointing),
-        "ss_mixed_precision": config.mixed_precision,
-        "ss_seed": str(config.seed),
+        "ss_gradient_accumulation_steps": str(config.optimisation.gradient_accumulation_steps),
+        "ss_gradient_checkpointing": str(config.memory.gradient_checkpointing),
+        "ss_mixed_precision": config.memory.mixed_precision,
+        "ss_seed": str(config.optimisation.seed),
         "ss_resolution": str((width, height)),
         "ss_num_train_images": str(instance_count),
         "ss_num_reg_images": str(class_count),
-        "ss_prior_loss_weight": str(config.prior_loss_weight),
-        "ss_guidance_scale": str(config.guidance_scale),
-        "ss_weighting_scheme": config.weighting_scheme,
-        "ss_caption_dropout_rate": str(config.caption_dropout),
+        "ss_prior_loss_weight": str(config.prompts.prior_loss_weight),
+        "ss_guidance_scale": str(config.sampling.guidance_scale),
+        "ss_weighting_scheme": config.optimisation.weighting_scheme,
+        "ss_caption_dropout_rate": str(config.prompts.caption_dropout),
         "ss_dataset_dirs": json.dumps({"instance": {"n_repeats": 1, "img_count": instance_count}}),
         "ss_tag_frequency": json.dumps(tag_frequency(record.captions)),
         "ss_enable_bucket": str(bool(record.buckets)),
@@ -143,7 +143,7 @@ def _network_keys(config: TrainerConfig, layout: FileLayout) -> dict[str, str]:
         "ss_network_dim": str(config.lora.rank),
         "ss_network_alpha": str(float(config.lora.alpha)),
         "ss_network_dropout": str(float(config.lora.dropout)),
-        "ss_fp8_base": str(config.base_precision == "fp8"),
+        "ss_fp8_base": str(config.memory.base_precision == "fp8"),
     }
     # Readers pick a kohya network module by this name: only the file in that module's key layout names it.
     if layout is FileLayout.LORA_KOHYA:
@@ -166,7 +166,11 @@ def tag_frequency(captions: dict[str, list[str]]) -> dict[str, dict[str, int]]:
 def bucket_info(buckets: dict[str, int]) -> dict[str, object]:
     """kohya's ss_bucket_info: {"buckets": {index: {"resolution": [w, h], "count": n}}}."""
     shapes = sorted((tuple(int(side) for side in name.split("x")), count) for name, count in buckets.items())
-    return {"buckets": {str(index): {"resolution": list(shape), "count": count} for index, (shape, count) in enumerate(shapes)}}
+    return {
+        "buckets": {
+            str(index): {"resolution": list(shape), "count": count} for index, (shape, count) in enumerate(shapes)
+        }
+    }
 
 
 def _model_name_for_metadata(name: str) -> str:
@@ -177,17 +181,19 @@ def _model_name_for_metadata(name: str) -> str:
 def _description(record: TrainingRecord, layout: FileLayout, *, ema: bool) -> str:
     config = record.config
     width, height = record.resolution
-    what = f"LoRA (rank {config.lora.rank}, alpha {config.lora.alpha:g})" if layout.is_lora else "fine-tuned transformer"
+    what = (
+        f"LoRA (rank {config.lora.rank}, alpha {config.lora.alpha:g})" if layout.is_lora else "fine-tuned transformer"
+    )
     images = len(record.captions.get("instance", []))
-    base = _model_name_for_metadata(config.base_model_name) or record.architecture
+    base = _model_name_for_metadata(config.export.base_model_name) or record.architecture
     text = (
-        f"FLUX {what} of {base}, trained with {TRAINER_NAME}: {config.steps} steps at learning rate "
-        f"{config.learning_rate:g} on {images} images at {width}x{height}"
+        f"FLUX {what} of {base}, trained with {TRAINER_NAME}: {config.optimisation.steps} steps at learning rate "
+        f"{config.optimisation.learning_rate:g} on {images} images at {width}x{height}"
     )
     if record.buckets:
         text += f" in {len(record.buckets)} aspect buckets"
     if ema:
         text += "; these are the exponential moving average of the trained weights"
-    if config.trigger_word:
-        text += f". Trigger word: {config.trigger_word}"
+    if config.prompts.trigger_word:
+        text += f". Trigger word: {config.prompts.trigger_word}"
     return text + "."

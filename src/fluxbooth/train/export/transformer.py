@@ -33,7 +33,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*$", re.IGNORECASE)
 
 
 def parse_size(size: str | int) -> int:
-    """"5GB" → 5 * 1000**3 (diffusers' and huggingface_hub's convention); ints pass through."""
+    """ "5GB" → 5 * 1000**3 (diffusers' and huggingface_hub's convention); ints pass through."""
     if isinstance(size, int):
         return size
     match = _SIZE.match(size)
@@ -55,7 +55,11 @@ def _plan_shards(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[lis
 
 
 def _shard_file_name(index: int, count: int) -> str:
-    return WEIGHTS_NAME if count == 1 else WEIGHTS_NAME.replace(".safetensors", f"-{index + 1:05d}-of-{count:05d}.safetensors")
+    return (
+        WEIGHTS_NAME
+        if count == 1
+        else WEIGHTS_NAME.replace(".safetensors", f"-{index + 1:05d}-of-{count:05d}.safetensors")
+    )
 
 
 def save_transformer(
@@ -113,7 +117,9 @@ def verify_saved_transformer(folder: Path, samples: dict[str, torch.Tensor]) -> 
     try:
         reloaded = transformer_class_in(folder).from_pretrained(str(folder), torch_dtype=None)
     except Exception as error:  # any failure to load is an export failure, whatever diffusers raises
-        raise TrainerFailure("export_failed", f"the saved transformer in {folder.name}/ does not load in diffusers: {error}") from error
+        raise TrainerFailure(
+            "export_failed", f"the saved transformer in {folder.name}/ does not load in diffusers: {error}"
+        ) from error
     state = reloaded.state_dict()
     for name, expected in samples.items():
         if name not in state or not torch.equal(state[name].cpu(), expected):
@@ -122,8 +128,16 @@ def verify_saved_transformer(folder: Path, samples: dict[str, torch.Tensor]) -> 
 
 # safetensors' names for torch dtypes (the file header's "dtype").
 _SAFETENSORS_DTYPES = {
-    torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
 }
 
 _TORCH_DTYPES = {name: dtype for dtype, name in _SAFETENSORS_DTYPES.items()}
@@ -149,7 +163,11 @@ def write_safetensors_streaming(path: Path, tensors: list[PlannedTensor], metada
     header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
     for tensor in tensors:
-        header[tensor.name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + tensor.bytes]}
+        header[tensor.name] = {
+            "dtype": _SAFETENSORS_DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + tensor.bytes],
+        }
         offset += tensor.bytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors writes it
@@ -159,11 +177,16 @@ def write_safetensors_streaming(path: Path, tensors: list[PlannedTensor], metada
         for planned in tensors:
             built = planned.build().contiguous()
             if built.dtype != planned.dtype or tuple(built.shape) != planned.shape:
-                raise TrainerFailure("export_failed", f"{planned.name} came out {built.dtype} {tuple(built.shape)}, planned {planned.dtype} {planned.shape}")
+                raise TrainerFailure(
+                    "export_failed",
+                    f"{planned.name} came out {built.dtype} {tuple(built.shape)}, planned {planned.dtype} {planned.shape}",
+                )
             file.write(built.view(torch.uint8).numpy().data)
 
 
-def export_single_file(transformer_folder: Path, out_file: Path, metadata: dict[str, str], tables: KeyTables = FLUX1_TABLES) -> None:
+def export_single_file(
+    transformer_folder: Path, out_file: Path, metadata: dict[str, str], tables: KeyTables = FLUX1_TABLES
+) -> None:
     """The saved diffusers transformer → one safetensors file in the original FLUX layout (ComfyUI's
     diffusion_models folder, `FluxTransformer2DModel.from_single_file`). Streamed: each original tensor
     is read from the shards (memory-mapped), built, written and dropped, then checked the same way
@@ -185,10 +208,14 @@ def export_single_file(transformer_folder: Path, out_file: Path, metadata: dict[
         write_safetensors_streaming(out_file, planned, metadata)
         written = stack.enter_context(safe_open(str(out_file), framework="pt", device="cpu"))
         if set(written.keys()) != {tensor.name for tensor in planned}:
-            raise TrainerFailure("export_failed", f"{out_file.name} does not hold every tensor of the trained transformer")
+            raise TrainerFailure(
+                "export_failed", f"{out_file.name} does not hold every tensor of the trained transformer"
+            )
         for tensor in planned:
             if not torch.equal(written.get_tensor(tensor.name), tensor.build()):
-                raise TrainerFailure("export_failed", f"{out_file.name} does not hold the trained weights in {tensor.name}")
+                raise TrainerFailure(
+                    "export_failed", f"{out_file.name} does not hold the trained weights in {tensor.name}"
+                )
 
 
 def _build_original(entry: OriginalTensor, read: Callable[[str], torch.Tensor]) -> torch.Tensor:
