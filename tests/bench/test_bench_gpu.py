@@ -272,4 +272,4 @@ def test_dry_run_keeps_every_log_in_four_files(dry_run: tuple[subprocess.Complet
     assert sorted(path.name for path in out.iterdir()) == ["gpu-runs.jsonl", "runs.log", "setup.log", "table.md"]
     runs = (out / "runs.log").read_text()
     assert "=== run end-of-job-24GiB" in runs and "--- plan.json ---" in runs and "trainer event |" in runs
-    assert "=== build-scaled:" in (out / "setup.log").read_text()
+    assert "=== build-tiny:" in (out / "setup.log").read_text()

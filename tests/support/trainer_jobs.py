@@ -36,6 +36,11 @@ RESOLUTION = Resolution(fixed=(64, 64))
 TEST_LORA = LoraSettings(rank=4, alpha=8.0)
 
 
+def usable_cpus() -> int:
+    """The cores this test process may run on, as the worker counts them (its affinity, not the machine's)."""
+    return len(os.sched_getaffinity(0))
+
+
 def make_images(folder: Path, count: int, *, seed: int = 0, size: tuple[int, int] = (96, 80)) -> list[Path]:
     """`count` distinct RGB images (smooth gradients plus a coloured square), not square, so the
     resize-and-crop path runs."""
@@ -178,16 +183,14 @@ class TrainerJob:
 
     def environment(self) -> dict[str, str]:
         torch_extensions = extensions_dir(WorkerSettings.from_environ(os.environ))
-        env = child_environment(
-            self.plan, os.environ, cpu_count=os.cpu_count() or 2, torch_extensions_dir=torch_extensions
-        )
+        env = child_environment(self.plan, os.environ, cpu_count=usable_cpus(), torch_extensions_dir=torch_extensions)
         env.update(self.extra_env)
         return env
 
     def launch(self) -> TrainerRun:
         files = self.write()
         completed = subprocess.run(
-            trainer_command(files, self.plan, os.cpu_count() or 2),
+            trainer_command(files, self.plan, usable_cpus()),
             env=self.environment(),
             capture_output=True,
             text=True,
@@ -216,7 +219,7 @@ class TrainerJob:
             node_config["deepspeed_config"] = dict(base["deepspeed_config"], deepspeed_multinode_launcher="standard")
             node_file = files.accelerate_config.with_name(f"accelerate-node{rank}.yaml")
             node_file.write_text(yaml.safe_dump(node_config))
-            command = trainer_command(files, self.plan, os.cpu_count() or 2)
+            command = trainer_command(files, self.plan, usable_cpus())
             command[command.index("--config_file") + 1] = str(node_file)
             processes.append(
                 subprocess.Popen(
