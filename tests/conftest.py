@@ -156,11 +156,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)
 
 
+WORKER_CORES = pytest.StashKey[tuple[set[int], set[int]]]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Each xdist worker on cores of its own, where there is at least one per worker. The trainers a worker launches
-    inherit the affinity and size their threads by it, as the worker does on a machine (host.hardware reads the
-    affinity): unpinned, two workers' trainers ran two OpenMP threads each on CI's two cores, and the pair of
-    them took 120 s where pinned they took 91 s (tests/trainer/test_trainer_lora.py twice at once, 2 cores)."""
+    """Each xdist worker's share of the cores (where there is at least one per worker), for its trainer tests."""
     worker_input = getattr(config, "workerinput", None)
     if worker_input is None:
         return
@@ -168,4 +168,18 @@ def pytest_configure(config: pytest.Config) -> None:
     workers = int(worker_input["workercount"])
     if len(cores) >= workers:
         index = int(str(worker_input["workerid"]).removeprefix("gw"))
-        os.sched_setaffinity(0, set(cores[index * len(cores) // workers : (index + 1) * len(cores) // workers]))
+        share = set(cores[index * len(cores) // workers : (index + 1) * len(cores) // workers])
+        config.stash[WORKER_CORES] = (share, set(cores))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A trainer test (marked slow) runs on its worker's share of the cores, before its fixtures launch anything:
+    the trainers inherit the affinity and size their threads by it, as the worker does on a machine
+    (host.limits.allowed_cpus). Unpinned, two workers' trainers each ran two OpenMP threads on CI's two cores:
+    two copies of tests/trainer/test_trainer_lora.py at once took 120 s, pinned 91 s. Other tests keep every core:
+    pinned, the fast tests took longer, an idle worker's core unusable by the other's subprocesses."""
+    cores = item.config.stash.get(WORKER_CORES, None)
+    if cores is not None:
+        share, every_core = cores
+        os.sched_setaffinity(0, share if item.get_closest_marker("slow") else every_core)
