@@ -21,6 +21,7 @@ from fluxbooth.contract.events import event_payload, parse_event
 from fluxbooth.contract.names import GUIDANCE_DISTILLED_SAMPLING
 from fluxbooth.contract.settings_groups import Checkpoints, Export, Memory, Optimisation, Prompts, Sampling
 from fluxbooth.contract.trainer_config import LoraSettings, TrainerConfig
+from fluxbooth.host.limits import allowed_cpus
 from fluxbooth.job.launch import trainer_command
 from fluxbooth.job.launch_files import child_environment, write_launch_files
 from fluxbooth.job.op_builds import extensions_dir
@@ -34,11 +35,6 @@ LAUNCH_TIMEOUT_SECONDS = 600
 RESOLUTION = Resolution(fixed=(64, 64))
 # Small rank and a few targets keep LoRA runs fast; the exports still cover fused and single layers.
 TEST_LORA = LoraSettings(rank=4, alpha=8.0)
-
-
-def usable_cpus() -> int:
-    """The cores this test process may run on, as the worker counts them (its affinity, not the machine's)."""
-    return len(os.sched_getaffinity(0))
 
 
 def make_images(folder: Path, count: int, *, seed: int = 0, size: tuple[int, int] = (96, 80)) -> list[Path]:
@@ -183,14 +179,16 @@ class TrainerJob:
 
     def environment(self) -> dict[str, str]:
         torch_extensions = extensions_dir(WorkerSettings.from_environ(os.environ))
-        env = child_environment(self.plan, os.environ, cpu_count=usable_cpus(), torch_extensions_dir=torch_extensions)
+        env = child_environment(
+            self.plan, os.environ, cpu_count=allowed_cpus(Path("/")), torch_extensions_dir=torch_extensions
+        )
         env.update(self.extra_env)
         return env
 
     def launch(self) -> TrainerRun:
         files = self.write()
         completed = subprocess.run(
-            trainer_command(files, self.plan, usable_cpus()),
+            trainer_command(files, self.plan, allowed_cpus(Path("/"))),
             env=self.environment(),
             capture_output=True,
             text=True,
@@ -219,7 +217,7 @@ class TrainerJob:
             node_config["deepspeed_config"] = dict(base["deepspeed_config"], deepspeed_multinode_launcher="standard")
             node_file = files.accelerate_config.with_name(f"accelerate-node{rank}.yaml")
             node_file.write_text(yaml.safe_dump(node_config))
-            command = trainer_command(files, self.plan, usable_cpus())
+            command = trainer_command(files, self.plan, allowed_cpus(Path("/")))
             command[command.index("--config_file") + 1] = str(node_file)
             processes.append(
                 subprocess.Popen(
