@@ -13,6 +13,7 @@
 # Build arguments (docs/image.md):
 #   SCORING_MODELS=1          bakes the likeness scoring models (DINOv2, SigLIP) into /models (1/0, true/false,
 #                             yes/no, on/off; anything else fails the build)
+#   CAPTION_MODEL=1           bakes the default captioner (Qwen3-VL-2B-Instruct) into /models (the same spellings)
 #   BASE_MODEL, BASE_MODEL_REVISION  a hub id baked into /models, at that branch, tag or commit
 #   BUILD_BASE, RUNTIME_BASE  the two stages' images: Debian 12 (bookworm, Python 3.11) by default. Any Debian
 #                             or Ubuntu image with apt works (this file installs Python itself); use the same
@@ -144,6 +145,10 @@ ENV FLUXBOOTH_BASE_MODEL=${BASE_MODEL:-black-forest-labs/FLUX.1-dev}
 ARG SCORING_MODELS=0
 # 1/0, true/false, yes/no, on/off (any case); fetch_model.py fails the build on any other value.
 RUN python builder/fetch_model.py --scoring-models="$SCORING_MODELS" /models
+# Optional: the default captioner of `captioning: "missing"` (Qwen3-VL-2B-Instruct, Apache-2.0, 4.26 GB) at its
+# pinned revision, so a worker without network captions photos.
+ARG CAPTION_MODEL=0
+RUN python builder/fetch_model.py --caption-model="$CAPTION_MODEL" /models
 
 # The source, last.
 COPY pyproject.toml README.md NOTICE handler.py test_input.json ./

@@ -1,6 +1,7 @@
 """Bake a base model into the image at build time: `python builder/fetch_model.py --model=REPO_ID
 [--revision=REV] CACHE_DIR`; or the likeness scoring models (DINOv2, SigLIP) at their pinned revisions:
-`python builder/fetch_model.py --scoring-models=FLAG CACHE_DIR`. The Dockerfile passes its build arguments
+`python builder/fetch_model.py --scoring-models=FLAG CACHE_DIR`; or the default captioner (Qwen3-VL-2B-Instruct)
+at its pinned revision: `python builder/fetch_model.py --caption-model=FLAG CACHE_DIR`. The Dockerfile passes its build arguments
 as they are (`--model="$BASE_MODEL"`, `--scoring-models="$SCORING_MODELS"`), so this file, not the shell,
 decides what they mean: an empty model bakes nothing, a flag takes the usual true/false spellings and anything
 else fails the build, and a value given as `--model=VALUE` is never read as an option of its own.
@@ -64,6 +65,15 @@ def fetch_scoring_models(
     ]
 
 
+# The default captioner at the revision fluxbooth.contract.captioning pins (written out for the same reason;
+# tests/image/test_dockerfile.py checks that the two agree): repository, commit, file patterns.
+CAPTION_MODEL = (
+    "Qwen/Qwen3-VL-2B-Instruct",
+    "89644892e4d85e24eaac8bacfd4f463576704203",
+    ("*.json", "*.safetensors", "*.txt", "*.jinja"),
+)
+
+
 # The spellings a true/false build argument takes, compared without case.
 TRUE_SPELLINGS = ("1", "true", "yes", "on")
 FALSE_SPELLINGS = ("0", "false", "no", "off", "")
@@ -115,6 +125,7 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model", default="", help="BASE_MODEL: a hub id; empty bakes nothing")
     parser.add_argument("--revision", default="", help="BASE_MODEL_REVISION: its branch, tag or commit")
     parser.add_argument("--scoring-models", default="0", help="SCORING_MODELS: 1/0, true/false, yes/no, on/off")
+    parser.add_argument("--caption-model", default="0", help="CAPTION_MODEL: 1/0, true/false, yes/no, on/off")
     parser.add_argument("cache_dir", type=Path)
     return parser.parse_args(argv)
 
@@ -123,6 +134,7 @@ def main(argv: list[str]) -> int:
     arguments = parse_arguments(argv)
     try:
         scoring = build_flag("SCORING_MODELS", arguments.scoring_models)
+        captioner = build_flag("CAPTION_MODEL", arguments.caption_model)
         model = base_model_to_bake(arguments.model, arguments.revision)
     except BuildArgumentError as error:
         print(f"fetch_model.py: {error}", file=sys.stderr)
@@ -134,6 +146,8 @@ def main(argv: list[str]) -> int:
         print(f"baked {repo_id} at commit {folder.name} ({revision or 'the default branch'}): {folder}")
     if scoring:
         print(*fetch_scoring_models(arguments.cache_dir), sep="\n")
+    if captioner:
+        print(*fetch_scoring_models(arguments.cache_dir, models=(CAPTION_MODEL,)), sep="\n")
     return 0
 
 

@@ -148,9 +148,10 @@ def test_the_planner_reaches_neither_the_report_nor_the_scoring_package_nor_pill
     assert sorted(module for module in reached if "PIL" in graph.external.get(module, ())) == []
 
 
-def test_only_the_trainers_launch_and_the_scoring_stage_use_the_supervisor(graph) -> None:
+def test_only_the_trainers_launch_and_the_captioning_and_scoring_stages_use_the_supervisor(graph) -> None:
     # trainer_failures reads the outcome it returns; the supervisor itself knows none of the children it runs.
     assert set(graph.importers_of("fluxbooth.job.supervisor")) == {
+        "fluxbooth.job.captioning_stage",
         "fluxbooth.job.launch",
         "fluxbooth.job.scoring_stage",
         "fluxbooth.job.trainer_failures",

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from fluxbooth.contract.captioning import CAPTION_MODEL_VARIABLE, DEFAULT_CAPTION_MODEL
+
 TINY_MODEL_NAME = "fluxbooth/tiny-flux"
 DEFAULT_BASE_MODEL = "black-forest-labs/FLUX.1-dev"
 # RunPod ends a job at its endpoint's execution timeout, 600 s unless the endpoint sets another, with no result.
@@ -333,6 +335,8 @@ class WorkerSettings:
     price_per_hour: float | None = None
     # FLUXBOOTH_DOWNLOAD_BYTES_PER_SECOND, FLUXBOOTH_UPLOAD_BYTES_PER_SECOND: the plan's download and upload phases.
     transfer_rates: TransferRates = field(default_factory=TransferRates)
+    # FLUXBOOTH_CAPTION_MODEL: the captioner of `captioning: "missing"` (fluxbooth.contract.captioning.caption_model).
+    caption_model: str = DEFAULT_CAPTION_MODEL
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -381,5 +385,6 @@ class WorkerSettings:
             allow_local_output=_flag(env.get(ALLOW_LOCAL_OUTPUT_VARIABLE)),
             price_per_hour=_price(env, PRICE_VARIABLE),
             transfer_rates=TransferRates.from_environ(env),
+            caption_model=env.get(CAPTION_MODEL_VARIABLE, "").strip() or DEFAULT_CAPTION_MODEL,
             environ=env,
         )

@@ -210,6 +210,20 @@ def test_the_scoring_models_baked_are_the_revisions_the_worker_pins() -> None:
     )
 
 
+def test_the_captioner_baked_is_the_revision_the_worker_pins() -> None:
+    from fluxbooth.contract.captioning import DEFAULT_CAPTION_MODEL, DEFAULT_CAPTION_REVISION
+
+    assert fetch_model.CAPTION_MODEL[:2] == (DEFAULT_CAPTION_MODEL, DEFAULT_CAPTION_REVISION)
+
+
+def test_the_captioner_is_baked_on_request_into_the_cache_the_worker_reads(stages: list[list[Instruction]]) -> None:
+    final = stages[2]
+    assert stage_args(final)["CAPTION_MODEL"] == "0"
+    bake = index_of(final, "RUN", "fetch_model.py --caption-model")
+    assert f'--caption-model="$CAPTION_MODEL" {DEFAULT_BAKED_MODELS_DIR}' in final[bake].arguments
+    assert bake < index_of(final, "COPY", "src ./src")
+
+
 def test_the_face_models_the_build_keeps_are_the_files_scoring_loads() -> None:
     from fluxbooth.likeness.faces import FILE_SHA256
 
@@ -265,6 +279,7 @@ def test_the_image_ships_a_notice_naming_each_scoring_models_licence(stages: lis
         ("dlib_face_recognition_resnet_model_v1", "public domain"),
         ("dinov2", "Apache License 2.0"),
         ("siglip", "Apache License 2.0"),
+        ("Qwen3-VL-2B-Instruct", "Apache License 2.0"),
     ]:
         assert re.search(rf"{model}.*?{licence}", notice, re.DOTALL | re.IGNORECASE), model
 

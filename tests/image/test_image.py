@@ -28,6 +28,8 @@ pytestmark = pytest.mark.slow
 
 image_builder = load_builder_module("image")
 RESULT_MARK = "fluxbooth.job.result: result "
+BUILDAH_REEXEC_FAILURE = "sealing memfd copy"
+BUILDAH_START_ATTEMPTS = 3
 TORCH_PROBE = (
     "import atexit, sys; atexit.register(lambda: print('TORCH_IMPORTED', 'torch' in sys.modules, flush=True)); "
 )
@@ -83,9 +85,16 @@ def container(image: str) -> Iterator[str]:
 
 
 def run_in(container: str, command: list[str], timeout: float, **environ: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        image_builder.run_command(container, command, environ), capture_output=True, text=True, timeout=timeout
-    )
+    # buildah re-executes itself from a sealed memfd copy before it starts the command; on a busy host sealing
+    # now and then fails with EBUSY ("Close_Fd sealing memfd copy: Device or resource busy", seen in CI) and
+    # the command never ran. Only that failure of buildah's own start is tried again.
+    for _attempt in range(BUILDAH_START_ATTEMPTS):
+        completed = subprocess.run(
+            image_builder.run_command(container, command, environ), capture_output=True, text=True, timeout=timeout
+        )
+        if not (completed.returncode != 0 and not completed.stdout and BUILDAH_REEXEC_FAILURE in completed.stderr):
+            break
+    return completed
 
 
 def logged_result(output: str) -> dict[str, object]:

@@ -20,6 +20,7 @@ The trainer is the real one (`accelerate launch` + DeepSpeed, the tiny model); t
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import os
 import re
@@ -84,7 +85,20 @@ class Worker:
             os.posix_fallocate(filler.fileno(), filler.tell(), max(PAGE, available - free_bytes))
 
     def fill_up(self) -> None:
-        self.leave_free(0)
+        """Fill the work disk to its last page, while the trainer may be writing to it too.
+
+        One allocation of the free space measured a moment earlier fails with ENOSPC when the trainer wrote in
+        between, and tmpfs then gives back all of it; so allocate in halving chunks until not a page fits.
+        """
+        chunk = max(PAGE, shutil.disk_usage(self.disk).free)
+        with self.filler.open("ab") as filler:
+            while chunk >= PAGE:
+                try:
+                    os.posix_fallocate(filler.fileno(), os.fstat(filler.fileno()).st_size, chunk)
+                except OSError as error:
+                    if error.errno != errno.ENOSPC:
+                        raise
+                    chunk //= 2
 
     def free_again(self) -> None:
         self.filler.unlink(missing_ok=True)

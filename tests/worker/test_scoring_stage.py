@@ -24,8 +24,8 @@ from fluxbooth.job.scoring_stage import (
     SCORING_LOG_NAME,
     keep_best_step,
     model_location_environment,
+    model_process_environment,
     run_scoring,
-    scoring_environment,
 )
 from fluxbooth.models.source import ensure_tiny_model
 from fluxbooth.redaction import MASK, Redactor
@@ -48,7 +48,7 @@ def score(tmp_path: Path, source: str, seconds: float = 30, secrets: tuple[str, 
     return asyncio.run(
         run_scoring(
             command,
-            env=scoring_environment({"PATH": "/usr/bin:/bin"}),
+            env=model_process_environment({"PATH": "/usr/bin:/bin"}),
             cwd=tmp_path,
             seconds=seconds,
             redact=Redactor(secrets),
@@ -64,7 +64,7 @@ def test_a_missing_scoring_module_leaves_the_section_unavailable_with_the_reason
     section = asyncio.run(
         run_scoring(
             [sys.executable, "-m", "no_such_scoring_module"],
-            env=scoring_environment({"PATH": "/usr/bin:/bin"}),
+            env=model_process_environment({"PATH": "/usr/bin:/bin"}),
             cwd=tmp_path,
             seconds=30,
             redact=Redactor(()),
@@ -138,7 +138,7 @@ def test_the_model_locations_are_the_workers_model_variables_without_a_secret() 
 
 
 def test_the_scoring_process_sees_the_model_locations_and_the_hub_token_but_no_storage_or_runpod_secret() -> None:
-    env = scoring_environment(WORKER_ENVIRON)
+    env = model_process_environment(WORKER_ENVIRON)
 
     assert (env["FLUXBOOTH_LIKENESS_DINO"], env["HF_TOKEN"]) == ("/models/dino", SECRET)
     assert "BUCKET_SECRET_ACCESS_KEY" not in env and "RUNPOD_AI_API_KEY" not in env

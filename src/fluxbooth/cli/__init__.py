@@ -1,4 +1,4 @@
-"""`python -m fluxbooth ...` (**contract**): `plan`, `doctor`, `train`, `submit` and `score`.
+"""`python -m fluxbooth ...` (**contract**): `plan`, `doctor`, `train`, `submit`, `score` and `caption`.
 
 plan    — which memory strategy a job gets on this machine or on hypothetical hardware described whole
           (`--gpus 1 --gpu-memory 24GiB --host-memory 62GiB --cpus 16 --disk 200GiB --gpu-name 4090`), with the
@@ -11,6 +11,8 @@ submit  — send photos and a request to an endpoint (RunPod or a local API serv
           its files (fluxbooth.client; its own exit codes, listed in `submit --help`).
 score   — how much a folder of renders looks like a folder of photos (likeness, copies, prompt fidelity), from a
           LoRA trained anywhere; prints one JSON object (fluxbooth.cli.score).
+caption — caption a folder of photos as a job with `captioning: "missing"` would, into `<stem>.txt` files to
+          read and edit before submitting (fluxbooth.cli.caption).
 
 Exit codes (fluxbooth.cli.exits): 0 success, 1 does not fit / a check failed, 2 invalid arguments or input,
 141 the reader closed the output early (`plan | head`), quietly.
@@ -27,6 +29,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO
 
+from fluxbooth.cli.caption import add_caption_parser, run_caption_command
 from fluxbooth.cli.doctor import add_doctor_parser, run_doctor_command
 from fluxbooth.cli.exits import EXIT_CLOSED_PIPE, EXIT_FAILED, EXIT_USAGE
 from fluxbooth.cli.plan import run_plan_command
@@ -44,6 +47,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction[argparse.Argument
     "train": (add_train_parser, run_train_command),
     "submit": (add_submit_parser, run_submit_command),
     "score": (add_score_parser, run_score_command),
+    "caption": (add_caption_parser, run_caption_command),
 }
 
 

@@ -11,6 +11,8 @@ import unicodedata
 
 TRIGGER_PLACEHOLDER = "[trigger]"
 MAX_TRIGGER_CHARS = 100
+# The longest caption a photo trains on (the dataset stage refuses a longer caption file; the trainer checks again).
+MAX_CAPTION_CHARS = 2000
 
 
 def contains_word(text: str, word: str) -> bool:

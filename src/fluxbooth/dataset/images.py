@@ -19,13 +19,13 @@ from typing import cast
 from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
 
 from fluxbooth.contract.buckets import Resolution
+from fluxbooth.contract.captions import MAX_CAPTION_CHARS
 from fluxbooth.dataset.guards import dataset_error, quoted
 from fluxbooth.messages import format_bytes
 from fluxbooth.settings import DatasetLimits
 
 # HEIF is the iPhone's HEIC (read through pi-heif's plugin); Pillow reads AVIF itself.
 ALLOWED_IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "HEIF", "AVIF")
-MAX_CAPTION_CHARS = 2000
 
 # zlib's fastest level with run-length matching only, because it costs less than the disk it saves: about
 # 35 ms more CPU per megapixel than an uncompressed save, for 0.65 of the raw size on photo-like images

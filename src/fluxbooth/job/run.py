@@ -6,6 +6,7 @@ Every failure becomes the error contract's shape; the job directory is always re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -27,6 +28,7 @@ from fluxbooth.job.attempts import (
     remove_stale_swap_dirs,
     safe_job_id,
 )
+from fluxbooth.job.captioning_stage import captioning_stage
 from fluxbooth.job.deadline import stopped_for_deadline, trainer_deadline
 from fluxbooth.job.launch import run_trainer, trainer_command
 from fluxbooth.job.launch_files import child_environment, write_launch_files
@@ -210,6 +212,11 @@ async def _run(
     clock = JobClock(job.started, job.deadline)
     inputs = await dataset_stage(job, settings, stages, job_dir, clock)
     job = await in_thread(replan_for_dataset, job, inputs.dataset, job_dir)
+    # Before the base model's download and the trainer: the captioner's memory is free before FLUX loads.
+    captioning = await captioning_stage(job, settings, stages, job_dir, inputs.dataset)
+    if captioning.warning is not None:
+        job.warnings.append(captioning.warning)
+    inputs = dataclasses.replace(inputs, captioned=captioning.captioned)
     if job.model.pending is not None:
         with stages.stage("download", bytes_done=0, bytes_total=job.model.pending.bytes_total):
             await download_base_model(
@@ -249,7 +256,7 @@ async def _run(
         export_formats=trainer.export.formats,
         trainer_metrics=trainer_metrics,
         stage_seconds=stages.seconds,
-        dataset=inputs.dataset.summary(),
+        dataset=inputs.summary(job.spec.dataset.captioning),
         checks=inputs.checks.to_dict(),
         checkpoints=uploader.uploaded if uploader is not None else [],
         warnings=job.warnings + trainer_warnings,

@@ -69,7 +69,7 @@ def model_location_environment(environ: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-def scoring_environment(environ: Mapping[str, str]) -> dict[str, str]:
+def model_process_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The scoring process's whole environment, which it reads the model locations from (the scoring input carries
     none): the trainer's allow-list (HF_TOKEN included, for a download) and the model locations."""
     inherited = {name: value for name, value in environ.items() if name in INHERITED_ENV_NAMES}
@@ -139,7 +139,7 @@ async def score_renders(
     ).write(input_path)
     return await run_scoring(
         scoring_command(input_path, output_path),
-        env=scoring_environment(settings.environ),
+        env=model_process_environment(settings.environ),
         cwd=job_dir,
         seconds=seconds,
         redact=Redactor(settings.secret_values),

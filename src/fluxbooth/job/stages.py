@@ -21,7 +21,7 @@ from fluxbooth.job.deadline import trainer_stop_time
 from fluxbooth.job.launch_files import job_checkpoint_dir, trainer_config_for
 from fluxbooth.job.planned import PlannedJob, require_time_to_stop
 from fluxbooth.job.threads import in_thread
-from fluxbooth.models.families import family_named
+from fluxbooth.models.families import distilled_base_warning, family_named, read_model_index
 from fluxbooth.progress import ProgressReporter
 from fluxbooth.report import ReportInputs, make_report, report_artifacts, sheet_images
 from fluxbooth.settings import WorkerSettings
@@ -61,6 +61,16 @@ class JobInputs:
     dataset: PreparedDataset
     validation_images: tuple[Path, ...]
     checks: DatasetChecks
+    # The prepared images whose caption the captioner wrote (fluxbooth.job.captioning_stage).
+    captioned: frozenset[str] = frozenset()
+
+    def summary(self, captioning: str) -> dict[str, object]:
+        """The result's `dataset`: the prepared dataset's summary, with the captioned photos counted when the
+        request asked for captions."""
+        summary = self.dataset.summary()
+        if captioning != "off":
+            summary["captioned"] = len(self.captioned)
+        return summary
 
 
 async def dataset_stage(
@@ -103,6 +113,12 @@ async def trainer_config(
     if job.resume_checkpoint is not None:
         stages.reporter.stage("resume", checkpoint=job.resume_checkpoint.uri)
         resume_folder = str(await in_thread(download_checkpoint, job.resume_checkpoint, job_checkpoint_dir(job_dir)))
+    # The base model is on disk now (downloaded, cached or baked): its model_index.json says whether it is distilled.
+    distilled = distilled_base_warning(
+        job.size.family, read_model_index(job.model.folder), job.spec.export.base_model_name
+    )
+    if distilled is not None:
+        job.warnings.append(distilled)
     # The base model's download and the checkpoint's took their time too: never a launch already due to stop.
     require_time_to_stop(job)
     # The trainer only ever sees a local folder: the request's URI or `latest` is resolved above.
@@ -143,7 +159,7 @@ async def report_and_upload(
                 job.spec.export.model_name,
                 events,
                 output_dir,
-                sheet_images(inputs.dataset, job.spec.dataset.caption_default, inputs.checks.flags()),
+                sheet_images(inputs.dataset, job.spec.dataset.caption_default, inputs.checks.flags(), inputs.captioned),
                 job.spec.dataset.resolution.training_shape,
                 likeness,
             ),

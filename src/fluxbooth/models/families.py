@@ -248,3 +248,22 @@ def family_of(folder: Path | str) -> Family:
         if family.pipeline_class == class_name:
             return family
     raise _unsupported(folder, f"a {class_name or 'nameless'} pipeline (model_index.json)")
+
+
+# FLUX.2 [klein]'s undistilled checkpoints: what its trainers steer users to (a LoRA trained on the step-distilled
+# checkpoint tends to collapse; one trained on the base applies to either).
+KLEIN_BASE_CHECKPOINTS = ("black-forest-labs/FLUX.2-klein-base-4B", "black-forest-labs/FLUX.2-klein-base-9B")
+
+
+def distilled_base_warning(family: str, model_index: Mapping[str, Any], base_model: str) -> str | None:
+    """A warning for a FLUX.2 [klein] job on a step-distilled checkpoint, naming the base checkpoint to train
+    instead (docs/families.md); None for any other base."""
+    if family != FLUX2_KLEIN.name or not model_index.get("is_distilled", False):
+        return None
+    size = "9B" if "9b" in base_model.lower() else "4B"
+    base = next(checkpoint for checkpoint in KLEIN_BASE_CHECKPOINTS if checkpoint.endswith(size))
+    return (
+        f"base_model: {base_model} is a step-distilled FLUX.2 [klein] checkpoint (model_index.json is_distilled); "
+        f"LoRAs trained on a distilled checkpoint tend to collapse or lose its few-step sampling: train on {base} "
+        "instead, and use the LoRA with either"
+    )

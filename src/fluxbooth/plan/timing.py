@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from fluxbooth.contract.budgets import MAX_SCORED_PHOTOS, MAX_SHEET_IMAGES, MAX_SHOWN_ROUNDS
+from fluxbooth.contract.captioning import DEFAULT_CAPTION_MODEL_BYTES
 from fluxbooth.contract.names import FIXED_NOISE_IMAGES, FIXED_NOISE_SIGMAS
 from fluxbooth.contract.precision import is_quantised_layer
 from fluxbooth.contract.settings_groups import checkpointed_blocks
@@ -101,6 +102,12 @@ FORWARD_SHARE_OF_TRAINING = 1 / 3
 # on one CPU core, a face descriptor 0.05 s, DINOv2 and SigLIP about 0.3 s more on the CPU together: about 1 s.
 SCORING_MODEL_LOAD_SECONDS = 20.0
 SCORING_SECONDS_PER_IMAGE = 1.0
+# Captioning (fluxbooth.captions, its own process before the trainer): estimates, not measured yet. The process's
+# start (torch and transformers imported) about 15 s, then the captioner's bf16 weights read from disk. Per photo,
+# batched 8 at a time on the GPU: the default 2 B decoder writes its ≤ CAPTION_MAX_NEW_TOKENS tokens for a batch in about 2-3 s,
+# so about 0.4 s a photo; on a CPU the same decoder is about 50x slower per token.
+CAPTIONING_START_SECONDS = 15.0
+CAPTIONING_SECONDS_PER_IMAGE = {"cuda": 0.4, "cpu": 20.0}
 REPORT_FIXED_SECONDS = 1.5
 REPORT_SECONDS_PER_PIXEL = 66e-9
 REPORT_SECONDS_PER_STEP = 1e-4
@@ -380,6 +387,7 @@ def phase_seconds(
     text = (images + 1) * 2 * model.text_encoder_2_params * job.max_sequence_length
     exported = trainable if strategy.training_type == "lora" else model.transformer_params
     return {
+        "captioning": captioning_seconds(job, hardware),
         "loading": stored / DISK_READ_BYTES_PER_SECOND
         + job.op_build_seconds
         + cpu_quantise_seconds(strategy, model, hardware),
@@ -396,6 +404,17 @@ def phase_seconds(
         "report": report_seconds(job),
         **transfer_phase_seconds(strategy, model, job, trainable),
     }
+
+
+def captioning_seconds(job: JobShape, hardware: Hardware) -> float:
+    """The captioning process: its start and its model's read, then every training photo captioned (the plan
+    assumes none has a caption file); 0 when the request does not caption."""
+    if not job.captioner_bytes:
+        return 0.0
+    load = CAPTIONING_START_SECONDS + job.captioner_bytes / DISK_READ_BYTES_PER_SECOND
+    # Decoding reads every weight for each token: a captioner's time per photo follows its weights' bytes.
+    per_image = CAPTIONING_SECONDS_PER_IMAGE[hardware.accelerator] * job.captioner_bytes / DEFAULT_CAPTION_MODEL_BYTES
+    return load + job.num_instance_images * per_image
 
 
 def scoring_seconds(job: JobShape) -> float:

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from fluxbooth.contract.buckets import Resolution
+from fluxbooth.contract.captioning import captioner_bytes
 from fluxbooth.contract.names import GUIDANCE_DISTILLED_SAMPLING
 from fluxbooth.contract.precision import QUANTISED_PRECISIONS
 from fluxbooth.request.limits import DEFAULT_TRAINING_TYPE
@@ -21,6 +22,7 @@ Offload = Literal["none", "cpu", "nvme"]
 ALTERNATIVE_LORA_RANK = 16
 # Phases of a job, in the order they run (docs/memory.md, "Phases").
 PHASES: tuple[str, ...] = (
+    "captioning",
     "loading",
     "caching",
     "class_images",
@@ -157,6 +159,9 @@ class JobShape:
     # after training; and with keep_best_step a LoRA saved at every validation step, two LoRAs uploaded.
     likeness: bool = False
     keep_best_step: bool = False
+    # `captioning: "missing"`: the captioning process before the trainer, planned for every photo, priced by the
+    # captioner's weights (contract.captioning.captioner_bytes); 0: no captioning.
+    captioner_bytes: int = 0
 
     @classmethod
     def from_spec(
@@ -199,6 +204,7 @@ class JobShape:
             learning_check=spec.measure_fixed_noise_loss,
             likeness=spec.likeness,
             keep_best_step=spec.keep_best_step,
+            captioner_bytes=captioner_bytes(spec.captioner) if spec.captioner else 0,
         )
 
     @property

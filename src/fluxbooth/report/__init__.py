@@ -8,6 +8,8 @@
     report/samples.png        the validation renders: a row per round and the final one, a column per prompt,
                               the chosen step's row framed (only with validation prompts)
     report/dataset.png        the training images as trained, with captions and the dataset check's flags
+    report/captions.json      every training image's caption as trained and its source (`user`, `captioner`,
+                              `instance_prompt`)
     report/tensorboard/       the same run as TensorBoard event files
 
 Each part is made on its own: a part that fails is left out and named in a warning, and the job goes on
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fluxbooth.contract.captioning import CAPTION_SOURCES, CAPTION_SUFFIX, CAPTIONS_REPORT_NAME
 from fluxbooth.contract.captions import with_trigger
 from fluxbooth.contract.events import TrainerEvent
 from fluxbooth.report.history import TrainingHistory, history_from
@@ -37,7 +40,6 @@ if TYPE_CHECKING:
 
 REPORT_FOLDER = "report"
 REPORT_KIND = "report"
-CAPTION_SUFFIX = ".txt"
 
 __all__ = ["REPORT_FOLDER", "Report", "ReportInputs", "SheetImage", "make_report", "report_artifacts", "sheet_images"]
 
@@ -58,9 +60,15 @@ class Report:
     warnings: tuple[str, ...]
 
 
-def sheet_images(dataset: PreparedDataset, default_prompt: str, flags: Mapping[str, Sequence[str]]) -> list[SheetImage]:
+def sheet_images(
+    dataset: PreparedDataset,
+    default_prompt: str,
+    flags: Mapping[str, Sequence[str]],
+    captioned: frozenset[str] = frozenset(),
+) -> list[SheetImage]:
     """The prepared instance images in upload order, each with the caption it trains with (its `.txt`
-    file, else the instance prompt, with the trigger word as the trainer puts it) and the dataset check's flags."""
+    file, else the instance prompt, with the trigger word as the trainer puts it), where that caption came from
+    (`captioned`: the prepared images whose `.txt` the captioner wrote) and the dataset check's flags."""
     images = []
     for prepared, uploaded in dataset.uploaded_names.items():
         path = dataset.instance_dir / prepared
@@ -68,8 +76,17 @@ def sheet_images(dataset: PreparedDataset, default_prompt: str, flags: Mapping[s
         # The dataset stage wrote it as UTF-8; a sheet is never worth failing the job over a caption.
         caption = caption_file.read_text(encoding="utf-8", errors="replace").strip() if caption_file.is_file() else ""
         trained = with_trigger(caption or default_prompt, dataset.trigger_word)
-        images.append(SheetImage(uploaded, path, trained, tuple(flags.get(uploaded, ()))))
+        source = ("captioner" if prepared in captioned else "user") if caption else "instance_prompt"
+        images.append(SheetImage(uploaded, path, trained, tuple(flags.get(uploaded, ())), source))
     return images
+
+
+def captions_record(images: Sequence[SheetImage]) -> dict[str, Any]:
+    """report/captions.json: every training image with its caption as trained and where that came from."""
+    return {
+        "images": [{"image": image.name, "caption": image.caption, "source": image.source} for image in images],
+        "sources": {source: sum(image.source == source for image in images) for source in CAPTION_SOURCES},
+    }
 
 
 def _parts(inputs: ReportInputs, history: TrainingHistory) -> list[tuple[str, Callable[[Path], object]]]:
@@ -93,6 +110,14 @@ def _parts(inputs: ReportInputs, history: TrainingHistory) -> list[tuple[str, Ca
             "dataset.png",
             lambda path: draw_dataset(
                 inputs.dataset, inputs.training_shape, path, f"{inputs.title}: dataset as trained"
+            ),
+        )
+    )
+    parts.append(
+        (
+            CAPTIONS_REPORT_NAME,
+            lambda path: path.write_text(
+                json.dumps(captions_record(inputs.dataset), indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
             ),
         )
     )

@@ -136,6 +136,7 @@ class SheetImage:
     path: Path  # the prepared file the trainer reads
     caption: str  # the prompt it trains with
     flags: tuple[str, ...] = ()
+    source: str = "instance_prompt"  # where the caption came from: one of contract.captioning.CAPTION_SOURCES
 
 
 def as_trained(image: Image.Image, training_shape: TrainingShape) -> Image.Image:

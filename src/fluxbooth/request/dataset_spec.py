@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fluxbooth.contract.buckets import Resolution
+from fluxbooth.contract.captioning import CaptioningMode
 from fluxbooth.request.limits import DatasetCheckMode
 from fluxbooth.request.model import TrainingRequest
 
@@ -35,6 +36,8 @@ class DatasetSpec:
     caption_default: str
     # fluxbooth.dataset.checks: its findings become warnings, or (strict) refuse the job.
     checks: DatasetCheckMode
+    # "missing": the photos without a caption file are captioned before training (fluxbooth.job.captioning_stage).
+    captioning: CaptioningMode = "off"
 
 
 def dataset_spec(request: TrainingRequest) -> DatasetSpec:
@@ -49,4 +52,5 @@ def dataset_spec(request: TrainingRequest) -> DatasetSpec:
         trigger_word=request.trigger_word,
         caption_default=request.instance_prompt,
         checks=request.dataset_checks,
+        captioning=request.captioning,
     )

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, StringConstraints
 
 from fluxbooth.contract.buckets import BUCKET_MULTIPLE, Resolution
+from fluxbooth.contract.captioning import CaptioningMode
 from fluxbooth.contract.captions import MAX_TRIGGER_CHARS
 from fluxbooth.request.limits import (
     DEFAULT_CAPTION_DROPOUT,
@@ -406,6 +407,18 @@ class RequestFields(BaseModel):
             "Put in front of every caption and the instance prompt that do not already hold it as a word, and in "
             "place of `[trigger]`; validation prompts too, never the class prompt. Compared in Unicode NFC, as the "
             "prompts and captions are kept. Written into the LoRA's metadata."
+        ),
+    )
+    # fluxbooth.job.captioning_stage runs the captioner (fluxbooth.captions) in its own process before training.
+    captioning: CaptioningMode = Field(
+        default="off",
+        description=(
+            "`off`: each photo trains on its caption file or the instance prompt. `missing`: before training, a "
+            "small vision-language model (the endpoint's `FLUXBOOTH_CAPTION_MODEL`) describes each photo that has "
+            "no caption file (pose, framing, clothing, expression, setting, light; for persons never the face, hair, "
+            "skin, age or ethnicity), and the caption trained is `{trigger_word} {class noun}, {description}`. Your "
+            "own caption files are never changed. A captioner that cannot run leaves those photos on the instance "
+            "prompt, with a warning; `report/captions.json` lists every caption as trained and where it came from."
         ),
     )
     caption_dropout: float = Field(

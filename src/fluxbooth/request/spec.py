@@ -93,6 +93,8 @@ class JobSpec:
     warnings: tuple[str, ...]
     # What the dataset stage reads (fluxbooth.dataset): the dataset's source, the control images, the checks.
     dataset: DatasetSpec
+    # The endpoint's captioner (FLUXBOOTH_CAPTION_MODEL) when the request captions (`captioning: "missing"`).
+    captioner: str | None = None
 
     @property
     def planned_class_images(self) -> int:
@@ -250,4 +252,5 @@ def resolve_job_spec(request: TrainingRequest, model: ModelSize, settings: Worke
         debug=request.debug,
         warnings=tuple(request.warnings()),
         dataset=dataset_spec(request),
+        captioner=settings.caption_model if request.captioning == "missing" else None,
     )

@@ -9,14 +9,13 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-from fluxbooth.contract.captions import with_trigger
+from fluxbooth.contract.captions import MAX_CAPTION_CHARS, with_trigger
 from fluxbooth.contract.pairing import pair_key
 from fluxbooth.train.failures import TrainerFailure
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp"})
 ORIENTATION_TAG = 0x0112
 QUARTER_TURN_ORIENTATIONS = frozenset({5, 6, 7, 8})  # EXIF orientations that swap width and height
-MAX_CAPTION_CHARS = 2000
 
 
 @dataclass(frozen=True)

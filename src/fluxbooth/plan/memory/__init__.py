@@ -22,7 +22,6 @@ from fluxbooth.plan.memory.activations import (
     token_hidden,
 )
 from fluxbooth.plan.memory.estimate import (
-    AFTER_TRAINER_PHASES,
     CPU_ALLOCATOR_RETENTION,
     CPU_ALLOCATOR_RETENTION_ZERO3,
     CUDA_CONTEXT_GPU_BYTES,
@@ -32,6 +31,7 @@ from fluxbooth.plan.memory.estimate import (
     GPU_MARGIN,
     HOST_MARGIN,
     LAUNCHER_PROCESS_BYTES,
+    OUTSIDE_TRAINER_PHASES,
     REPORT_HOST_BYTES,
     SCORING_GPU_BYTES,
     SCORING_HOST_BYTES,
@@ -66,7 +66,7 @@ from fluxbooth.plan.memory.weights import (
 )
 
 __all__ = [
-    "AFTER_TRAINER_PHASES",
+    "OUTSIDE_TRAINER_PHASES",
     "CPU_ALLOCATOR_RETENTION",
     "CPU_ALLOCATOR_RETENTION_ZERO3",
     "CUDA_CONTEXT_GPU_BYTES",

@@ -56,6 +56,11 @@ REPORT_HOST_BYTES = 256 * 2**20
 SCORING_HOST_BYTES = 3 * GIB
 SCORING_GPU_BYTES = CUDA_CONTEXT_GPU_BYTES + int(1.25 * GIB)
 CUDA_RUNTIME_HOST_BYTES = int(2.5 * GIB)
+# The captioning process (fluxbooth.captions) before the trainer starts, estimates: torch and transformers (about
+# 1 GiB) and the captioner's weights while they load; on a GPU its CUDA context, the bf16 weights and a batch's
+# activations and KV cache (8 photos at 512², about 0.5 GiB).
+CAPTIONING_LIBRARY_HOST_BYTES = GIB
+CAPTIONING_BATCH_GPU_BYTES = GIB // 2
 
 
 def cached_bytes(model: ModelSize, job: JobShape, width: int) -> int:
@@ -177,6 +182,7 @@ def estimate_memory(
         released = 0 if strategy.training_type == "lora" else pinned_blocks_bytes(host)
         export_host = training_host - released + export_transient
     phase_host = {
+        "captioning": CAPTIONING_LIBRARY_HOST_BYTES + job.captioner_bytes if job.captioner_bytes else 0,
         "loading": loading_host + (0 if on_cpu else host["cached_embeddings"]),
         "caching": processes * encoders + host["cached_embeddings"],
         "class_images": render_host if job.num_class_images else 0,
@@ -247,6 +253,9 @@ def _gpu_phases(
 ) -> dict[str, int]:
     """GPU bytes of each phase on a CUDA node, caching left at 0 (on the GPU only when the encoders fit there)."""
     return {
+        "captioning": (
+            CUDA_CONTEXT_GPU_BYTES + job.captioner_bytes + CAPTIONING_BATCH_GPU_BYTES if job.captioner_bytes else 0
+        ),
         "loading": weights_on_gpu - training_only_bytes(device) + layer_being_loaded(model, strategy, width),
         "caching": 0,
         "class_images": renders if job.num_class_images else 0,
@@ -268,16 +277,21 @@ def _breakdown(
     return breakdown
 
 
-# Phases the worker runs after the trainer process has exited.
-AFTER_TRAINER_PHASES = frozenset({"scoring", "report"})
+# Phases the worker runs while no trainer process is alive: captioning before it starts, the rest after it exits.
+OUTSIDE_TRAINER_PHASES = frozenset({"captioning", "scoring", "report"})
 
 
 def _with_fixed_costs(phase_host: dict[str, float], fixed: float, job: JobShape) -> dict[str, float]:
     """The trainer's fixed costs count in every phase it runs; a phase the job skips costs nothing, and the
     report is drawn after the trainer has exited."""
-    runs = {"class_images": job.num_class_images, "validation": job.validation_prompts, "scoring": job.likeness}
+    runs = {
+        "captioning": job.captioner_bytes,
+        "class_images": job.num_class_images,
+        "validation": job.validation_prompts,
+        "scoring": job.likeness,
+    }
     return {
-        name: 0 if not runs.get(name, True) else value + (0 if name in AFTER_TRAINER_PHASES else fixed)
+        name: 0 if not runs.get(name, True) else value + (0 if name in OUTSIDE_TRAINER_PHASES else fixed)
         for name, value in phase_host.items()
     }
 
