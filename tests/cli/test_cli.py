@@ -422,6 +422,7 @@ def test_a_request_without_training_type_gets_a_lora_plan_on_every_runpod_tier(
     assert report["warnings"] == []
     assert list(plan["phases"]) == [
         "download",
+        "captioning",
         "loading",
         "caching",
         "class_images",

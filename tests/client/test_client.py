@@ -28,7 +28,7 @@ from fluxbooth.client.dataset import RUNPOD_RUN_BODY_LIMIT_BYTES, fits_inline, p
 from tests.conftest import REPO_ROOT
 from tests.support.factories import make_image
 from tests.support.runpod_api import API_KEY, ENDPOINT_ID, RunPodApi
-from tests.support.submit_client import REQUEST, artifact_for, run_submit, submit_command
+from tests.support.submit_client import REQUEST, artifact_for, default_sigint, run_submit, submit_command
 
 CTRL_C_WAIT_SECONDS = 60
 
@@ -170,7 +170,14 @@ def test_ctrl_c_cancels_the_job_through_cancel_and_exits_130(
     runpod_api.script = [{"status": "IN_PROGRESS", "output": {"stage": "train", "step": 1, "total": 100}}]
     command = [sys.executable, "-m", "fluxbooth", *submit_command(runpod_api, photos, request_file, tmp_path / "out")]
     env = {**os.environ, "RUNPOD_API_KEY": API_KEY, "PYTHONPATH": str(REPO_ROOT / "src")}
-    with subprocess.Popen(command, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True) as client:
+    with subprocess.Popen(
+        command,
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=default_sigint,
+    ) as client:
         assert client.stderr is not None
         for line in client.stderr:
             if "submitted to" in line:

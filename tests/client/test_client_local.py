@@ -25,6 +25,7 @@ from tests.conftest import REPO_ROOT
 from tests.support.factories import make_image
 from tests.support.handler_api_server import ApiServer, start_api_server
 from tests.support.s3server import refusing_port
+from tests.support.submit_client import default_sigint
 
 CLIENT_WAIT_SECONDS = 120
 # A job whose trainer fails at once: the worker still fetches the photos, plans and launches, a few seconds.
@@ -91,7 +92,12 @@ def test_ctrl_c_on_a_local_server_says_it_has_no_cancel_and_exits_130(local_api:
     request.write_text(json.dumps(CRASHING_JOB))
     command = client_command(photo_folder(tmp_path), request, local_api.base_url, tmp_path / "out")
     with subprocess.Popen(
-        command, env=client_env(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+        command,
+        env=client_env(),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=default_sigint,
     ) as client:
         assert client.stderr is not None
         for line in client.stderr:

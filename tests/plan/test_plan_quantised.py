@@ -243,6 +243,7 @@ def test_the_plan_carries_memory_and_time_for_every_phase(flux_dev: ModelSize) -
     phases = plan.to_dict()["phases"]
     assert list(phases) == [
         "download",
+        "captioning",
         "loading",
         "caching",
         "class_images",
@@ -253,7 +254,9 @@ def test_the_plan_carries_memory_and_time_for_every_phase(flux_dev: ModelSize) -
         "report",
         "upload",
     ]
-    trainer_phases = {name: phase for name, phase in phases.items() if name not in ("download", "upload")}
+    # The job captions nothing: its captioning phase costs nothing.
+    assert phases["captioning"] == {"gpu_bytes": 0, "host_bytes": 0, "seconds": 0.0}
+    trainer_phases = {name: phase for name, phase in phases.items() if name not in ("download", "captioning", "upload")}
     assert all(phase["seconds"] > 0 and phase["host_bytes"] > 0 for phase in trainer_phases.values())
     # A cached base model has nothing to download; the adapter is uploaded.
     assert (phases["download"]["seconds"], phases["upload"]["seconds"] > 0) == (0, True)

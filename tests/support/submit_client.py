@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +88,10 @@ def artifact_for(tmp_path: Path, name: str, content: bytes) -> dict[str, Any]:
         "bytes": len(content),
         "sha256": hashlib.sha256(content).hexdigest(),
     }
+
+
+def default_sigint() -> None:
+    """For a client started to be sent Ctrl-C (`preexec_fn`): SIGINT back to its default disposition. A test runner
+    started in the background (`cmd &` in a script) ignores SIGINT, its children inherit that, and Python then
+    installs no KeyboardInterrupt handler, so the client would never see the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

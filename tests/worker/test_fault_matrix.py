@@ -320,20 +320,32 @@ def test_train_killed_is_host_oom(worker: Worker) -> None:
     assert worker.leftovers() == []
 
 
+# Steps of the export fault's run: enough that a step is reported before the last one (the worker reports steps at
+# most every PROGRESS_MIN_INTERVAL_SECONDS, the last always).
+EXPORT_FAULT_STEPS = 12
+
+
 @pytest.mark.slow
 def test_export_on_a_disk_that_fills_up_is_does_not_fit(worker: Worker) -> None:
-    def after_the_last_step(payload: dict[str, Any]) -> None:
-        if payload.get("step") == STEPS:
+    # Filled at the first step reported before the last: the trainer does not wait for the worker to read its events,
+    # so at the last step's report the tiny LoRA is often exported already. The steps write nothing to disk.
+    filled_at: list[int] = []
+
+    def before_the_last_step(payload: dict[str, Any]) -> None:
+        step = payload.get("step") if payload.get("stage") == "train" else None
+        if isinstance(step, int) and 0 < step < EXPORT_FAULT_STEPS and not filled_at:
+            filled_at.append(step)
             worker.fill_up()
 
-    result = worker.run(job_input(), "export-fault", after_the_last_step)
+    result = worker.run(job_input(steps=EXPORT_FAULT_STEPS), "export-fault", before_the_last_step)
 
+    assert filled_at, "no step was reported before the last"
     assert_error(
         result,
         ErrorCode.DOES_NOT_FIT,
         re.compile(
-            rf"disk: the disk filled up while the trainer was in its (save|export) stage after step {STEPS}/{STEPS}: "
-            r"the plan predicted [\d.]+ [KMG]?i?B for its caches, "
+            r"disk: the disk filled up while the trainer was in its (save|export) stage after step "
+            rf"{EXPORT_FAULT_STEPS}/{EXPORT_FAULT_STEPS}: the plan predicted [\d.]+ [KMG]?i?B for its caches, "
             r"checkpoints and exported weights; free disk space or give the worker a bigger volume \(FLUXBOOTH_WORK_DIR\)"
         ),
     )

@@ -31,6 +31,7 @@ from pathlib import Path
 from fluxbooth.addresses import forbidden_address_reason
 from fluxbooth.clock import JobClock
 from fluxbooth.contract.buckets import Resolution, Shape, mix_to_json
+from fluxbooth.contract.captions import MAX_CAPTION_CHARS
 from fluxbooth.contract.pairing import normalised_stem, pair_key
 from fluxbooth.dataset.archive import ExtractedArchive, ExtractedImage, extract_archive
 from fluxbooth.dataset.fetch import decode_base64_dataset, download_dataset, fetch_archive
@@ -45,7 +46,6 @@ from fluxbooth.dataset.guards import (
     unquoted,
 )
 from fluxbooth.dataset.images import (
-    MAX_CAPTION_CHARS,
     NormalisedImage,
     check_image_budgets,
     normalise_image,

@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from fluxbooth.contract.captions import MAX_CAPTION_CHARS
 from fluxbooth.dataset.guards import (
     CHUNK_BYTES,
     DISK_RESERVE_BYTES,
@@ -28,7 +29,7 @@ from fluxbooth.dataset.guards import (
     ensure_inside,
     quoted,
 )
-from fluxbooth.dataset.images import ALLOWED_IMAGE_FORMATS, MAX_CAPTION_CHARS
+from fluxbooth.dataset.images import ALLOWED_IMAGE_FORMATS
 from fluxbooth.dataset.members import MAX_CAPTION_BYTES, PlannedMember, plan_extraction
 from fluxbooth.messages import format_bytes
 from fluxbooth.settings import DatasetLimits

@@ -157,6 +157,9 @@ def _chosen_summary(report: dict[str, Any], out: TextIO) -> None:
     )
     rows = [("phase", "GPU peak", "host peak", "time")]
     for name, phase in plan["phases"].items():
+        # Only a job that captions has the phase: every other table stays as it was.
+        if name == "captioning" and not phase["seconds"]:
+            continue
         rows.append(
             (
                 name,
