@@ -48,6 +48,7 @@ def test_every_part_is_an_artifact_under_report(validated_run: tuple[Path, list[
     _, names, warnings = validated_run
     (event_file,) = [name for name in names if name.startswith("report/tensorboard/")]
     assert sorted(set(names) - {event_file}) == [
+        "report/captions.json",
         "report/dataset.png",
         "report/history.json",
         "report/loss.png",
@@ -147,8 +148,13 @@ def test_a_part_that_cannot_be_drawn_is_left_out_with_a_warning_and_the_rest_is_
         "re-export it as JPEG or PNG)"
     )
     assert [warning.split(" was not made ")[1] for warning in warnings] == [reason, reason]
-    assert sorted(names) == ["report/dataset.png", "report/history.json", "report/loss.png"]
-    assert sorted(path.name for path in folder.iterdir()) == ["dataset.png", "history.json", "loss.png"]
+    assert sorted(names) == ["report/captions.json", "report/dataset.png", "report/history.json", "report/loss.png"]
+    assert sorted(path.name for path in folder.iterdir()) == [
+        "captions.json",
+        "dataset.png",
+        "history.json",
+        "loss.png",
+    ]
 
 
 def test_a_run_without_steps_gets_no_loss_curve_and_says_why(tmp_path: Path) -> None:
