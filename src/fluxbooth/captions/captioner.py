@@ -80,8 +80,8 @@ def caption_photos(
     left = seconds_left(request)
     if left is not None and left <= 0:
         return unavailable_output(DEADLINE_REASON, finished)
-    # The input's environment names where models are; an input without one leaves this process's own.
-    environ: Mapping[str, str] = request.environ or os.environ
+    # Where models are (Hugging Face's caches, the worker's folders): the environment the worker gave this process.
+    environ: Mapping[str, str] = os.environ
     try:
         source = model_folder(request, environ)
         # Deferred until a model folder is found: it imports torch and transformers, which take seconds.

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 CaptioningMode = Literal["off", "missing"]
-CAPTIONING_MODES: tuple[str, ...] = ("off", "missing")
 # Where each trained caption came from (report/captions.json's `source`).
-CaptionSource = Literal["user", "captioner", "instance_prompt"]
 CAPTION_SOURCES: tuple[str, ...] = ("user", "captioner", "instance_prompt")
 
 # The default captioner: Apache-2.0, native in transformers (Qwen3VLForConditionalGeneration, no remote code),
@@ -73,8 +71,6 @@ class CaptioningInput:
     batch_size: int = CAPTION_BATCH_SIZE
     max_new_tokens: int = CAPTION_MAX_NEW_TOKENS
     max_side: int = CAPTION_MAX_SIDE
-    # Where the models may be found (HF cache, RunPod's cache): only names, never secrets.
-    environ: dict[str, str] = field(default_factory=dict)
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
