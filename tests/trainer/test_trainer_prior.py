@@ -13,7 +13,9 @@ from tests.support.fixed_noise_loss import OVERFIT_LOSS_RATIO
 from tests.support.trainer_jobs import (
     TrainerRun,
     assert_succeeded,
+    load_pipeline,
     make_images,
+    make_plan,
     new_job,
 )
 
@@ -50,6 +52,7 @@ def generated_class_images(tiny_base: Path, tmp_path_factory: pytest.TempPathFac
     run = new_job(
         root / "job",
         tiny_base,
+        plan=make_plan(training_type="lora"),
         with_prior_preservation=True,
         num_class_images=2,
         class_image_cache_dir=str(shared_cache),
@@ -58,7 +61,7 @@ def generated_class_images(tiny_base: Path, tmp_path_factory: pytest.TempPathFac
     return run, shared_cache
 
 
-def test_prior_preservation_generates_missing_class_images_with_the_base_pipeline(
+def test_prior_preservation_renders_the_missing_class_images_at_the_render_size(
     generated_class_images: tuple[TrainerRun, Path],
 ) -> None:
     from PIL import Image
@@ -68,9 +71,55 @@ def test_prior_preservation_generates_missing_class_images_with_the_base_pipelin
     generated = sorted(recipe_folder.glob("*.png"))
     assert [path.name for path in generated] == ["class_00000.png", "class_00001.png"]
     assert Image.open(generated[0]).size == (64, 64)
-    assert any(event.get("status") == "generating_class_images" for event in run.of_kind("stage"))
     (ready,) = [event for event in run.of_kind("stage") if event.get("status") == "ready"]
     assert ready["class_images"] == 2
+
+
+def test_class_images_are_rendered_by_the_engine_after_it_is_built_and_before_the_first_step(
+    generated_class_images: tuple[TrainerRun, Path],
+) -> None:
+    run, _ = generated_class_images
+    order = [
+        event.get("what") or event.get("status") or event["event"]
+        for event in run.events
+        if event["event"] == "step" or event.get("what") in ("engine", "class_images") or event.get("status") == "ready"
+    ]
+    assert order[:5] == ["engine", "class_images", "class_images", "ready", "step"]
+    (announced,) = [event for event in run.of_kind("stage") if event.get("status") == "rendering"]
+    # The transformer being trained (its LoRA layers attached), not a second copy of the base.
+    assert announced["transformer"]["lora_layers"] > 0
+
+
+def test_a_class_image_is_what_diffusers_renders_of_the_class_prompt_from_the_base_with_its_seed(
+    generated_class_images: tuple[TrainerRun, Path], tiny_base: Path
+) -> None:
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from fluxbooth.train.state import seed_for
+
+    run, shared_cache = generated_class_images
+    config = run.config
+    (recipe_folder,) = shared_cache.iterdir()
+    trained_with = np.asarray(Image.open(recipe_folder / "class_00000.png"), dtype=np.float32) / 255
+
+    def diffusers_render(seed: int) -> np.ndarray:
+        return load_pipeline(tiny_base)(
+            config.prompts.class_prompt,
+            width=64,
+            height=64,
+            num_inference_steps=config.sampling.class_image_inference_steps,
+            guidance_scale=config.sampling.validation_guidance_scale,
+            max_sequence_length=config.sampling.max_sequence_length,
+            generator=torch.Generator("cpu").manual_seed(seed),
+            output_type="np",
+        ).images[0]
+
+    own_seed = seed_for(config.optimisation.seed, "class_image", 0)
+    same = float(np.abs(diffusers_render(own_seed) - trained_with).mean())
+    other = float(np.abs(diffusers_render(own_seed + 1) - trained_with).mean())
+    assert same < 0.02 < other, (same, other)
 
 
 def test_generated_class_images_are_reused_by_the_next_job_with_the_same_recipe(
@@ -83,6 +132,7 @@ def test_generated_class_images_are_reused_by_the_next_job_with_the_same_recipe(
     run = new_job(
         tmp_path / "job",
         tiny_base,
+        plan=make_plan(training_type="lora"),
         with_prior_preservation=True,
         num_class_images=2,
         class_image_cache_dir=str(shared_cache),

@@ -73,14 +73,36 @@ def test_two_machines_on_localhost_train_the_same_job_as_two_local_processes(
     }
 
 
-def test_two_processes_lora_under_zero3_export_a_loadable_adapter(tiny_base: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def two_processes_zero3_prior(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainerRun:
+    """A LoRA under ZeRO-3 over two processes with prior preservation: its class images rendered by both ranks
+    together, each holding half of every layer."""
     plan = make_plan(training_type="lora", zero_stage=3, offload_param="cpu", num_processes=2)
-    run = new_job(tmp_path / "job", tiny_base, plan=plan, steps=2).launch()
-
+    run = new_job(
+        tmp_path_factory.mktemp("two-processes-zero3"),
+        tiny_base,
+        plan=plan,
+        steps=2,
+        with_prior_preservation=True,
+        num_class_images=3,
+    ).launch()
     assert_succeeded(run)
-    assert run.metrics["num_processes"] == 2
-    image = render(lora_pipeline(tiny_base, run.artifact("lora_diffusers")))
+    return run
+
+
+def test_two_processes_lora_under_zero3_export_a_loadable_adapter(
+    two_processes_zero3_prior: TrainerRun, tiny_base: Path
+) -> None:
+    assert two_processes_zero3_prior.metrics["num_processes"] == 2
+    image = render(lora_pipeline(tiny_base, two_processes_zero3_prior.artifact("lora_diffusers")))
     assert float(abs(image - base_image(tiny_base)).max()) > 1e-4
+
+
+def test_two_processes_under_zero3_render_every_class_image_together(two_processes_zero3_prior: TrainerRun) -> None:
+    folder = Path(two_processes_zero3_prior.config.cache_dir) / "class_images"
+    assert sorted(path.name for path in folder.iterdir()) == ["class_00000.png", "class_00001.png", "class_00002.png"]
+    (ready,) = [event for event in two_processes_zero3_prior.of_kind("stage") if event.get("status") == "ready"]
+    assert ready["class_images"] == 3
 
 
 def test_two_processes_without_deepspeed_train_as_one_data_parallel_group(tiny_base: Path, tmp_path: Path) -> None:
@@ -95,3 +117,16 @@ def test_two_processes_without_deepspeed_train_as_one_data_parallel_group(tiny_b
     )
     assert trained.keys() == base.keys()
     assert any(not torch.equal(trained[name], base[name]) for name in base)
+
+
+def test_two_processes_without_zero3_share_out_the_class_images(tiny_base: Path, tmp_path: Path) -> None:
+    plan = make_plan(training_type="lora", num_processes=2)
+    run = new_job(
+        tmp_path / "job", tiny_base, plan=plan, steps=1, with_prior_preservation=True, num_class_images=3
+    ).launch()
+
+    assert_succeeded(run)
+    folder = Path(run.config.cache_dir) / "class_images"
+    assert sorted(path.name for path in folder.iterdir()) == ["class_00000.png", "class_00001.png", "class_00002.png"]
+    (ready,) = [event for event in run.of_kind("stage") if event.get("status") == "ready"]
+    assert ready["class_images"] == 3

@@ -419,14 +419,6 @@ def swapping_blocks(
         swapper.detach()
 
 
-def swapped_for_rendering(transformer: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """`transformer` (built in host RAM) frozen, its blocks streamed to `device` as a render's forward reaches
-    them, for as long as it lives (the pipeline's model offload then moves only the rest)."""
-    transformer.requires_grad_(False)
-    BlockSwapper(flux_blocks(transformer), device)
-    return transformer
-
-
 def check_block_swap(
     training_type: str, gradient_checkpointing: bool, zero_stage: int, fused_backward_pass: bool = False
 ) -> None:

@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from fluxbooth.contract.buckets import Resolution, Shape
-from fluxbooth.train.class_images import class_images
 from fluxbooth.train.data import TrainingImage, discover_images, oriented_size, pixel_batch, with_controls
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.family_ops import FamilyOps
 from fluxbooth.train.runtime import ReleaseTracker, free_accelerator_memory
 from fluxbooth.train.state import (
     CachedData,
+    ClassImageSet,
     EncodedBucket,
     EncodedImages,
     EncodedPrompts,
@@ -42,33 +42,40 @@ IMAGE_BATCH = 4
 DECODE_CHANNELS = 128
 DECODE_LIVE_FEATURE_MAPS = 4
 VALIDATION_SET = "validation"
+CLASS_SET = "class"
+# The class prompt alone, when class images are still to render: encoded with the other prompts.
+CLASS_PROMPT_SET = "class_prompt"
 # Caption dropout's stand-in caption: the empty prompt, encoded once.
 EMPTY_PROMPT_SET = "empty_prompt"
 
 
-def build_caches(session: Session) -> CachedData:
+def build_caches(session: Session, class_images: ClassImageSet | None) -> CachedData:
+    """*Collective.* `class_images`: prior preservation's (None without it); when some are still to render, the
+    class set is left for `cache_class_set` and only the class prompt is encoded here."""
     config, accelerator = session.config, session.accelerator
     tracker = ReleaseTracker()
+    to_render = class_images if class_images is not None and class_images.missing else None
     with session.clock.stage("cache"):
-        image_sets = _image_sets(session)
+        image_sets = _image_sets(session, class_images if to_render is None else None)
         samples = _samples_per_shape(config.resolution, image_sets)
-        text_dtype_name = str(session.precision.text_dtype).removeprefix("torch.")
         paths = {
             name: cache_path(
                 Path(config.cache_dir),
                 name,
                 cache_fingerprint(
-                    config.base_model, images, samples[name], config.sampling.max_sequence_length, text_dtype_name
+                    config.base_model, images, samples[name], config.sampling.max_sequence_length, _text_dtype(session)
                 ),
             )
             for name, images in image_sets.items()
         }
-        prompt_sets = _prompt_sets(session)
+        prompt_sets = _prompt_sets(session, to_render)
         prompt_paths = {
             name: cache_path(
                 Path(config.cache_dir),
                 name,
-                prompts_fingerprint(config.base_model, prompts, config.sampling.max_sequence_length, text_dtype_name),
+                prompts_fingerprint(
+                    config.base_model, prompts, config.sampling.max_sequence_length, _text_dtype(session)
+                ),
             )
             for name, prompts in prompt_sets.items()
         }
@@ -78,30 +85,77 @@ def build_caches(session: Session) -> CachedData:
         accelerator.wait_for_everyone()
         loaded = {name: load_encoded(path) for name, path in paths.items()}
         loaded_prompts = {name: load_encoded_prompts(path) for name, path in prompt_paths.items()}
-        session.reporter.stage(
-            "cache",
-            instance_images=len(loaded["instance"]),
-            class_images=len(loaded["class"]) if "class" in loaded else 0,
-            image_pairs=sum(
-                len(bucket) for bucket in loaded["instance"].buckets.values() if bucket.control_mean is not None
-            ),
-            buckets=loaded["instance"].bucket_counts(),
-            status="ready",
-        )
+        if to_render is None:
+            report_cache_ready(session, loaded["instance"], loaded.get(CLASS_SET))
     free_accelerator_memory()
     still_alive = tracker.alive()
     if still_alive:
         session.reporter.warning(f"{still_alive} still in memory after caching; the engine will share memory with them")
     return CachedData(
         instance_set=loaded["instance"],
-        class_set=loaded.get("class"),
+        class_set=loaded.get(CLASS_SET),
         validation_prompts=loaded_prompts.get(VALIDATION_SET),
         released_before_training=[] if still_alive else tracker.tracked,
         empty_prompt=loaded_prompts.get(EMPTY_PROMPT_SET),
+        class_images_to_render=to_render,
+        class_prompt=loaded_prompts.get(CLASS_PROMPT_SET),
     )
 
 
-def _image_sets(session: Session) -> dict[str, list[TrainingImage]]:
+def report_cache_ready(session: Session, instance_set: EncodedImages, class_set: EncodedImages | None) -> None:
+    """The cache's one "ready" status, once every image set training reads is encoded."""
+    session.reporter.stage(
+        "cache",
+        instance_images=len(instance_set),
+        class_images=len(class_set) if class_set is not None else 0,
+        image_pairs=sum(len(bucket) for bucket in instance_set.buckets.values() if bucket.control_mean is not None),
+        buckets=instance_set.bucket_counts(),
+        status="ready",
+    )
+
+
+def cache_class_set(
+    session: Session, class_images: ClassImageSet, instance_set: EncodedImages, class_prompt: EncodedPrompts
+) -> EncodedImages:
+    """*Collective.* The class images' latents at every instance shape (prior preservation pairs them), encoded
+    once their renders are on disk, by one process per machine. The engine holds the accelerator by then: the VAE
+    and a batch's activations go there only when they fit beside it, else the CPU encodes."""
+    config, accelerator = session.config, session.accelerator
+    samples = {shape: list(range(len(class_images.images))) for shape in sorted(instance_set.buckets)}
+    fingerprint = cache_fingerprint(
+        config.base_model, class_images.images, samples, config.sampling.max_sequence_length, _text_dtype(session)
+    )
+    path = cache_path(Path(config.cache_dir), CLASS_SET, fingerprint)
+    if accelerator.is_local_main_process and not path.is_file():
+        vae = load_vae(session.base.ops, without_transformers_zero3_init)
+        try:
+            device = decoding_device(session.encoder_device, vae, max(samples, key=_pixels), images=IMAGE_BATCH)
+            encoded = encode_image_set(
+                class_images.images,
+                samples,
+                class_prompt,
+                vae=vae,
+                device=device,
+                samples_posterior=session.base.ops.samples_posterior,
+            )
+            save_encoded(encoded, path)
+        finally:
+            del vae
+            free_accelerator_memory()
+    accelerator.wait_for_everyone()
+    return load_encoded(path)
+
+
+def _pixels(shape: Shape) -> int:
+    return shape[0] * shape[1]
+
+
+def _text_dtype(session: Session) -> str:
+    return str(session.precision.text_dtype).removeprefix("torch.")
+
+
+def _image_sets(session: Session, class_images: ClassImageSet | None) -> dict[str, list[TrainingImage]]:
+    """The image sets encoded now: the instance images, and the class images when all of them are on disk."""
     config = session.config
     instance = discover_images(
         Path(config.instance_dir), config.prompts.instance_prompt, trigger_word=config.prompts.trigger_word
@@ -113,10 +167,8 @@ def _image_sets(session: Session) -> dict[str, list[TrainingImage]]:
         )
     instance = _paired(session, instance)
     sets = {"instance": instance}
-    if config.prompts.with_prior_preservation:
-        generated_or_supplied = class_images(session)
-        if generated_or_supplied:
-            sets["class"] = generated_or_supplied
+    if class_images is not None and class_images.images:
+        sets[CLASS_SET] = class_images.images
     return sets
 
 
@@ -152,22 +204,24 @@ def _samples_per_shape(
         for shape in resolution.shapes_for(*oriented_size(image.path)):
             instance.setdefault(shape, []).append(index)
     samples = {"instance": dict(sorted(instance.items()))}
-    if "class" in image_sets:
-        everyone = list(range(len(image_sets["class"])))
-        samples["class"] = {shape: everyone for shape in samples["instance"]}
+    if CLASS_SET in image_sets:
+        everyone = list(range(len(image_sets[CLASS_SET])))
+        samples[CLASS_SET] = {shape: everyone for shape in samples["instance"]}
     return samples
 
 
-def _prompt_sets(session: Session) -> dict[str, list[str]]:
-    """The prompts encoded for later without images: validation prompts, and the empty prompt for caption
-    dropout and for renders with true classifier-free guidance (FLUX.2 [klein] base checkpoints)."""
+def _prompt_sets(session: Session, class_images_to_render: ClassImageSet | None) -> dict[str, list[str]]:
+    """The prompts encoded for later without images: validation prompts, the class prompt when class images are
+    still to render, and the empty prompt for caption dropout and for renders with true classifier-free guidance
+    (FLUX.2 [klein] base checkpoints)."""
     config = session.config
     sets = {}
     if config.validation.prompts:
         sets[VALIDATION_SET] = list(config.validation.prompts)
-    guided = bool(config.validation.prompts) and session.base.ops.needs_negative_prompt(
-        config.sampling.validation_guidance_scale
-    )
+    if class_images_to_render is not None:
+        sets[CLASS_PROMPT_SET] = [config.prompts.class_prompt or ""]
+    renders = bool(config.validation.prompts) or class_images_to_render is not None
+    guided = renders and session.base.ops.needs_negative_prompt(config.sampling.validation_guidance_scale)
     if config.prompts.caption_dropout > 0 or guided:
         sets[EMPTY_PROMPT_SET] = [""]
     return sets
@@ -326,12 +380,14 @@ def load_vae(
         return ops.load_vae(dtype)
 
 
-def decoding_device(preferred: torch.device, vae: Any, resolution: tuple[int, int]) -> torch.device:
-    """Where to decode validation latents while the engine holds the accelerator: there only when the VAE
-    and its full-resolution activations (a few 128-channel feature maps) fit beside it, else the CPU."""
+def decoding_device(preferred: torch.device, vae: Any, resolution: tuple[int, int], images: int = 1) -> torch.device:
+    """Where the VAE decodes (or encodes) `images` at a time while the engine holds the accelerator: there only
+    when the VAE and their full-resolution activations (a few 128-channel feature maps each) fit beside it, else
+    the CPU."""
     width, height = resolution
     activation_bytes = (
-        DECODE_LIVE_FEATURE_MAPS
+        images
+        * DECODE_LIVE_FEATURE_MAPS
         * DECODE_CHANNELS
         * width
         * height

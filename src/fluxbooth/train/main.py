@@ -1,10 +1,10 @@
 """`python -m fluxbooth.train --config train.json`, run by `accelerate launch`: FLUX DreamBooth.
 
-The stages, in order (`run`): session (accelerator, configs checked) → cache (class images if needed,
-text embeddings, latents; encoders and VAE freed afterwards) → load (the transformer) → train (the
-DeepSpeed engine built only now; checkpoints and validation renders between steps) → save → export (a
-LoRA) → validate (the final renders, in the training placement) → release of the engine → export (a full
-fine-tune) → done. They hand each other one `TrainerState`. Progress goes to stdout as typed
+The stages, in order (`run`): session (accelerator, configs checked) → cache (text embeddings, latents;
+encoders and VAE freed afterwards) → load (the transformer, then the DeepSpeed engine) → cache (missing class
+images rendered in the training placement, then encoded) → train (checkpoints and validation renders between
+steps) → save → export (a LoRA) → validate (the final renders, in the training placement) → release of the engine
+→ export (a full fine-tune) → done. They hand each other one `TrainerState`. Progress goes to stdout as typed
 `fluxbooth.contract.events` lines from the main process.
 """
 
@@ -97,6 +97,7 @@ def run(config: TrainerConfig, reporter: Any) -> None:
     """The stages in order, each reading what the earlier ones left in the state."""
     # Deferred (torch, diffusers, DeepSpeed): see the note at the top.
     from fluxbooth.train.cache import build_caches
+    from fluxbooth.train.class_images import class_image_set, complete_class_images
     from fluxbooth.train.export.stage import export_weights, exports_before_release, release_engine, save_weights
     from fluxbooth.train.loop import start_training, train
     from fluxbooth.train.model import load_trainable_transformer
@@ -107,13 +108,14 @@ def run(config: TrainerConfig, reporter: Any) -> None:
     session = open_session(config, reporter)
     started = time.perf_counter()
     state = TrainerState(session)
-    state.data = build_caches(session)
+    state.data = build_caches(session, class_image_set(session))
     with session.clock.stage("load", what="transformer"):
         transformer, state.loading_report = load_trainable_transformer(session)
     with session.clock.stage("load", what="engine"):
         state.run = start_training(session, state.data, transformer)
     # The engine owns the model from here; dropping this name lets its release free it.
     del transformer
+    complete_class_images(state)
     train(state)
     saved = save_weights(state)
     early_export = exports_before_release(config.training_type)

@@ -42,7 +42,6 @@ import torch.nn.functional as functional
 
 from fluxbooth.contract.precision import BASE_PRECISIONS, QUANTISED_PRECISIONS, is_quantised_layer
 from fluxbooth.train.base_model import TRANSFORMER_SUBFOLDER, resolve_model_folder, transformer_weight_files
-from fluxbooth.train.blockswap import swapped_for_rendering
 from fluxbooth.train.failures import TrainerFailure
 from fluxbooth.train.family_ops import transformer_class_in
 
@@ -407,24 +406,6 @@ def load_quantised_base(base_model: str | Path, precision: str, device: torch.de
     with its block Linears quantised."""
     folder = resolve_model_folder(base_model) / TRANSFORMER_SUBFOLDER
     return load_quantised_transformer(folder, transformer_weight_files(base_model), precision, device, dtype)
-
-
-def quantised_transformer_for(
-    config: Any, base_folder: Path, device: torch.device, dtype: torch.dtype
-) -> dict[str, Any]:
-    """`{"transformer": ...}` for FluxPipeline.from_pretrained (class images, the final validation): the base
-    as in training when the trainer config (`training_type`, `base_precision`, `block_swap`) asks for a
-    quantised or block-swapped one, so no render holds more of the base on the device than training did:
-    quantised layer by layer onto `device`, or built in host RAM with its blocks streamed to `device` as each
-    forward reaches them (the pipeline's model offload then moves only the rest). Else nothing (the pipeline
-    loads its own). A block-swapped full fine-tune's base is swapped the same way (its bf16 blocks). `base_folder`:
-    the base model's folder (Session.base)."""
-    if config.memory.block_swap:
-        transformer = load_quantised_base(base_folder, config.memory.base_precision, torch.device("cpu"), dtype)
-        return {"transformer": swapped_for_rendering(transformer, device)}
-    if config.training_type != "lora" or config.memory.base_precision not in QUANTISED_PRECISIONS:
-        return {}
-    return {"transformer": load_quantised_base(base_folder, config.memory.base_precision, device, dtype)}
 
 
 def residency(model: torch.nn.Module) -> dict[str, Any]:

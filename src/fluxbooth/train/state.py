@@ -22,6 +22,7 @@ import transformers.integrations.deepspeed as transformers_deepspeed
 
 from fluxbooth.contract.trainer_config import TrainerConfig
 from fluxbooth.train.base_model import BaseModel
+from fluxbooth.train.data import TrainingImage
 from fluxbooth.train.runtime import EventReporter, ReleaseTracker, StageClock
 
 
@@ -163,6 +164,17 @@ class EncodedImages:
         )
 
 
+@dataclass(frozen=True)
+class ClassImageSet:
+    """Prior preservation's class images: every one trained on (the supplied ones, then the generated ones, all
+    with the class prompt), and which generated ones are not on disk yet. Those are rendered once the engine holds
+    the base as training places it (train/class_images.py), so the set is encoded only then."""
+
+    images: list[TrainingImage]
+    folder: Path  # where the generated ones are (or will be) written
+    missing: tuple[int, ...]  # indices of generated images still to render (file names: class_image_name)
+
+
 @dataclass
 class CachedData:
     """What the cache stage leaves for training: encoded image sets and validation prompts."""
@@ -173,6 +185,9 @@ class CachedData:
     # Loaded while caching (this process), all released before the transformer loads; empty when some were not.
     released_before_training: list[str]
     empty_prompt: EncodedPrompts | None = None  # caption dropout's stand-in caption
+    # Class images still to render, and their prompt's embeddings (class_set is None until they are encoded).
+    class_images_to_render: ClassImageSet | None = None
+    class_prompt: EncodedPrompts | None = None
 
 
 @dataclass

@@ -7,6 +7,8 @@ their own reload in the export stage. validation.json indexes every image."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +63,7 @@ def render_prompts(
     output_dir = Path(config.output_dir)
     target.folder.mkdir(parents=True, exist_ok=True)
     ops = session.base.ops
-    negative = _negative_embeddings(state, ops, device, dtype)
+    negative = negative_embeddings(state, ops, device, dtype)
     for index, prompt in enumerate(config.validation.prompts):
         seed = validation_seed(config.optimisation.seed, index)
         prompt_arguments = ops.render_arguments(
@@ -111,7 +113,7 @@ def _embeddings(state: TrainerState) -> EncodedPrompts:
     return embeddings
 
 
-def _negative_embeddings(
+def negative_embeddings(
     state: TrainerState, ops: FamilyOps, device: torch.device, dtype: torch.dtype
 ) -> torch.Tensor | None:
     """The empty prompt's embeddings when the family renders with true classifier-free guidance (FLUX.2 [klein]
@@ -141,60 +143,78 @@ def render_during_training(state: TrainerState, step: int) -> None:
 def _render_in_training_placement(state: TrainerState, target: RenderTarget, event: dict[str, Any]) -> None:
     """*Collective under ZeRO-3*, where every rank holds a slice of each layer and the forward gathers
     them together; below it only the main process renders. `event`: the validate stage's own fields."""
-    session, run = state.session, state.training()
+    session = state.session
     config, accelerator = session.config, session.accelerator
-    device = accelerator.device
-
     with session.clock.stage("validate", **event, prompts=len(config.validation.prompts)):
         if session.is_main or session.zero_stage == 3:
-            dtype = session.precision.input_dtype
-            # Loaded for each render, not kept: training steps never share memory with it. Under accelerate's
-            # own mixed precision (no DeepSpeed) the prepared model returns fp32, so the latents it denoises
-            # reach the VAE in fp32 and a bf16 VAE refuses them.
-            vae_dtype = torch.float32 if accelerator.native_amp else dtype
-            vae = load_vae(session.base.ops, without_transformers_zero3_init, dtype=vae_dtype)
-            if session.is_main:
-                vae.to(decoding_device(session.encoder_device, vae, config.resolution.render_shape))
-            pipeline = session.base.ops.pipeline_on(
-                device,
-                scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(
-                    str(session.base.folder), subfolder="scheduler"
-                ),
-                vae=vae,
-                transformer=accelerator.unwrap_model(run.engine),
-            )
-            pipeline.set_progress_bar_config(disable=True)
-            session.reporter.stage("validate", status="rendering", **event, transformer=residency(pipeline.transformer))
-            run.engine.eval()
-            try:
+            with placement_pipeline(state, "validate", event, decodes=session.is_main) as pipeline:
+                dtype = session.precision.input_dtype
                 render_prompts(state, pipeline, target, dtype=dtype, writes=session.is_main)
-            finally:
-                run.engine.train()
-                release_prefetched_partitions(run.engine)
-                del pipeline, vae
-                free_accelerator_memory()
         accelerator.wait_for_everyone()
+
+
+@contextmanager
+def placement_pipeline(state: TrainerState, stage: str, event: dict[str, Any], *, decodes: bool) -> Iterator[Any]:
+    """The family's pipeline around the engine's transformer as training placed it (ZeRO-3's shards, the
+    block-swapped or quantised base), with the VAE and scheduler, for one round of renders on this process. The
+    process that `decodes` keeps the VAE on its device when it fits beside the engine (others render latents only).
+    Announced as `stage` "rendering" with `event`'s fields and the transformer's residency."""
+    session, run = state.session, state.training()
+    config, accelerator = session.config, session.accelerator
+    # Loaded for each round, not kept: training steps never share memory with it. Under accelerate's own mixed
+    # precision (no DeepSpeed) the prepared model returns fp32, so the latents it denoises reach the VAE in fp32
+    # and a bf16 VAE refuses them.
+    vae_dtype = torch.float32 if accelerator.native_amp else session.precision.input_dtype
+    vae = load_vae(session.base.ops, without_transformers_zero3_init, dtype=vae_dtype)
+    if decodes:
+        vae.to(decoding_device(session.encoder_device, vae, config.resolution.render_shape))
+    pipeline = session.base.ops.pipeline_on(
+        accelerator.device,
+        scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(str(session.base.folder), subfolder="scheduler"),
+        vae=vae,
+        transformer=accelerator.unwrap_model(run.engine),
+    )
+    pipeline.set_progress_bar_config(disable=True)
+    session.reporter.stage(stage, status="rendering", **event, transformer=residency(pipeline.transformer))
+    run.engine.eval()
+    try:
+        yield pipeline
+    finally:
+        run.engine.train()
+        release_prefetched_partitions(run.engine)
+        del pipeline, vae
+        free_accelerator_memory()
 
 
 def render_base_model(state: TrainerState) -> None:
     """*Collective.* Step 0: the validation prompts through the base model, with the seeds of every later round
-    (the zero of the likeness scale). Before the first step the model being trained is the base (a LoRA's B starts
-    at zero); a resumed LoRA run renders with its adapters switched off; a resumed full fine-tune keeps no base to
-    render, so it has no step 0 (said in a warning)."""
+    (the zero of the likeness scale). A resumed full fine-tune keeps no base to render, so it has no step 0 (said in
+    a warning)."""
     session, run = state.session, state.training()
-    if run.start_step == 0:
-        render_during_training(state, 0)
-        return
-    if session.config.training_type != "lora":
+    if run.start_step and session.config.training_type != "lora":
         session.reporter.warning(
             f"likeness: the run resumed at step {run.start_step} has no base-model renders (step 0): a full fine-tune "
             "keeps no copy of the base weights to render them with"
         )
         return
+    with base_weights(state):
+        render_during_training(state, 0)
+
+
+@contextmanager
+def base_weights(state: TrainerState) -> Iterator[None]:
+    """The engine's transformer as the base model, for the duration: before the first step it is (a LoRA's B starts
+    at zero, a full fine-tune has not stepped); a resumed LoRA run switches its adapters off. A resumed full
+    fine-tune keeps no base: callers check that first."""
+    session, run = state.session, state.training()
+    if run.start_step == 0:
+        yield
+        return
+    assert session.config.training_type == "lora", "a resumed full fine-tune has no base weights"
     model = session.accelerator.unwrap_model(run.engine)
     model.disable_adapters()
     try:
-        render_during_training(state, 0)
+        yield
     finally:
         model.enable_adapters()
 
