@@ -8,6 +8,7 @@
 | cache     | the work disk filled up as the trainer starts caching               | does_not_fit   |
 | train     | SIGKILL of the trainer process (found by its run marker) mid-run     | host_oom       |
 | export    | the work disk filled up after the last step, before the export      | does_not_fit   |
+| validate  | SIGKILL of the trainer once it reports the LoRA exported            | (kept: warning)|
 | upload    | the S3 endpoint (moto behind a proxy) drops every upload connection  | upload_failed  |
 
 Each ends with the contract's code and exact message and nothing left in the work directory; the last
@@ -349,6 +350,37 @@ def test_export_on_a_disk_that_fills_up_is_does_not_fit(worker: Worker) -> None:
             r"checkpoints and exported weights; free disk space or give the worker a bigger volume \(FLUXBOOTH_WORK_DIR\)"
         ),
     )
+    assert worker.leftovers() == []
+
+
+@pytest.mark.slow
+def test_trainer_killed_during_its_final_renders_keeps_and_uploads_the_exported_lora(worker: Worker) -> None:
+    killed: list[bool] = []
+
+    def once_exported(payload: dict[str, Any]) -> None:
+        if payload.get("stage") == "export" and payload.get("status") == "exported" and not killed:
+            killed.append(True)
+            kill_the_trainer()
+
+    # Eight final renders: seconds of work after the export, so the kill lands in them.
+    prompts = [f"a photo of sks toy, scene {number}" for number in range(8)]
+    result = worker.run(job_input(validation_prompts=prompts), "render-fault", once_exported)
+
+    assert killed, "the trainer never reported its export"
+    assert "error" not in result, result
+    names = [artifact["name"] for artifact in result["artifacts"]]
+    assert {"lora/pytorch_lora_weights.safetensors", "lora/lora_comfyui.safetensors"} <= set(names)
+    assert not [name for name in names if name.startswith("validation/validation_")], "the renders finished first"
+    (warning,) = [text for text in result["warnings"] if text.startswith("the trainer failed after")]
+    assert re.fullmatch(
+        # The kill comes as the export ends: the trainer may or may not have announced its final renders.
+        r"the trainer failed after exporting the weights(, in its validate stage)? \(host_oom: the trainer was killed "
+        rf"after step {STEPS}/{STEPS}, most likely by the kernel's out-of-memory killer: host RAM ran out \(the plan "
+        r"predicted [\d.]+ [MG]iB\); use a worker with more RAM, training_type lora, or offload nvme with zero_stage 3\); "
+        r"the exported weights are kept and uploaded, without the final validation renders",
+        warning,
+    ), warning
+    assert result["metrics"]["failed_after_export"] == "host_oom"
     assert worker.leftovers() == []
 
 

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeAlias
 
 EVENT_MARKER = "FLUXBOOTH_EVENT "
+# The export stage's status once every requested file is written and verified: its `artifacts` are what the worker
+# keeps and uploads should the trainer fail later (a LoRA's final renders run after it).
+EXPORTED_STATUS = "exported"
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,17 @@ EVENT_TYPES: dict[str, type[TrainerEvent]] = {
 }
 # The kinds whose leftover JSON fields are kept in `details` rather than refused.
 _OPEN_KINDS = (StageEvent, ErrorEvent)
+
+
+def exported_artifacts(events: list[TrainerEvent]) -> list[dict[str, Any]] | None:
+    """The artifacts of the trainer's last "exported" status, None when it reported none."""
+    for event in reversed(events):
+        if isinstance(event, StageEvent) and event.stage == "export" and event.details.get("status") == EXPORTED_STATUS:
+            artifacts = event.details.get("artifacts")
+            if not isinstance(artifacts, list):
+                return None
+            return [dict(artifact) for artifact in artifacts if isinstance(artifact, dict)]
+    return None
 
 
 def event_payload(event: TrainerEvent) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from fluxbooth.job.result import JobResult
 from fluxbooth.job.scoring_stage import scoring_stage
 from fluxbooth.job.stages import JobStages, dataset_stage, elapsed, report_and_upload, trainer_config
 from fluxbooth.job.threads import in_thread
-from fluxbooth.job.trainer_failures import classify_outcome
+from fluxbooth.job.trainer_failures import classify_outcome, kept_after_export
 from fluxbooth.models.source import (
     ResolvedModel,
     download_base_model,
@@ -196,8 +196,10 @@ async def _train(
     stages.seconds["train"] = round(outcome.seconds, 3)
     failure = classify_outcome(outcome, job.plan, job.deadline)
     if failure is not None:
-        raise with_resume_hint(failure, uploader)
-    assert outcome.done is not None
+        kept = kept_after_export(outcome, failure)
+        if kept is None:
+            raise with_resume_hint(failure, uploader)
+        outcome = kept
     return outcome, uploader
 
 

@@ -192,9 +192,10 @@ async def scoring_stage(
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """(the likeness section, the trainer's artifacts to verify and upload) after the trainer's `done`: the renders
     scored inside the job's `stage("score")`, then with keep_best_step the best step's LoRA made the main artifact.
-    No section when the job does not score, or when its run stopped for the deadline (no final renders, no time)."""
+    No section when the job does not score, when its run stopped for the deadline (no final renders, no time), or
+    when the trainer failed after its export (no final renders)."""
     artifacts = [dict(artifact) for artifact in done.artifacts]
-    if not job.spec.likeness or done.metrics.get("stopped_for_deadline"):
+    if not job.spec.likeness or done.metrics.get("stopped_for_deadline") or done.metrics.get("failed_after_export"):
         return None, artifacts
     with stage("score"):
         section = await score_renders(job, trainer, settings, job_dir)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
-from fluxbooth.contract.events import event_payload
+from fluxbooth.contract.events import DoneEvent, WarningEvent, event_payload, exported_artifacts
 from fluxbooth.errors import ErrorCode, FluxboothError
 from fluxbooth.job.supervisor import ProcessOutcome
 from fluxbooth.messages import format_bytes
@@ -151,3 +152,27 @@ def classify_outcome(outcome: ProcessOutcome, plan: Plan, deadline_seconds: floa
         f"the trainer {ending}{progress}. Last log lines:\n{last_lines}",
         details=details,
     )
+
+
+def kept_after_export(outcome: ProcessOutcome, failure: FluxboothError) -> ProcessOutcome | None:
+    """A trainer that failed after its export stage reported every file written and verified (a LoRA's final
+    renders run after it) as a finished run: a `done` with those artifacts, and a warning event that says what
+    failed. None when it exported nothing, or when the container is stopping (a cancelled job keeps nothing)."""
+    artifacts = exported_artifacts(outcome.events)
+    if not artifacts or failure.code is ErrorCode.CANCELLED:
+        return None
+    step = outcome.last_step
+    metrics = {
+        "steps": step.total if step else None,
+        "final_loss": step.loss if step else None,
+        "failed_after_export": failure.code.value,
+    }
+    # Killed as the export ends, the trainer announced no later stage.
+    later = outcome.last_stage not in (None, "export")
+    where = f", in its {outcome.last_stage} stage" if later else ""
+    reason = failure.message.splitlines()[0]
+    warning = WarningEvent(
+        f"the trainer failed after exporting the weights{where} ({failure.code.value}: {reason}); the exported "
+        "weights are kept and uploaded, without the final validation renders"
+    )
+    return replace(outcome, done=DoneEvent(metrics=metrics, artifacts=artifacts), events=[*outcome.events, warning])

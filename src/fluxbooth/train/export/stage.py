@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from fluxbooth.contract.events import EXPORTED_STATUS
 from fluxbooth.contract.layout import LORA_FOLDER, step_folder_name
 from fluxbooth.train.export.lora import LORA_WEIGHTS_NAME, lora_state_dict, save_lora_comfyui, save_lora_diffusers
 from fluxbooth.train.export.metadata import FileLayout, TrainingRecord, safetensors_metadata
@@ -72,6 +73,9 @@ def export_weights(state: TrainerState, saved: SavedWeights) -> list[Artifact]:
                 artifacts += export_lora(session, output_dir, saved.lora_state, saved.record, ema=False)
             if run.ema is not None:
                 artifacts += _export_ema(session, run.ema.export_state(), output_dir, saved.record)
+            session.reporter.stage(
+                "export", status=EXPORTED_STATUS, artifacts=[artifact.to_dict() for artifact in artifacts]
+            )
         session.accelerator.wait_for_everyone()
     return artifacts
 
