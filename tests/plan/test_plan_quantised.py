@@ -277,6 +277,23 @@ def test_renders_keep_the_base_as_training_holds_it_within_the_plan(flux_dev: Mo
     assert phases["validation"].gpu_bytes < 16 * GIB / 1.1
 
 
+def test_two_24_gib_cards_charge_their_renders_as_the_training_placement_not_a_whole_transformer(
+    flux_dev: ModelSize,
+) -> None:
+    two_cards = hypothetical_hardware(
+        gpus=2, gpu_memory_bytes=24 * GIB, host_memory_bytes=62 * GIB, disk_bytes=200 * GIB, gpu_name="NVIDIA L4"
+    )
+    plan = choose_plan(
+        lora(with_prior_preservation=True, num_class_images=10, validation_prompts=2), two_cards, flux_dev
+    )
+    phases = dict(plan.phases)
+    whole_bf16_transformer = 2 * flux_dev.transformer_params
+    # The trainer renders class images and validation prompts through the engine as training placed it.
+    assert phases["class_images"].gpu_bytes == phases["validation"].gpu_bytes <= phases["training"].gpu_bytes
+    assert phases["validation"].gpu_bytes < whole_bf16_transformer
+    assert plan.predicted_gpu_bytes < 24 * GIB / 1.1
+
+
 def test_thousands_of_class_images_beyond_the_deadline_are_refused_naming_the_count_that_fits(
     flux_dev: ModelSize,
 ) -> None:
