@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from fluxbooth.contract.precision import block_of, is_quantised_layer
 from fluxbooth.host.pinned import block_store_layout, block_store_pinned_bytes, caching_host_allocation_bytes
@@ -66,6 +67,12 @@ def _layer_tensor_bytes(in_features: int, out_features: int, bias: bool, precisi
 def block_tensor_bytes(model: ModelSize, precision: str, width: int) -> dict[str, list[int]]:
     """Every tensor of each transformer block in bytes, as the block swapper takes them: the Linears' weights
     (quantised ones with their scales and tables) and biases, and the attention norms' weights, in `width`."""
+    return {name: list(sizes) for name, sizes in _block_tensor_bytes(model, precision, width).items()}
+
+
+# Cached: the planner prices thousands of candidates over one model, and this walks every Linear.
+@lru_cache(maxsize=64)
+def _block_tensor_bytes(model: ModelSize, precision: str, width: int) -> dict[str, list[int]]:
     blocks: dict[str, list[int]] = {}
     for layer in model.linear_layers:
         if is_quantised_layer(layer.name):
@@ -91,11 +98,12 @@ def block_store_bytes(model: ModelSize, precision: str, width: int) -> dict[str,
 def largest_trainable_parameter(model: ModelSize, training_type: str, lora_rank: int, targets: Sequence[str]) -> int:
     """Elements of the largest single trainable parameter (DeepSpeed sizes its gradient copy buffer by it)."""
     if training_type == "lora":
+        names = tuple(targets)
         return max(
             (
                 lora_rank * max(layer.in_features, layer.out_features)
                 for layer in model.linear_layers
-                if matches_lora_target(layer.name, tuple(targets))
+                if matches_lora_target(layer.name, names)
             ),
             default=0,
         )
@@ -145,11 +153,12 @@ def zero3_optimizer_offload_allocations(
 def parameter_numels(model: ModelSize, training_type: str, lora_rank: int, targets: Sequence[str]) -> list[int]:
     """Elements of every parameter of the transformer (and, for a LoRA, of its A and B matrices)."""
     numels = []
+    names = tuple(targets)
     for layer in model.linear_layers:
         numels.append(layer.in_features * layer.out_features)
         if layer.bias:
             numels.append(layer.out_features)
-        if training_type == "lora" and matches_lora_target(layer.name, tuple(targets)):
+        if training_type == "lora" and matches_lora_target(layer.name, names):
             numels += [lora_rank * layer.in_features, lora_rank * layer.out_features]
     return numels + list(norm_params_per_module(model.transformer).values())
 

@@ -8,8 +8,9 @@ fluxbooth; CPU numbers were measured on the CI machine by bench/. No torch here.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import replace
+from functools import lru_cache
 
 from fluxbooth.contract.budgets import MAX_SCORED_PHOTOS, MAX_SHEET_IMAGES, MAX_SHOWN_ROUNDS
 from fluxbooth.contract.captioning import DEFAULT_CAPTION_MODEL_BYTES
@@ -21,7 +22,7 @@ from fluxbooth.plan.ema import ema_update_seconds
 from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec, pcie_link_bytes_per_second
 from fluxbooth.plan.memory import compute_dtype_bytes, frozen_block_bytes, image_tokens, sequence_tokens
 from fluxbooth.plan.types import JobShape, Strategy
-from fluxbooth.sizing import ModelSize, linear_stream
+from fluxbooth.sizing import ModelSize
 
 # Sustained share of the datasheet's dense bf16 peak a FLUX step reaches (large matmuls, flash attention),
 # and share of the datasheet memory bandwidth the dequantising element-wise ops reach: fitted by
@@ -151,7 +152,7 @@ def forward_flops(model: ModelSize, job: JobShape) -> float:
     multiplies (sizing.linear_stream: one vector for the modulation and the embedders, its own stream's tokens
     for a double-stream weight, the joined sequence in a single-stream block), and 4*T^2*D per block for
     attention over the joined sequence."""
-    return _forward_flops_of(model, job, lambda name: True, model.transformer.num_blocks)
+    return _forward_flops_of(model, job, model.linear_elements_by_block, model.transformer.num_blocks)
 
 
 def recomputed_flops(model: ModelSize, job: JobShape, checkpoint_every: int) -> float:
@@ -160,23 +161,23 @@ def recomputed_flops(model: ModelSize, job: JobShape, checkpoint_every: int) -> 
     shape = model.transformer
     double = checkpointed_blocks(shape.num_layers, checkpoint_every)
     single = checkpointed_blocks(shape.num_single_layers, checkpoint_every)
-    prefixes = tuple(
-        [f"transformer_blocks.{index}." for index in double]
-        + [f"single_transformer_blocks.{index}." for index in single]
-    )
-    if not prefixes:
+    names = [f"transformer_blocks.{index}" for index in double]
+    names += [f"single_transformer_blocks.{index}" for index in single]
+    if not names:
         return 0.0
-    return _forward_flops_of(model, job, lambda name: name.startswith(prefixes), len(double) + len(single))
+    by_block = model.linear_elements_by_block
+    return _forward_flops_of(model, job, {name: by_block.get(name, {}) for name in names}, len(names))
 
 
-def _forward_flops_of(model: ModelSize, job: JobShape, counted: Callable[[str], bool], blocks: int) -> float:
-    """forward_flops of the Linears `counted` keeps and the attention of `blocks` blocks."""
+def _forward_flops_of(
+    model: ModelSize, job: JobShape, linear_elements: Mapping[str, Mapping[str, int]], blocks: int
+) -> float:
+    """forward_flops of the Linears in `linear_elements` (elements by block and stream) and the attention of
+    `blocks` blocks."""
     image = image_tokens(job.resolution) * model.sequence_images
     tokens_of = {"vector": 1, "text": job.max_sequence_length, "image": image, "joint": image + job.max_sequence_length}
     weights = sum(
-        2 * layer.in_features * layer.out_features * tokens_of[linear_stream(layer.name)]
-        for layer in model.linear_layers
-        if counted(layer.name)
+        2 * elements * tokens_of[stream] for streams in linear_elements.values() for stream, elements in streams.items()
     )
     tokens = sequence_tokens(model, job)
     return weights + 4 * tokens * tokens * model.transformer.hidden_size * blocks
@@ -189,6 +190,7 @@ def training_flops_per_sample(model: ModelSize, job: JobShape, training_type: st
     return forward_flops(model, job) * (1 + backward_factor) + recomputed_flops(model, job, checkpoint_every)
 
 
+@lru_cache(maxsize=64)
 def quantised_elements(model: ModelSize) -> int:
     return sum(
         layer.in_features * layer.out_features for layer in model.linear_layers if is_quantised_layer(layer.name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from typing import Any
 
 from fluxbooth.contract.precision import block_of, is_quantised_layer
@@ -74,6 +75,18 @@ class ModelSize:
     # (the control image's tokens follow the target's; a Kontext job without pairs is planned on the safe side).
     sequence_images: int = 1
 
+    @cached_property
+    def linear_elements_by_block(self) -> Mapping[str, Mapping[str, int]]:
+        """in x out of the Linears by block (`block_of`: `transformer_blocks.3`; a module outside the blocks is its
+        own) and by the tokens each multiplies (`linear_stream`): what the time model sums, read once per model
+        (the planner prices thousands of candidates)."""
+        by_block: dict[str, dict[str, int]] = {}
+        for layer in self.linear_layers:
+            streams = by_block.setdefault(block_of(layer.name), {})
+            stream = linear_stream(layer.name)
+            streams[stream] = streams.get(stream, 0) + layer.in_features * layer.out_features
+        return by_block
+
     @property
     def encoder_params(self) -> int:
         """Everything that only runs while embeddings and latents are cached."""
@@ -108,7 +121,9 @@ class ModelSize:
         }
 
 
-def matches_lora_target(module_name: str, targets: Iterable[str]) -> bool:
+# Bounded: the targets come from requests. The planner asks it for every Linear of every candidate it prices.
+@lru_cache(maxsize=65536)
+def matches_lora_target(module_name: str, targets: tuple[str, ...]) -> bool:
     """peft's rule for a list of target names: the full name or its dotted suffix matches."""
     return any(module_name == target or module_name.endswith("." + target) for target in targets)
 

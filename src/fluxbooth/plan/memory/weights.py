@@ -5,6 +5,7 @@ or not, whole or per block) and the quantiser's working copies (docs/memory.md, 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 from fluxbooth.contract.names import normalise_optimizer_name
 from fluxbooth.contract.precision import block_of, is_quantised_layer
@@ -56,6 +57,12 @@ def quantised_layer_bytes(in_features: int, out_features: int, precision: str) -
 def frozen_base_bytes(model: ModelSize, precision: str, width: int) -> dict[str, int]:
     """The frozen transformer as stored: quantised block Linears (with their scales), and everything
     else (biases, norms, embedders, the final layers) in the compute dtype."""
+    return dict(_frozen_base_bytes(model, precision, width))
+
+
+# Cached: the planner prices thousands of candidates over one model, and these walk every Linear.
+@lru_cache(maxsize=64)
+def _frozen_base_bytes(model: ModelSize, precision: str, width: int) -> dict[str, int]:
     if precision not in ("fp8", "nf4"):
         return {"frozen_weights": model.transformer_params * width}
     quantised_elements = 0
@@ -73,6 +80,11 @@ def frozen_base_bytes(model: ModelSize, precision: str, width: int) -> dict[str,
 def frozen_block_bytes(model: ModelSize, precision: str, width: int) -> dict[str, float]:
     """Each transformer block's Linear weights and biases as the frozen base stores them, or as a full
     fine-tune trains them (bf16): what block swapping streams; the blocks' norms are a few vectors and left out."""
+    return dict(_frozen_block_bytes(model, precision, width))
+
+
+@lru_cache(maxsize=64)
+def _frozen_block_bytes(model: ModelSize, precision: str, width: int) -> dict[str, float]:
     blocks: dict[str, float] = {}
     for layer in model.linear_layers:
         if not is_quantised_layer(layer.name):
