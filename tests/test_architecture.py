@@ -148,12 +148,12 @@ def test_the_planner_reaches_neither_the_report_nor_the_scoring_package_nor_pill
     assert sorted(module for module in reached if "PIL" in graph.external.get(module, ())) == []
 
 
-def test_only_the_trainers_launch_and_the_captioning_and_scoring_stages_use_the_supervisor(graph) -> None:
-    # trainer_failures reads the outcome it returns; the supervisor itself knows none of the children it runs.
+def test_only_the_trainers_launch_and_the_model_processes_use_the_supervisor(graph) -> None:
+    # model_process runs the captioner and the scorer; trainer_failures reads the outcome the supervisor returns; the
+    # supervisor itself knows none of the children it runs.
     assert set(graph.importers_of("fluxbooth.job.supervisor")) == {
-        "fluxbooth.job.captioning_stage",
         "fluxbooth.job.launch",
-        "fluxbooth.job.scoring_stage",
+        "fluxbooth.job.model_process",
         "fluxbooth.job.trainer_failures",
     }
     assert sorted(target for target in graph.edges["fluxbooth.job.supervisor"] if target.startswith(WORKER_ONLY)) == []

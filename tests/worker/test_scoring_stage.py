@@ -19,14 +19,9 @@ from typing import Any
 import pytest
 
 from fluxbooth.contract.scoring import LIKENESS_RESULT_NAME, PROXY_NOTE, STEP_LORAS_FOLDER
+from fluxbooth.job.model_process import model_location_environment, model_process_environment
 from fluxbooth.job.run import run_job
-from fluxbooth.job.scoring_stage import (
-    SCORING_LOG_NAME,
-    keep_best_step,
-    model_location_environment,
-    model_process_environment,
-    run_scoring,
-)
+from fluxbooth.job.scoring_stage import SCORING_LOG_NAME, keep_best_step, run_scoring
 from fluxbooth.models.source import ensure_tiny_model
 from fluxbooth.redaction import MASK, Redactor
 from fluxbooth.settings import TINY_MODEL_NAME, WorkerSettings

@@ -87,7 +87,7 @@ def run_caption_command(arguments: argparse.Namespace, environ: Mapping[str, str
         raise FluxboothError(ErrorCode.INVALID_INPUT, f"--out: {arguments.out} is not a folder")
     arguments.out.mkdir(parents=True, exist_ok=True)
     # Deferred: the worker's job modules load only for this command, so the CLI's other commands stay light.
-    from fluxbooth.job.scoring_stage import model_process_environment
+    from fluxbooth.job.model_process import model_process_environment
 
     model, revision = caption_model(arguments.model or environ.get(CAPTION_MODEL_VARIABLE) or DEFAULT_CAPTION_MODEL)
     output: dict[str, Any] = {"status": "captioned", "captions": {}}

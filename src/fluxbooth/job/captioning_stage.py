@@ -31,10 +31,9 @@ from fluxbooth.contract.captioning import (
 from fluxbooth.contract.captions import MAX_CAPTION_CHARS, contains_word
 from fluxbooth.dataset import PreparedDataset
 from fluxbooth.dataset.guards import ensure_inside
+from fluxbooth.job.model_process import model_process_environment, run_model_process
 from fluxbooth.job.planned import PlannedJob, seconds_left, stop_reserves
-from fluxbooth.job.scoring_stage import model_process_environment
 from fluxbooth.job.stages import JobStages
-from fluxbooth.job.supervisor import supervise
 from fluxbooth.redaction import Redactor
 from fluxbooth.settings import WorkerSettings
 
@@ -132,27 +131,19 @@ async def run_captioner(
         seed=job.spec.optimisation.seed,
         stop_at_unix_seconds=time.time() + seconds - CAPTIONING_WIND_DOWN_SECONDS,
     ).write(input_path)
-    outcome = await supervise(
+    reason = await run_model_process(
         captioning_command(input_path, output_path),
         env=model_process_environment(settings.environ),
         cwd=job_dir,
-        deadline_seconds=seconds,
+        seconds=seconds,
         redact=Redactor(settings.secret_values),
-        on_event=lambda _event: None,
         log_path=job_dir / CAPTIONING_LOG_NAME,
         kill_grace_seconds=CAPTIONING_KILL_GRACE_SECONDS,
+        name="the captioning process",
+        timed_out=f"the captioner did not finish in the {seconds:.0f} s the deadline left it",
     )
     output = read_captioning_output(output_path)
-    if outcome.timed_out:
-        return unavailable_output(
-            f"the captioner did not finish in the {seconds:.0f} s the deadline left it", output.get("captions")
-        )
-    if outcome.returncode != 0:
-        last = next((line.strip() for line in reversed(outcome.log_tail) if line.strip()), "no output")
-        return unavailable_output(
-            f"the captioning process failed (exit status {outcome.returncode}): {last[:300]}", output.get("captions")
-        )
-    return output
+    return output if reason is None else unavailable_output(reason, output.get("captions"))
 
 
 async def captioning_stage(

@@ -34,11 +34,10 @@ from fluxbooth.contract.scoring import (
     unavailable_section,
 )
 from fluxbooth.contract.trainer_config import TrainerConfig
-from fluxbooth.job.launch_files import INHERITED_ENV_NAMES
+from fluxbooth.job.model_process import model_process_environment, run_model_process
 from fluxbooth.job.planned import PlannedJob, seconds_left, upload_reserve
-from fluxbooth.job.supervisor import supervise
 from fluxbooth.redaction import Redactor
-from fluxbooth.settings import SECRET_ENV_NAMES, WorkerSettings
+from fluxbooth.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -48,37 +47,12 @@ SCORING_LOG_NAME = "scoring.log"
 SCORING_WIND_DOWN_SECONDS = 15.0
 # Between SIGTERM and SIGKILL once its time is up: it has already had its stop time.
 SCORING_KILL_GRACE_SECONDS = 2.0
-# Where the scoring models may be found (Hugging Face's caches, the worker's folders and overrides): passed to the
-# scoring process in its environment, never written into the scoring input (the same environment holds HF_TOKEN).
-MODEL_LOCATION_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "FLUXBOOTH_")
-MODEL_LOCATION_NAMES = frozenset({"HOME", "XDG_CACHE_HOME", "TORCH_HOME"})
 # The rule for keeping a validation step's LoRA (the module docstring).
 FINAL_PREFIX = "final_"
 
 
 def scoring_command(input_path: Path, output_path: Path) -> list[str]:
     return [sys.executable, "-m", SCORING_MODULE, "--input", str(input_path), "--output", str(output_path)]
-
-
-def model_location_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The worker's variables that say where models are (Hugging Face's caches, the worker's folders), no secret."""
-    return {
-        name: value
-        for name, value in environ.items()
-        if (name in MODEL_LOCATION_NAMES or name.startswith(MODEL_LOCATION_PREFIXES)) and name not in SECRET_ENV_NAMES
-    }
-
-
-def model_process_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The scoring process's whole environment, which it reads the model locations from (the scoring input carries
-    none): the trainer's allow-list (HF_TOKEN included, for a download) and the model locations."""
-    inherited = {name: value for name, value in environ.items() if name in INHERITED_ENV_NAMES}
-    return {
-        **inherited,
-        **model_location_environment(environ),
-        "PYTHONUNBUFFERED": "1",
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-    }
 
 
 def scoring_seconds(job: PlannedJob) -> float:
@@ -101,24 +75,19 @@ async def run_scoring(
     when it had no time, failed, or was killed."""
     if seconds <= 0:
         return unavailable_section("the job deadline left no time to score the renders")
-    outcome = await supervise(
+    reason = await run_model_process(
         command,
         env=env,
         cwd=cwd,
-        deadline_seconds=seconds,
+        seconds=seconds,
         redact=redact,
-        on_event=lambda _event: None,
         log_path=cwd / SCORING_LOG_NAME,
         kill_grace_seconds=SCORING_KILL_GRACE_SECONDS,
+        name="the scoring process",
+        timed_out=f"scoring did not finish in the {seconds:.0f} s the job deadline left it (the report and uploads "
+        "keep the rest)",
     )
-    if outcome.timed_out:
-        return unavailable_section(
-            f"scoring did not finish in the {seconds:.0f} s the job deadline left it (the report and uploads keep the rest)"
-        )
-    if outcome.returncode != 0:
-        last = next((line.strip() for line in reversed(outcome.log_tail) if line.strip()), "no output")
-        return unavailable_section(f"the scoring process failed (exit status {outcome.returncode}): {last[:300]}")
-    return read_likeness_section(output_path)
+    return read_likeness_section(output_path) if reason is None else unavailable_section(reason)
 
 
 async def score_renders(
