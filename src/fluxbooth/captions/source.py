@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from huggingface_hub import scan_cache_dir, snapshot_download
-from huggingface_hub.errors import CacheNotFound, LocalEntryNotFoundError
+from huggingface_hub import snapshot_download
 
 from fluxbooth.contract.captioning import TINY_CAPTIONER, CaptioningInput
+from fluxbooth.models.source.cache import complete_snapshot
 from fluxbooth.models.source.places import ModelPlaces
 from fluxbooth.synthetic.tiny_captioner import ensure_tiny_captioner
 
@@ -66,38 +66,10 @@ def missing_model_files(folder: Path) -> list[str]:
 
 
 def _snapshot(cache_root: Path, repo_id: str, revision: str | None) -> Path | None:
-    """The complete snapshot of `repo_id` at `revision` in one cache, found by the client's own lookup; with no
-    revision, also the newest complete one (RunPod's cache keeps snapshots without refs)."""
+    """The complete snapshot of `repo_id` at `revision` in one cache, as the base model's is found."""
     if not cache_root.is_dir():
         return None
-    try:
-        folder = Path(
-            snapshot_download(
-                repo_id,
-                revision=revision,
-                cache_dir=cache_root,
-                local_files_only=True,
-                allow_patterns=list(MODEL_FILE_PATTERNS),
-            )
-        )
-        if not missing_model_files(folder):
-            return folder
-    except (LocalEntryNotFoundError, OSError):
-        pass
-    if revision is not None:
-        return None
-    try:
-        repos = scan_cache_dir(cache_root).repos
-    except (CacheNotFound, OSError):
-        return None
-    snapshots = [
-        snapshot
-        for repo in repos
-        if repo.repo_id == repo_id and repo.repo_type == "model"
-        for snapshot in repo.revisions
-        if not missing_model_files(snapshot.snapshot_path)
-    ]
-    return max(snapshots, key=lambda snapshot: snapshot.last_modified).snapshot_path if snapshots else None
+    return complete_snapshot(cache_root, repo_id, revision, MODEL_FILE_PATTERNS, missing_model_files)
 
 
 def _download(repo_id: str, revision: str | None, places: ModelPlaces) -> Path:

@@ -4,6 +4,7 @@ plain folder among the baked models. Never asks the hub. No torch here.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fluxbooth.errors import FluxboothError
@@ -31,43 +32,44 @@ def missing_pipeline_files(folder: Path) -> list[str]:
     return missing
 
 
-def _snapshot_in_cache(cache_root: Path, repo_id: str, revision: str | None) -> Path | None:
-    """The complete snapshot of `repo_id` at `revision` in one cache, through the client's own lookup
-    (refs, and the cached tree listing when there is one, which catches interrupted downloads)."""
-    from huggingface_hub import snapshot_download  # on use only: see fluxbooth.models.source
-    from huggingface_hub.errors import LocalEntryNotFoundError  # on use only: see fluxbooth.models.source
+def complete_snapshot(
+    cache_root: Path,
+    repo_id: str,
+    revision: str | None,
+    patterns: Sequence[str],
+    missing_files: Callable[[Path], list[str]],
+) -> Path | None:
+    """The complete snapshot of `repo_id` at `revision` in one cache (`missing_files` finds nothing missing),
+    through the client's own lookup (refs, and the cached tree listing when there is one, which catches interrupted
+    downloads of `patterns`); with no revision, else the newest complete one: a cache filled without refs (RunPod's
+    cached models keep only snapshots/<commit>). The base model's and the captioner's lookup."""
+    from huggingface_hub import scan_cache_dir, snapshot_download  # on use only: see fluxbooth.models.source
+    from huggingface_hub.errors import CacheNotFound, LocalEntryNotFoundError  # on use only, as above
 
     try:
         folder = Path(
             snapshot_download(
-                repo_id,
-                revision=revision,
-                cache_dir=cache_root,
-                local_files_only=True,
-                allow_patterns=list(PIPELINE_FILE_PATTERNS),
+                repo_id, revision=revision, cache_dir=cache_root, local_files_only=True, allow_patterns=list(patterns)
             )
         )
-    except LocalEntryNotFoundError:
+        if not missing_files(folder):
+            return folder
+    except (LocalEntryNotFoundError, OSError):
+        pass
+    if revision is not None:
         return None
-    return folder if not missing_pipeline_files(folder) else None
-
-
-def _newest_complete_snapshot(cache_root: Path, repo_id: str) -> Path | None:
-    """A cache filled without refs (RunPod's cached models keep only snapshots/<commit>): its newest
-    complete snapshot, for a request that pins no revision."""
-    from huggingface_hub import scan_cache_dir  # on use only: see fluxbooth.models.source
-
-    cache = scan_cache_dir(cache_root)
-    revisions = [
-        revision
-        for repo in cache.repos
+    try:
+        repos = scan_cache_dir(cache_root).repos
+    except (CacheNotFound, OSError):
+        return None
+    snapshots = [
+        snapshot
+        for repo in repos
         if repo.repo_id == repo_id and repo.repo_type == "model"
-        for revision in repo.revisions
-        if not missing_pipeline_files(revision.snapshot_path)
+        for snapshot in repo.revisions
+        if not missing_files(snapshot.snapshot_path)
     ]
-    if not revisions:
-        return None
-    return max(revisions, key=lambda revision: revision.last_modified).snapshot_path
+    return max(snapshots, key=lambda snapshot: snapshot.last_modified).snapshot_path if snapshots else None
 
 
 def _look_in_cache(label: str, cache_root: Path, repo_id: str, revision: str | None) -> tuple[Path | None, Look]:
@@ -78,9 +80,7 @@ def _look_in_cache(label: str, cache_root: Path, repo_id: str, revision: str | N
         return None, Look(label, cache_root, "no such folder")
     if not (cache_root / repo_folder).is_dir():
         return None, Look(label, cache_root, f"no {repo_folder}")
-    folder = _snapshot_in_cache(cache_root, repo_id, revision)
-    if folder is None and revision is None:
-        folder = _newest_complete_snapshot(cache_root, repo_id)
+    folder = complete_snapshot(cache_root, repo_id, revision, PIPELINE_FILE_PATTERNS, missing_pipeline_files)
     if folder is None:
         return None, Look(label, cache_root, f"{repo_folder} has no complete snapshot of revision {revision or 'main'}")
     return folder, Look(label, cache_root, "found")
