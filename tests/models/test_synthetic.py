@@ -255,7 +255,7 @@ def test_sharing_with_a_folder_that_is_not_a_pipeline_is_refused(tmp_path: Path)
 def test_a_killed_builders_staging_folder_is_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
     import os
 
-    from fluxbooth.synthetic.build import remove_abandoned_staging
+    from fluxbooth.synthetic.staging import remove_abandoned_staging
 
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = tmp_path / f".model.building-{finished.stdout.strip()}-0123abcd"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import fluxbooth.synthetic.tiny as tiny
 from fluxbooth.models.families import family_named
 from fluxbooth.synthetic.chat_tokenizers import mistral_tokenizer, qwen_tokenizer
 from fluxbooth.synthetic.presets import Preset
+from fluxbooth.synthetic.staging import remove_abandoned_staging, staging_folder
 from fluxbooth.synthetic.vocab import full_size_tokenizers
 
 # (library, class, weights file stem) per component, as each family's model_index.json names them.
@@ -390,28 +390,6 @@ def _write_transformer_beside(preset: Preset, staging: Path, seed: int, device: 
         (staging / entry).symlink_to(shared.absolute() / entry)
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def remove_abandoned_staging(out_dir: Path) -> list[Path]:
-    """Staging folders of builders that were killed (a full-size one holds up to 33 GB): removed when the
-    process named in the folder's name is gone; a live builder's folder is left alone."""
-    removed = []
-    for folder in out_dir.parent.glob(f".{out_dir.name}.building-*"):
-        pid_text = folder.name.rsplit(".building-", 1)[1].split("-", 1)[0]
-        if pid_text.isdigit() and not _process_alive(int(pid_text)):
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-    return removed
-
-
 def build_pipeline(
     preset: Preset, out_dir: Path, *, seed: int = 0, device: str = "cpu", share_encoders_with: Path | None = None
 ) -> Path:
@@ -428,7 +406,7 @@ def build_pipeline(
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     remove_abandoned_staging(out_dir)
-    staging = out_dir.parent / f".{out_dir.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging = staging_folder(out_dir)
     try:
         if share_encoders_with is None:
             _write_all(preset, staging, seed, device)

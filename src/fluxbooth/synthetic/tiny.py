@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 from fluxbooth.models.published_configs import FLUX1_DEV_SCHEDULER, FLUX1_VAE
+from fluxbooth.synthetic.staging import build_in_place
 
 # The components a FluxPipeline folder needs, each with the file that proves it was written.
 REQUIRED_FILES = (
@@ -232,9 +230,7 @@ def build_tiny_pipeline(out_dir: Path, seed: int = 0) -> Path:
     # Deferred: reading this module's configs (the synthetic presets do) must not import torch, which diffusers does.
     from diffusers import FluxPipeline
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = out_dir.parent / f".{out_dir.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
+    def write(staging: Path) -> None:
         pipeline = FluxPipeline(**_build_components(seed))
         pipeline.save_pretrained(staging, safe_serialization=True)
         (staging / "fluxbooth_tiny.json").write_text(json.dumps({"seed": seed}, sort_keys=True) + "\n")
@@ -243,23 +239,8 @@ def build_tiny_pipeline(out_dir: Path, seed: int = 0) -> Path:
             raise RuntimeError(
                 f"tiny pipeline build is missing {missing}; the installed diffusers may have changed its layout"
             )
-        if out_dir.exists():
-            # An incomplete leftover (a crash before the rename cannot produce one, but a hand-made folder can):
-            # it is ours to replace because only a complete pipeline may live under this name.
-            if is_complete_pipeline(out_dir):
-                return out_dir
-            shutil.rmtree(out_dir)
-        try:
-            os.rename(staging, out_dir)
-        except OSError:
-            # Another builder won the race; its folder is complete by construction.
-            if is_complete_pipeline(out_dir):
-                return out_dir
-            raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return out_dir
+
+    return build_in_place(out_dir, write, is_complete_pipeline)
 
 
 def main(argv: list[str] | None = None) -> int:

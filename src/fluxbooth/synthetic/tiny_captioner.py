@@ -14,14 +14,11 @@ The captioning process builds it in its own process (it imports torch already); 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
-from fluxbooth.synthetic.build import remove_abandoned_staging
 from fluxbooth.synthetic.chat_tokenizers import qwen_tokenizer
+from fluxbooth.synthetic.staging import build_in_place, remove_abandoned_staging
 
 # Qwen3-VL's vision special tokens, after the chat ones that qwen_tokenizer adds.
 VISION_SPECIALS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
@@ -225,28 +222,10 @@ def build_tiny_captioner(out_dir: Path, seed: int = 0) -> Path:
     out_dir = Path(out_dir).absolute()
     if is_complete_captioner(out_dir, seed):
         return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     remove_abandoned_staging(out_dir)
-    staging = out_dir.parent / f".{out_dir.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        _write_captioner(staging, seed)
-        if out_dir.exists():
-            if is_complete_captioner(out_dir, seed):  # another builder finished first
-                return out_dir
-            # An incomplete leftover (a hand-made folder; a crash before the rename leaves none): only a complete
-            # captioner may live under this name.
-            shutil.rmtree(out_dir)
-        try:
-            os.rename(staging, out_dir)
-        except OSError:
-            # Another builder won the race between the check above and the rename; its folder is complete.
-            if is_complete_captioner(out_dir, seed):
-                return out_dir
-            raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return out_dir
+    return build_in_place(
+        out_dir, lambda staging: _write_captioner(staging, seed), lambda folder: is_complete_captioner(folder, seed)
+    )
 
 
 def ensure_tiny_captioner(cache_dir: Path, seed: int = 0) -> Path:
