@@ -21,9 +21,11 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from tests.support.quiet_http import QuietHTTPServer
 
 LFS_SUFFIXES = (".safetensors", ".model", ".bin")
 LFS_POINTER_SIZE = 134
@@ -265,11 +267,9 @@ def _tree_entries(files: dict[str, HubFile], prefix: str, recursive: bool) -> li
     return list(entries.values())
 
 
-class _HubHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
+class _HubHTTPServer(QuietHTTPServer):
     def __init__(self, name: str, hub: HubServer) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.name = name
         self.hub = hub
 
@@ -284,18 +284,14 @@ class HubServer:
         self.requests: list[LoggedRequest] = []
         self._lock = threading.Lock()
         self._servers = [_HubHTTPServer("hub", self), _HubHTTPServer("cdn", self)]
-        self._threads = [
-            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-            for server in self._servers
-        ]
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self._servers[0].server_address[1]}"
+        return self._servers[0].base_url
 
     @property
     def cdn_url(self) -> str:
-        return f"http://127.0.0.1:{self._servers[1].server_address[1]}"
+        return self._servers[1].base_url
 
     def add_repo(self, repo: HubRepo) -> HubRepo:
         self.repos[repo.repo_id] = repo
@@ -318,13 +314,12 @@ class HubServer:
         ]
 
     def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
+        for server in self._servers:
+            server.start()
 
     def stop(self) -> None:
         for server in self._servers:
-            server.shutdown()
-            server.server_close()
+            server.stop()
 
 
 def running_hub() -> Iterator[HubServer]:

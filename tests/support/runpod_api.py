@@ -17,11 +17,13 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+
+from tests.support.quiet_http import QuietHTTPServer
 
 ENDPOINT_ID = "fluxbooth-endpoint"
 API_KEY = "rpa_TESTKEY"
@@ -122,11 +124,7 @@ def _handler_for(api: RunPodApi) -> type[BaseHTTPRequestHandler]:
 @pytest.fixture
 def runpod_api() -> Iterator[RunPodApi]:
     api = RunPodApi()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(api))
-    server.daemon_threads = True
-    api.base_url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = QuietHTTPServer(_handler_for(api)).start()
+    api.base_url = server.base_url
     yield api
-    server.shutdown()
-    server.server_close()
+    server.stop()

@@ -14,11 +14,13 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import unquote_plus, urlsplit
 
 import pytest
+
+from tests.support.quiet_http import QuietHTTPServer
 
 WORKER_ID = "fluxbooth-test-worker"
 # The stop channel is a long poll; answering "nothing" at once would make the SDK spin.
@@ -111,11 +113,7 @@ def _handler_for(queue: RunPodQueue) -> type[BaseHTTPRequestHandler]:
 @pytest.fixture
 def runpod_queue() -> Iterator[RunPodQueue]:
     queue = RunPodQueue()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(queue))
-    server.daemon_threads = True
-    queue.base_url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = QuietHTTPServer(_handler_for(queue)).start()
+    queue.base_url = server.base_url
     yield queue
-    server.shutdown()
-    server.server_close()
+    server.stop()

@@ -5,10 +5,9 @@ string carrying the contract's code, message, details and refresh_worker."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 from fluxbooth.errors import ErrorCode, FluxboothError, error_for_the_wire
 from tests.support.fake_trainer_jobs import job_input
 from tests.support.handler_api_server import ApiServer, start_api_server
+from tests.support.quiet_http import QuietHTTPServer
 
 STEPS_MESSAGE = "invalid request: input.steps: Input should be a valid integer"
 
@@ -107,11 +107,9 @@ def webhook_bodies() -> Iterator[tuple[str, list[Any]]]:
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the stdlib's name
             return
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/done", received
-    server.shutdown()
-    server.server_close()
+    server = QuietHTTPServer(Receiver).start()
+    yield f"{server.base_url}/done", received
+    server.stop()
 
 
 @pytest.mark.slow
