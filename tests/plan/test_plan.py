@@ -756,7 +756,7 @@ def test_each_linear_multiplies_the_tokens_of_its_stream(name: str, stream: str)
 
 
 def test_flux1_dev_forward_flops_count_each_weight_on_its_own_tokens() -> None:
-    from fluxbooth.plan.timing import forward_flops
+    from fluxbooth.plan.flops import forward_flops
 
     model = model_size(FLUX_DEV_NAME)
     job = JobShape(resolution=(1024, 1024), max_sequence_length=512)
@@ -785,7 +785,7 @@ def test_flux1_dev_forward_flops_count_each_weight_on_its_own_tokens() -> None:
 
 
 def test_the_modulation_costs_the_same_at_any_resolution() -> None:
-    from fluxbooth.plan.timing import forward_flops
+    from fluxbooth.plan.flops import forward_flops
     from fluxbooth.sizing import linear_stream
 
     model = model_size(FLUX_DEV_NAME)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 TERA = 1e12
 GB = 1e9
@@ -128,6 +129,8 @@ def _tokens(name: str) -> set[str]:
     return tokens
 
 
+# Cached: the planner looks its card up for every candidate it prices; names come from NVML or a request.
+@lru_cache(maxsize=1024)
 def gpu_spec(nvml_name: str) -> GpuSpec | None:
     """The table row for a GPU name: as NVML reports it ("NVIDIA GeForce RTX 4090", "NVIDIA H100 80GB HBM3")
     or as people type it ("4090", "rtx4090", "RTX 4090", "h100")."""

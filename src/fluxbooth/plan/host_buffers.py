@@ -85,20 +85,35 @@ def _block_tensor_bytes(model: ModelSize, precision: str, width: int) -> dict[st
 
 def block_store_sizes(model: ModelSize, precision: str, width: int) -> dict[str, int]:
     """Each block's bytes laid out in a device slot (fluxbooth.host.pinned.block_store_layout)."""
-    return {name: block_store_layout(sizes)[1] for name, sizes in block_tensor_bytes(model, precision, width).items()}
+    return dict(_block_store_sizes(model, precision, width))
+
+
+@lru_cache(maxsize=64)
+def _block_store_sizes(model: ModelSize, precision: str, width: int) -> tuple[tuple[str, int], ...]:
+    blocks = _block_tensor_bytes(model, precision, width)
+    return tuple((name, block_store_layout(sizes)[1]) for name, sizes in blocks.items())
 
 
 def block_store_bytes(model: ModelSize, precision: str, width: int) -> dict[str, int]:
     """Each block's tensors as pinned (fluxbooth.host.pinned.block_store_pinned_bytes): what block swapping pins."""
-    return {
-        name: block_store_pinned_bytes(sizes) for name, sizes in block_tensor_bytes(model, precision, width).items()
-    }
+    return dict(_block_store_bytes(model, precision, width))
+
+
+@lru_cache(maxsize=64)
+def _block_store_bytes(model: ModelSize, precision: str, width: int) -> tuple[tuple[str, int], ...]:
+    blocks = _block_tensor_bytes(model, precision, width)
+    return tuple((name, block_store_pinned_bytes(sizes)) for name, sizes in blocks.items())
 
 
 def largest_trainable_parameter(model: ModelSize, training_type: str, lora_rank: int, targets: Sequence[str]) -> int:
     """Elements of the largest single trainable parameter (DeepSpeed sizes its gradient copy buffer by it)."""
+    return _largest_trainable_parameter(model, training_type, lora_rank, tuple(targets))
+
+
+# Cached: asked for every candidate, and it walks every Linear.
+@lru_cache(maxsize=256)
+def _largest_trainable_parameter(model: ModelSize, training_type: str, lora_rank: int, names: tuple[str, ...]) -> int:
     if training_type == "lora":
-        names = tuple(targets)
         return max(
             (
                 lora_rank * max(layer.in_features, layer.out_features)
@@ -152,15 +167,20 @@ def zero3_optimizer_offload_allocations(
 
 def parameter_numels(model: ModelSize, training_type: str, lora_rank: int, targets: Sequence[str]) -> list[int]:
     """Elements of every parameter of the transformer (and, for a LoRA, of its A and B matrices)."""
+    return list(_parameter_numels(model, training_type, lora_rank, tuple(targets)))
+
+
+# Cached: ZeRO-3 parameter offload prices each parameter's partition for every candidate.
+@lru_cache(maxsize=256)
+def _parameter_numels(model: ModelSize, training_type: str, lora_rank: int, names: tuple[str, ...]) -> tuple[int, ...]:
     numels = []
-    names = tuple(targets)
     for layer in model.linear_layers:
         numels.append(layer.in_features * layer.out_features)
         if layer.bias:
             numels.append(layer.out_features)
         if training_type == "lora" and matches_lora_target(layer.name, names):
             numels += [lora_rank * layer.in_features, lora_rank * layer.out_features]
-    return numels + list(norm_params_per_module(model.transformer).values())
+    return (*numels, *norm_params_per_module(model.transformer).values())
 
 
 def zero3_param_offload_allocations(

@@ -8,7 +8,6 @@ fluxbooth; CPU numbers were measured on the CI machine by bench/. No torch here.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import replace
 from functools import lru_cache
 
@@ -16,11 +15,11 @@ from fluxbooth.contract.budgets import MAX_SCORED_PHOTOS, MAX_SHEET_IMAGES, MAX_
 from fluxbooth.contract.captioning import DEFAULT_CAPTION_MODEL_BYTES
 from fluxbooth.contract.names import FIXED_NOISE_IMAGES, FIXED_NOISE_SIGMAS
 from fluxbooth.contract.precision import is_quantised_layer
-from fluxbooth.contract.settings_groups import checkpointed_blocks
 from fluxbooth.host.hardware import Hardware
 from fluxbooth.plan.ema import ema_update_seconds
+from fluxbooth.plan.flops import forward_flops, recomputed_flops, training_flops_per_sample
 from fluxbooth.plan.gpus import UNKNOWN_GPU, GpuSpec, gpu_spec, pcie_link_bytes_per_second
-from fluxbooth.plan.memory import compute_dtype_bytes, frozen_block_bytes, image_tokens, sequence_tokens
+from fluxbooth.plan.memory import compute_dtype_bytes, frozen_block_bytes
 from fluxbooth.plan.types import JobShape, Strategy
 from fluxbooth.sizing import ModelSize
 
@@ -145,49 +144,6 @@ def host_link_bytes_per_second(hardware: Hardware) -> float:
     if gpu.pcie_generation is not None and gpu.pcie_width is not None:
         measured = pcie_link_bytes_per_second(gpu.pcie_generation, gpu.pcie_width)
     return (datasheet if measured is None else min(datasheet, measured)) * PCIE_EFFICIENCY
-
-
-def forward_flops(model: ModelSize, job: JobShape) -> float:
-    """One forward pass of one sample: 2 * in * out * tokens for each Linear, with the tokens it really
-    multiplies (sizing.linear_stream: one vector for the modulation and the embedders, its own stream's tokens
-    for a double-stream weight, the joined sequence in a single-stream block), and 4*T^2*D per block for
-    attention over the joined sequence."""
-    return _forward_flops_of(model, job, model.linear_elements_by_block, model.transformer.num_blocks)
-
-
-def recomputed_flops(model: ModelSize, job: JobShape, checkpoint_every: int) -> float:
-    """The forward of the checkpointed blocks (every `checkpoint_every`-th of each stack), which the backward
-    runs again: the cost of activation checkpointing."""
-    shape = model.transformer
-    double = checkpointed_blocks(shape.num_layers, checkpoint_every)
-    single = checkpointed_blocks(shape.num_single_layers, checkpoint_every)
-    names = [f"transformer_blocks.{index}" for index in double]
-    names += [f"single_transformer_blocks.{index}" for index in single]
-    if not names:
-        return 0.0
-    by_block = model.linear_elements_by_block
-    return _forward_flops_of(model, job, {name: by_block.get(name, {}) for name in names}, len(names))
-
-
-def _forward_flops_of(
-    model: ModelSize, job: JobShape, linear_elements: Mapping[str, Mapping[str, int]], blocks: int
-) -> float:
-    """forward_flops of the Linears in `linear_elements` (elements by block and stream) and the attention of
-    `blocks` blocks."""
-    image = image_tokens(job.resolution) * model.sequence_images
-    tokens_of = {"vector": 1, "text": job.max_sequence_length, "image": image, "joint": image + job.max_sequence_length}
-    weights = sum(
-        2 * elements * tokens_of[stream] for streams in linear_elements.values() for stream, elements in streams.items()
-    )
-    tokens = sequence_tokens(model, job)
-    return weights + 4 * tokens * tokens * model.transformer.hidden_size * blocks
-
-
-def training_flops_per_sample(model: ModelSize, job: JobShape, training_type: str, checkpoint_every: int = 1) -> float:
-    """Forward, backward 2x forward (1x when weights are frozen: no weight gradients), plus the checkpointed
-    blocks' forward again (`recomputed_flops`)."""
-    backward_factor = 2.0 if training_type == "full" else 1.0
-    return forward_flops(model, job) * (1 + backward_factor) + recomputed_flops(model, job, checkpoint_every)
 
 
 @lru_cache(maxsize=64)

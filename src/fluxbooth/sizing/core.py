@@ -8,7 +8,7 @@ No torch here: this runs in the handler process.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property, lru_cache
 from typing import Any
 
@@ -75,6 +75,15 @@ class ModelSize:
     # (the control image's tokens follow the target's; a Kontext job without pairs is planned on the safe side).
     sequence_images: int = 1
 
+    def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        # The planner's caches key on the model: the generated hash would hash every Linear's record on each
+        # lookup (millions of hashes for one `plan --runpod-gpu all`); the fields never change, so once.
+        return hash(tuple(getattr(self, entry.name) for entry in fields(self)))
+
     @cached_property
     def linear_elements_by_block(self) -> Mapping[str, Mapping[str, int]]:
         """in x out of the Linears by block (`block_of`: `transformer_blocks.3`; a module outside the blocks is its
@@ -98,12 +107,7 @@ class ModelSize:
 
     def lora_params(self, rank: int, target_modules: Iterable[str]) -> int:
         """Trainable parameters that peft adds: rank * (in + out) for every targeted Linear."""
-        targets = tuple(target_modules)
-        return sum(
-            rank * (layer.in_features + layer.out_features)
-            for layer in self.linear_layers
-            if matches_lora_target(layer.name, targets)
-        )
+        return rank * _lora_features(self, tuple(target_modules))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -119,6 +123,17 @@ class ModelSize:
             "num_layers": self.transformer.num_layers,
             "num_single_layers": self.transformer.num_single_layers,
         }
+
+
+# Bounded: the targets come from requests. The planner asks for every candidate; this walks every Linear.
+@lru_cache(maxsize=1024)
+def _lora_features(model: ModelSize, targets: tuple[str, ...]) -> int:
+    """in + out summed over the Linears LoRA adapts with `targets`."""
+    return sum(
+        layer.in_features + layer.out_features
+        for layer in model.linear_layers
+        if matches_lora_target(layer.name, targets)
+    )
 
 
 # Bounded: the targets come from requests. The planner asks it for every Linear of every candidate it prices.

@@ -5,6 +5,7 @@ host RAM or on NVMe, per ZeRO stage and offload target (docs/memory.md, "Model s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 from fluxbooth.contract import deepspeed_numbers as ds
 from fluxbooth.host.pinned import BLOCK_SWAP_DEVICE_SLOTS
@@ -102,6 +103,21 @@ def _frozen_placement(
     return device, {"frozen_blocks_pinned": pinned}
 
 
+# Cached: one allocation per parameter and process, priced for every ZeRO-3 parameter-offload candidate.
+@lru_cache(maxsize=256)
+def _offloaded_parameter_bytes(
+    model: ModelSize,
+    training_type: str,
+    lora: tuple[int, tuple[str, ...]],
+    trainable: int,
+    processes: int,
+    width: int,
+    pinned: bool,
+) -> int:
+    numels = parameter_numels(model, training_type, *lora)
+    return allocated_bytes(zero3_param_offload_allocations(numels, trainable, processes, width, pinned))
+
+
 def model_state_bytes(
     strategy: Strategy,
     model: ModelSize,
@@ -151,9 +167,8 @@ def model_state_bytes(
     if strategy.offload_param == "none":
         device["weights_16bit_partition"] = weights_16bit // n
     elif strategy.offload_param == "cpu":
-        numels = parameter_numels(model, strategy.training_type, lora_rank, targets)
-        host["weights_16bit_offloaded"] = allocated_bytes(
-            zero3_param_offload_allocations(numels, trainable, n, width, on_cuda)
+        host["weights_16bit_offloaded"] = _offloaded_parameter_bytes(
+            model, strategy.training_type, (lora_rank, tuple(targets)), trainable, n, width, on_cuda
         )
     else:
         disk["weights_16bit_swapped"] = weights_16bit

@@ -98,6 +98,7 @@ def _frozen_block_bytes(model: ModelSize, precision: str, width: int) -> dict[st
     return blocks
 
 
+@lru_cache(maxsize=64)
 def largest_quantised_layer_params(model: ModelSize) -> int:
     return max(
         (layer.in_features * layer.out_features for layer in model.linear_layers if is_quantised_layer(layer.name)),
