@@ -5,6 +5,7 @@ is read with a size and nesting bound, before anything is planned; planning runs
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from pathlib import Path
@@ -211,12 +212,19 @@ def test_another_coroutine_keeps_running_while_a_large_plan_is_made(worker_env: 
             await ticking
         return result, time.monotonic() - started
 
-    result, seconds = asyncio.run(both())
+    # A collection of the whole heap holds the GIL from either thread (this xdist worker's heap holds every
+    # earlier test's objects): what this test measures is where planning runs, not the collector's pauses.
+    gc.disable()
+    try:
+        result, seconds = asyncio.run(both())
+    finally:
+        gc.enable()
     assert result["error"]["code"] == "does_not_fit", result  # an 11 B-parameter-per-block model on this CPU
     # Sizing and planning are most of the job's time here; on the event loop they would stall the ticker for
-    # about that long (0.6 s of 0.76 s on this 2-core VM), in a thread it keeps its 10 ms pace.
+    # about that long (0.6 s of 0.76 s on this 2-core VM), in a thread it keeps its 10 ms pace. Half the job:
+    # CI's busiest moment once stalled it 1.5 s of 3.7 s (two cores shared with trainer processes).
     assert seconds > 0.3
-    assert max(gaps) < seconds / 3, (max(gaps), seconds)
+    assert max(gaps) < seconds / 2, (max(gaps), seconds)
 
 
 def test_a_transformer_patch_size_given_per_axis_is_refused(tmp_path: Path) -> None:
