@@ -75,14 +75,27 @@ class ModelSize:
     # (the control image's tokens follow the target's; a Kontext job without pairs is planned on the safe side).
     sequence_images: int = 1
 
+    # The planner's caches key on the model. The generated hash and equality would hash and compare every
+    # Linear's record on each lookup (millions of calls for one `plan --runpod-gpu all`, and each plan sizes
+    # its own equal copy); the fields never change, so they are read once into plain tuples compared in C.
     def __hash__(self) -> int:
         return self._hash
 
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, ModelSize):
+            return NotImplemented
+        return self._hash == other._hash and self._key == other._key
+
+    @cached_property
+    def _key(self) -> tuple[Any, ...]:
+        layers = tuple((layer.name, layer.in_features, layer.out_features, layer.bias) for layer in self.linear_layers)
+        return tuple(layers if entry.name == "linear_layers" else getattr(self, entry.name) for entry in fields(self))
+
     @cached_property
     def _hash(self) -> int:
-        # The planner's caches key on the model: the generated hash would hash every Linear's record on each
-        # lookup (millions of hashes for one `plan --runpod-gpu all`); the fields never change, so once.
-        return hash(tuple(getattr(self, entry.name) for entry in fields(self)))
+        return hash(self._key)
 
     @cached_property
     def linear_elements_by_block(self) -> Mapping[str, Mapping[str, int]]:
