@@ -15,10 +15,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
 import pytest
+
+from tests.support.quiet_http import QuietHTTPServer
 
 
 @dataclass(frozen=True)
@@ -94,19 +96,14 @@ class LocalHTTPServer:
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.server.block_on_close = False
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, name="http-fixture", daemon=True
-        )
+        self.server = QuietHTTPServer(Handler)
 
     @property
     def port(self) -> int:
         return self.server.server_address[1]
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"{self.server.base_url}{path}"
 
     def add(self, path: str, **route: object) -> str:
         """Serve `path` as described by Route's fields; returns its URL."""
@@ -114,14 +111,12 @@ class LocalHTTPServer:
         return self.url(path)
 
     def start(self) -> LocalHTTPServer:
-        self.thread.start()
+        self.server.start()
         return self
 
     def stop(self) -> None:
         self.stopping.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
+        self.server.stop()
 
     def __enter__(self) -> LocalHTTPServer:
         return self.start()

@@ -1,5 +1,6 @@
-"""The one HTTP server class the stand-ins run (RunPod's queue and API, the hub): on 127.0.0.1, each request in its
-own thread, and quiet when a client hangs up before its reply is written.
+"""The one HTTP server class the stand-ins run (RunPod's queue and API, the hub, the dataset-URL server, the webhook
+receiver): on 127.0.0.1, each request in its own thread, and quiet when a client hangs up before its reply is
+written.
 
 A client that gives up (a timeout, a refused URL, a cancelled submit) is what several tests make happen; the
 standard library's `handle_error` then prints a traceback to stderr from the server's thread, which lands in
